@@ -1,0 +1,1 @@
+"""hogshard.proto."""

@@ -1,0 +1,139 @@
+"""Typed errors shared by every role, and the error codes carried in ``ERROR`` replies.
+
+Example::
+
+    >>> err = UnknownTableError("no table 'model'; declared tables: []")
+    >>> err.code
+    <ErrorCode.UNKNOWN_TABLE: 'UNKNOWN_TABLE'>
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class ErrorCode(str, enum.Enum):
+    """Stable error codes of the wire protocol (see PROTOCOL.md)."""
+
+    MALFORMED = "MALFORMED"
+    BAD_VERSION = "BAD_VERSION"
+    UNKNOWN_OP = "UNKNOWN_OP"
+    UNKNOWN_TABLE = "UNKNOWN_TABLE"
+    UNKNOWN_CHUNK = "UNKNOWN_CHUNK"
+    BAD_DTYPE = "BAD_DTYPE"
+    BAD_SHAPE = "BAD_SHAPE"
+    TOO_LARGE = "TOO_LARGE"
+    CONFLICT = "CONFLICT"
+    UNKNOWN_MEMBER = "UNKNOWN_MEMBER"
+    NOT_READY = "NOT_READY"
+    TIMEOUT = "TIMEOUT"
+    INTERNAL = "INTERNAL"
+
+
+class HogshardError(Exception):
+    """Base of every error hogshard raises on purpose."""
+
+    code: ErrorCode = ErrorCode.INTERNAL
+
+    def __init__(self, message: str, code: ErrorCode | None = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class ProtocolError(HogshardError):
+    """A message that cannot be understood: malformed frames or header fields."""
+
+    code = ErrorCode.MALFORMED
+
+
+class VersionMismatchError(HogshardError):
+    """The peer speaks another protocol version."""
+
+    code = ErrorCode.BAD_VERSION
+
+
+class UnknownOpError(HogshardError):
+    code = ErrorCode.UNKNOWN_OP
+
+
+class UnknownTableError(HogshardError):
+    code = ErrorCode.UNKNOWN_TABLE
+
+
+class UnknownChunkError(HogshardError):
+    code = ErrorCode.UNKNOWN_CHUNK
+
+
+class DtypeError(HogshardError):
+    code = ErrorCode.BAD_DTYPE
+
+
+class ShapeError(HogshardError):
+    code = ErrorCode.BAD_SHAPE
+
+
+class TooLargeError(HogshardError):
+    code = ErrorCode.TOO_LARGE
+
+
+class ConflictError(HogshardError):
+    """A request contradicts state already agreed (e.g. a table re-declared with another size)."""
+
+    code = ErrorCode.CONFLICT
+
+
+class UnknownMemberError(HogshardError):
+    """The scheduler does not know the sender (declared dead, or the scheduler restarted)."""
+
+    code = ErrorCode.UNKNOWN_MEMBER
+
+
+class NotReadyError(HogshardError):
+    code = ErrorCode.NOT_READY
+
+
+class RequestTimeoutError(HogshardError):
+    """No reply came within the allowed time."""
+
+    code = ErrorCode.TIMEOUT
+
+
+class ConfigError(HogshardError):
+    """Bad configuration: a flag, environment variable or file value that cannot be used."""
+
+    code = ErrorCode.MALFORMED
+
+
+_BY_CODE: dict[ErrorCode, type[HogshardError]] = {
+    ErrorCode.MALFORMED: ProtocolError,
+    ErrorCode.BAD_VERSION: VersionMismatchError,
+    ErrorCode.UNKNOWN_OP: UnknownOpError,
+    ErrorCode.UNKNOWN_TABLE: UnknownTableError,
+    ErrorCode.UNKNOWN_CHUNK: UnknownChunkError,
+    ErrorCode.BAD_DTYPE: DtypeError,
+    ErrorCode.BAD_SHAPE: ShapeError,
+    ErrorCode.TOO_LARGE: TooLargeError,
+    ErrorCode.CONFLICT: ConflictError,
+    ErrorCode.UNKNOWN_MEMBER: UnknownMemberError,
+    ErrorCode.NOT_READY: NotReadyError,
+    ErrorCode.TIMEOUT: RequestTimeoutError,
+}
+
+
+class RemoteError(HogshardError):
+    """An ``ERROR`` reply received from a peer; ``code`` is the peer's code."""
+
+
+def error_from_reply(code: str, message: str) -> HogshardError:
+    """Turn an ``ERROR`` reply's code and message into the matching typed exception."""
+    try:
+        parsed = ErrorCode(code)
+    except ValueError:
+        return RemoteError(f"{code}: {message}", ErrorCode.INTERNAL)
+    cls = _BY_CODE.get(parsed, RemoteError)
+    return cls(message, parsed)

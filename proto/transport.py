@@ -1,0 +1,182 @@
+"""Thin wrappers over pyzmq sockets: binding, sending and receiving hogshard messages, replies,
+and a synchronous request/reply channel with timeouts for the control plane.
+
+Example::
+
+    >>> import zmq
+    >>> ctx = zmq.Context()
+    >>> router, address = bind_router(ctx, "tcp://127.0.0.1:0")
+    >>> address.startswith("tcp://127.0.0.1:")
+    True
+    >>> router.close(0); ctx.term()
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import zmq
+
+from hogshard.proto.errors import (
+    HogshardError,
+    ProtocolError,
+    RequestTimeoutError,
+    error_from_reply,
+)
+from hogshard.proto.wire import DEFAULT_LIMITS, PROTOCOL_VERSION, Limits, Message, decode, encode
+
+log = logging.getLogger(__name__)
+
+OK = "ok"
+ERROR = "error"
+
+
+def normalise_endpoint(address: str) -> str:
+    """Accept ``tcp://host:0`` as "any free port" (ZeroMQ spells it ``*``)."""
+    if address.startswith("tcp://") and address.endswith(":0"):
+        return address[:-2] + ":*"
+    return address
+
+
+def bind_router(context: zmq.Context, address: str, hwm: int = 10_000) -> tuple[zmq.Socket, str]:
+    """A ROUTER bound at ``address``; returns it and the endpoint it actually bound."""
+    sock = context.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
+    sock.setsockopt(zmq.SNDHWM, hwm)
+    sock.setsockopt(zmq.RCVHWM, hwm)
+    sock.bind(normalise_endpoint(address))
+    endpoint = sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+    return sock, endpoint.replace("tcp://0.0.0.0:", "tcp://127.0.0.1:")
+
+
+def connect_dealer(context: zmq.Context, address: str, identity: str | None = None) -> zmq.Socket:
+    """A DEALER connected to ``address`` (many requests may be in flight on it)."""
+    sock = context.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    if identity:
+        sock.setsockopt(zmq.IDENTITY, identity.encode())
+    sock.connect(address)
+    return sock
+
+
+def request_header(op: str, request_id: int, sender: str, **fields: Any) -> dict[str, Any]:
+    """A request header with the fields every request carries."""
+    return {"v": PROTOCOL_VERSION, "op": op, "id": request_id, "from": sender, **fields}
+
+
+def send(
+    sock: zmq.Socket,
+    header: dict[str, Any],
+    arrays: Sequence[np.ndarray] = (),
+    identity: bytes | None = None,
+) -> None:
+    """Send one message; large array frames go zero-copy."""
+    frames = encode(header, arrays)
+    if identity is not None:
+        frames.insert(0, identity)
+    sock.send_multipart(frames, copy=False)
+
+
+def reply_ok(
+    sock: zmq.Socket,
+    identity: bytes,
+    request_id: int,
+    fields: dict[str, Any] | None = None,
+    arrays: Sequence[np.ndarray] = (),
+) -> None:
+    header = {"v": PROTOCOL_VERSION, "op": OK, "id": request_id, **(fields or {})}
+    send(sock, header, arrays, identity)
+
+
+def reply_error(sock: zmq.Socket, identity: bytes, request_id: int, error: HogshardError) -> None:
+    header = {
+        "v": PROTOCOL_VERSION,
+        "op": ERROR,
+        "id": request_id,
+        "code": error.code.value,
+        "message": error.message,
+    }
+    send(sock, header, (), identity)
+
+
+def salvage_request_id(frame: Any) -> int:
+    """Best effort: the request id of a message that failed to decode, or 0."""
+    try:
+        import msgpack
+
+        head = msgpack.unpackb(bytes(frame.buffer if hasattr(frame, "buffer") else frame))
+        rid = head.get("id", 0) if isinstance(head, dict) else 0
+        return rid if isinstance(rid, int) and not isinstance(rid, bool) and rid >= 0 else 0
+    except Exception:
+        return 0
+
+
+def recv_routed(
+    sock: zmq.Socket, limits: Limits = DEFAULT_LIMITS
+) -> tuple[bytes, Message | HogshardError, int]:
+    """Receive on a ROUTER: (identity, message or the decode error, request id)."""
+    frames = sock.recv_multipart(copy=False)
+    identity = frames[0].bytes
+    body = frames[1:]
+    try:
+        message = decode(body, limits)
+    except HogshardError as err:
+        return identity, err, salvage_request_id(body[0]) if body else 0
+    return identity, message, message.request_id
+
+
+def raise_if_error(message: Message) -> Message:
+    """Return ``message`` if it is ``OK``; raise the typed error of an ``ERROR`` reply."""
+    if message.op == ERROR:
+        raise error_from_reply(str(message.get("code")), str(message.get("message")))
+    if message.op != OK:
+        raise ProtocolError(f"expected a reply op 'ok' or 'error'; got {message.op!r}")
+    return message
+
+
+class RpcChannel:
+    """Synchronous request/reply over one DEALER, each call bounded by a timeout.
+
+    Replies to requests that already timed out are recognised by their id and dropped.
+
+    Example::
+
+        channel = RpcChannel(ctx, "tcp://127.0.0.1:7000", sender="worker-0")
+        reply = channel.call("status", timeout=5.0)
+    """
+
+    def __init__(self, context: zmq.Context, address: str, sender: str) -> None:
+        self.address = address
+        self.sender = sender
+        self._sock = connect_dealer(context, address)
+        self._ids = itertools.count(1)
+
+    def call(
+        self,
+        op: str,
+        fields: dict[str, Any] | None = None,
+        arrays: Sequence[np.ndarray] = (),
+        timeout: float = 10.0,
+    ) -> Message:
+        request_id = next(self._ids)
+        send(self._sock, request_header(op, request_id, self.sender, **(fields or {})), arrays)
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not self._sock.poll(int(remaining * 1000) + 1, zmq.POLLIN):
+                raise RequestTimeoutError(
+                    f"no reply to '{op}' from {self.address} within {timeout:.1f} s"
+                )
+            reply = decode(self._sock.recv_multipart(copy=False))
+            if reply.request_id == request_id:
+                return raise_if_error(reply)
+            log.debug("dropping late reply id=%s on %s", reply.request_id, self.address)
+
+    def close(self) -> None:
+        self._sock.close(0)

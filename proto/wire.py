@@ -1,0 +1,183 @@
+"""Encoding and decoding of hogshard messages.
+
+A message is a ZeroMQ multipart: frame 0 is a msgpack map (the header), frames 1..n are raw
+little-endian array buffers described, in order, by the header's ``arrays`` list. Decoding never
+copies an array: each one is a read-only numpy view of its frame.
+
+Example::
+
+    >>> import numpy as np
+    >>> frames = encode({"v": PROTOCOL_VERSION, "op": "ping", "id": 1}, [np.arange(3, dtype="<f4")])
+    >>> msg = decode([bytes(f) for f in frames])
+    >>> msg.op, msg.arrays[0].tolist()
+    ('ping', [0.0, 1.0, 2.0])
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from hogshard.proto.errors import (
+    DtypeError,
+    ProtocolError,
+    ShapeError,
+    TooLargeError,
+    VersionMismatchError,
+)
+
+PROTOCOL_VERSION = 1
+
+#: dtypes an array frame may carry, by their numpy ``dtype.str`` spelling.
+ALLOWED_DTYPES = frozenset(
+    ["<f4", "<f2", "<f8", "<i4", "<i8", "<u2", "<u4", "<u8", "|u1", "|i1", "|b1"]
+)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds a receiver enforces on every message before it trusts any field."""
+
+    max_header_bytes: int = 1 << 20
+    max_frames: int = 4097
+    max_ndim: int = 8
+    max_frame_bytes: int = 1 << 31
+
+
+DEFAULT_LIMITS = Limits()
+
+
+@dataclass
+class Message:
+    """A decoded message: the header map and its arrays (read-only views of the frames)."""
+
+    header: dict[str, Any]
+    arrays: list[np.ndarray] = field(default_factory=list)
+
+    @property
+    def op(self) -> str:
+        return self.header["op"]
+
+    @property
+    def request_id(self) -> int:
+        return self.header["id"]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.header.get(key, default)
+
+
+def describe(array: np.ndarray) -> dict[str, Any]:
+    """The descriptor of one array frame: dtype (numpy ``str`` spelling) and shape."""
+    return {"dtype": array.dtype.str, "shape": list(array.shape)}
+
+
+def _as_wire_array(array: np.ndarray) -> np.ndarray:
+    array = np.asarray(array)
+    if array.dtype.byteorder == ">":
+        array = array.astype(array.dtype.newbyteorder("<"))
+    if not array.flags.c_contiguous:
+        array = np.ascontiguousarray(array)
+    if array.dtype.str not in ALLOWED_DTYPES:
+        raise DtypeError(
+            f"cannot send dtype {array.dtype}; expected one of {sorted(ALLOWED_DTYPES)}"
+        )
+    return array
+
+
+def encode(header: dict[str, Any], arrays: Sequence[np.ndarray] = ()) -> list[Any]:
+    """Frames for a header and its arrays; array frames are the arrays themselves (no copy).
+
+    The header's ``arrays`` field is filled in from ``arrays`` unless the caller set it.
+    """
+    wire_arrays = [_as_wire_array(a) for a in arrays]
+    if wire_arrays and "arrays" not in header:
+        header = {**header, "arrays": [describe(a) for a in wire_arrays]}
+    head = msgpack.packb(header, use_bin_type=True)
+    return [head, *wire_arrays]
+
+
+def _frame_buffer(frame: Any) -> memoryview:
+    if isinstance(frame, (bytes, bytearray, memoryview)):
+        return memoryview(frame)
+    return frame.buffer  # zmq.Frame
+
+
+def decode_header(frame: Any, limits: Limits = DEFAULT_LIMITS) -> dict[str, Any]:
+    """Unpack and validate frame 0. Raises ``ProtocolError`` or ``VersionMismatchError``."""
+    raw = _frame_buffer(frame)
+    if raw.nbytes > limits.max_header_bytes:
+        raise TooLargeError(
+            f"header is {raw.nbytes} bytes; expected at most {limits.max_header_bytes}"
+        )
+    try:
+        header = msgpack.unpackb(raw, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several unrelated types on garbage
+        raise ProtocolError(f"frame 0 is not a msgpack map ({type(exc).__name__}: {exc})") from None
+    if not isinstance(header, dict):
+        raise ProtocolError(f"frame 0 must be a msgpack map; got {type(header).__name__}")
+    version = header.get("v")
+    if version != PROTOCOL_VERSION:
+        raise VersionMismatchError(
+            f"protocol version {version!r} is not supported; this peer speaks version "
+            f"{PROTOCOL_VERSION}"
+        )
+    if not isinstance(header.get("op"), str):
+        raise ProtocolError("header field 'op' must be a string")
+    request_id = header.get("id")
+    if not isinstance(request_id, int) or isinstance(request_id, bool) or request_id < 0:
+        raise ProtocolError("header field 'id' must be a non-negative integer")
+    return header
+
+
+def _decode_array(descriptor: Any, frame: Any, index: int, limits: Limits) -> np.ndarray:
+    if not isinstance(descriptor, dict):
+        raise ProtocolError(f"arrays[{index}] must be a map with 'dtype' and 'shape'")
+    dtype_name = descriptor.get("dtype")
+    if dtype_name not in ALLOWED_DTYPES:
+        raise DtypeError(
+            f"arrays[{index}] has dtype {dtype_name!r}; expected one of {sorted(ALLOWED_DTYPES)}"
+        )
+    shape = descriptor.get("shape")
+    if (
+        not isinstance(shape, list)
+        or len(shape) > limits.max_ndim
+        or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
+    ):
+        raise ShapeError(
+            f"arrays[{index}] shape {shape!r} must be a list of at most {limits.max_ndim} "
+            "non-negative integers"
+        )
+    dtype = np.dtype(dtype_name)
+    buffer = _frame_buffer(frame)
+    expected = math.prod(shape) * dtype.itemsize
+    if buffer.nbytes != expected:
+        raise ShapeError(
+            f"arrays[{index}] frame holds {buffer.nbytes} bytes; dtype {dtype_name} with shape "
+            f"{shape} needs {expected}"
+        )
+    return np.frombuffer(buffer, dtype=dtype).reshape(shape)
+
+
+def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> Message:
+    """Decode a whole multipart message (without any ROUTER identity frame)."""
+    if not frames:
+        raise ProtocolError("empty message: expected a header frame")
+    if len(frames) > limits.max_frames:
+        raise TooLargeError(f"message has {len(frames)} frames; expected at most {limits.max_frames}")
+    header = decode_header(frames[0], limits)
+    descriptors = header.get("arrays", [])
+    if not isinstance(descriptors, list):
+        raise ProtocolError("header field 'arrays' must be a list of array descriptors")
+    if len(descriptors) != len(frames) - 1:
+        raise ProtocolError(
+            f"header describes {len(descriptors)} arrays but {len(frames) - 1} array frames came"
+        )
+    arrays = [
+        _decode_array(d, f, i, limits) for i, (d, f) in enumerate(zip(descriptors, frames[1:], strict=True))
+    ]
+    return Message(header, arrays)
