@@ -75,12 +75,14 @@ def send(
     header: dict[str, Any],
     arrays: Sequence[np.ndarray] = (),
     identity: bytes | None = None,
+    flags: int = 0,
 ) -> None:
-    """Send one message; large array frames go zero-copy."""
+    """Send one message; large array frames go zero-copy (the caller must leave the arrays
+    unchanged until the peer has replied)."""
     frames = encode(header, arrays)
     if identity is not None:
         frames.insert(0, identity)
-    sock.send_multipart(frames, copy=False)
+    sock.send_multipart(frames, flags=flags, copy=False)
 
 
 def reply_ok(
@@ -155,7 +157,30 @@ class RpcChannel:
         self.address = address
         self.sender = sender
         self._sock = connect_dealer(context, address)
+        self._sock.setsockopt(zmq.SNDHWM, 64)
         self._ids = itertools.count(1)
+
+    @property
+    def socket(self) -> zmq.Socket:
+        """The DEALER, for callers that poll it next to other sockets (see ``start``)."""
+        return self._sock
+
+    def start(self, op: str, fields: dict[str, Any] | None = None) -> int | None:
+        """Send a request without blocking; the reply is read later with ``read_reply``.
+        Returns None when the message could not be queued (peer unreachable, queue full)."""
+        request_id = next(self._ids)
+        try:
+            send(self._sock, request_header(op, request_id, self.sender, **(fields or {})),
+                 flags=zmq.NOBLOCK)
+        except zmq.Again:
+            return None
+        return request_id
+
+    def read_reply(self) -> Message | None:
+        """Read one waiting reply without blocking (raw: ``ERROR`` replies are returned too)."""
+        if not self._sock.poll(0, zmq.POLLIN):
+            return None
+        return decode(self._sock.recv_multipart(copy=False))
 
     def call(
         self,
@@ -165,6 +190,8 @@ class RpcChannel:
         timeout: float = 10.0,
     ) -> Message:
         request_id = next(self._ids)
+        if not self._sock.poll(int(timeout * 1000), zmq.POLLOUT):
+            raise RequestTimeoutError(f"cannot send '{op}' to {self.address}: queue full")
         send(self._sock, request_header(op, request_id, self.sender, **(fields or {})), arrays)
         deadline = time.monotonic() + timeout
         while True:

@@ -1,0 +1,189 @@
+"""Train a small CNN on Fashion-MNIST as one worker of a hogshard job.
+
+Run it through the launcher (rank 0 evaluates the final weights and writes the report)::
+
+    hogshard launch --servers 2 --workers 4 --policy async -- \\
+        python examples/fashion_mnist.py --epochs 2 --report r.json
+
+or alone with plain torch.optim, as a baseline: ``python examples/fashion_mnist.py --local``.
+Without ``--data`` it reads ../shared/data/fashion-mnist and falls back to scikit-learn's digits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hogshard.datasets import ImageDataset, load_image_dataset
+
+log = logging.getLogger("fashion_mnist")
+
+
+class SmallCNN(nn.Module):
+    """Two 3x3 conv blocks and two linear layers; works for any square input of side % 4 == 0."""
+
+    def __init__(self, side: int = 28, classes: int = 10) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 16, 3, padding=1)
+        self.conv2 = nn.Conv2d(16, 32, 3, padding=1)
+        self.fc1 = nn.Linear(32 * (side // 4) ** 2, 64)
+        self.fc2 = nn.Linear(64, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        return self.fc2(F.relu(self.fc1(x.flatten(1))))
+
+
+def make_model(data: ImageDataset, seed: int) -> SmallCNN:
+    torch.manual_seed(seed)
+    return SmallCNN(data.train_x.shape[-1], data.num_classes)
+
+
+def batch_order(n: int, epoch: int, seed: int, rank: int, workers: int) -> np.ndarray:
+    """This worker's share of a seeded shuffle of the training set for one epoch."""
+    return np.random.default_rng([seed, epoch]).permutation(n)[rank::workers]
+
+
+def batches(data: ImageDataset, epochs: int, batch: int, seed: int, rank: int, workers: int,
+            limit: int | None):
+    n = min(len(data.train_y), limit) if limit else len(data.train_y)
+    for epoch in range(epochs):
+        order = batch_order(n, epoch, seed, rank, workers)
+        for start in range(0, len(order), batch):
+            index = order[start:start + batch]
+            yield torch.from_numpy(data.train_x[index]), torch.from_numpy(data.train_y[index])
+
+
+def steps_per_run(data: ImageDataset, epochs: int, batch: int, rank: int, workers: int,
+                  limit: int | None) -> int:
+    n = min(len(data.train_y), limit) if limit else len(data.train_y)
+    share = len(range(rank, n, workers))
+    return epochs * ((share + batch - 1) // batch)
+
+
+@torch.no_grad()
+def accuracy(model: nn.Module, x: np.ndarray, y: np.ndarray) -> float:
+    model.eval()
+    correct = 0
+    for start in range(0, len(y), 1000):
+        logits = model(torch.from_numpy(x[start:start + 1000]))
+        correct += int((logits.argmax(1).numpy() == y[start:start + 1000]).sum())
+    model.train()
+    return correct / len(y)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data", type=Path, default=None,
+                   help="folder with the Fashion-MNIST idx .gz files (default: shared data)")
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--lr", type=float, default=0.02)
+    p.add_argument("--rule", default="momentum", choices=["sgd", "momentum", "adagrad", "adam"])
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--limit", type=int, default=None, help="use only the first N training images")
+    p.add_argument("--report", type=Path, default=None, help="write a JSON report here (rank 0)")
+    p.add_argument("--save-weights", type=Path, default=None,
+                   help="save the final flat weights (.npy) here (rank 0)")
+    p.add_argument("--local", action="store_true",
+                   help="train in this process with torch.optim (no cluster), as a baseline")
+    return p.parse_args(argv)
+
+
+def rule_hyper(args: argparse.Namespace) -> dict:
+    hyper: dict = {"lr": args.lr}
+    if args.rule == "momentum":
+        hyper["momentum"] = args.momentum
+    return hyper
+
+
+def local_optimizer(model: nn.Module, args: argparse.Namespace) -> torch.optim.Optimizer:
+    hyper = rule_hyper(args)
+    if args.rule in ("sgd", "momentum"):
+        return torch.optim.SGD(model.parameters(), foreach=False, **hyper)
+    if args.rule == "adagrad":
+        return torch.optim.Adagrad(model.parameters(), foreach=False, **hyper)
+    return torch.optim.Adam(model.parameters(), foreach=False, **hyper)
+
+
+def flat_weights(model: nn.Module) -> np.ndarray:
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+    args = parse_args(argv)
+    torch.set_num_threads(int(os.environ.get("HOGSHARD_TORCH_THREADS", "1")))
+    data = load_image_dataset(args.data)
+    model = make_model(data, args.seed)
+
+    if args.local:
+        client = None
+        rank, workers, policy, servers = 0, 1, "local", 0
+        optimizer = local_optimizer(model, args)
+    else:
+        from hogshard import PSClient, PSOptimizer
+
+        client = PSClient.from_env()
+        rank, workers = client.rank, client.settings.num_workers
+        policy, servers = client.policy, client.num_servers
+        optimizer = PSOptimizer(client, model.named_parameters(), rule=args.rule,
+                                **rule_hyper(args))
+
+    total = steps_per_run(data, args.epochs, args.batch, rank, workers, args.limit)
+    log.info("rank %d of %d: %s, %d steps of batch %d, rule %s lr %g", rank, workers, data.name,
+             total, args.batch, args.rule, args.lr)
+    started, seen, ema = time.monotonic(), 0, None
+    for step, (x, y) in enumerate(batches(data, args.epochs, args.batch, args.seed, rank,
+                                          workers, args.limit)):
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+        seen += len(y)
+        ema = loss.item() if ema is None else 0.95 * ema + 0.05 * loss.item()
+        if client is not None:
+            client.set_progress(done=step + 1, total=total, loss=ema)
+    wall = time.monotonic() - started
+    log.info("rank %d finished %d samples in %.1f s (%.0f samples/s), loss %.3f", rank, seen,
+             wall, seen / wall, ema or 0.0)
+
+    if client is not None:
+        client.barrier("trained")
+        optimizer.pull()
+        samples_per_second = seen * workers / wall
+    else:
+        samples_per_second = seen / wall
+    code = 0
+    if rank == 0:
+        test_accuracy = accuracy(model, data.test_x, data.test_y)
+        log.info("test accuracy %.4f on %s", test_accuracy, data.name)
+        report = {
+            "test_accuracy": test_accuracy, "wall_seconds": wall,
+            "samples_per_second": samples_per_second, "workers": workers, "servers": servers,
+            "policy": policy, "dataset": data.name, "epochs": args.epochs, "batch": args.batch,
+            "rule": args.rule, "lr": args.lr, "final_loss": ema,
+        }
+        if args.report:
+            args.report.write_text(json.dumps(report, indent=2))
+        if args.save_weights:
+            np.save(args.save_weights, flat_weights(model))
+    if client is not None:
+        client.close()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

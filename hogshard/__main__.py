@@ -1,0 +1,3 @@
+from hogshard.cli import main
+
+main()

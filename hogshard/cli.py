@@ -1,0 +1,191 @@
+"""The ``hogshard`` command: start each role, launch a local job, inspect a running one.
+
+Every flag can also be set by a ``HOGSHARD_<FLAG>`` environment variable, or in a TOML config
+file (``hogshard --config job.toml ...``) with one table per command, e.g. ``[scheduler]
+policy = "ssp:2"``.
+
+Example::
+
+    hogshard launch --servers 2 --workers 4 --policy async -- python examples/fashion_mnist.py
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import tomllib
+from pathlib import Path
+
+import click
+
+from hogshard.proto.config import (
+    DEFAULT_HEARTBEAT_INTERVAL,
+    DEFAULT_HEARTBEAT_TIMEOUT,
+    DEFAULT_SCHEDULER,
+    env_name,
+)
+from hogshard.proto.errors import HogshardError
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def _option(name: str, **kwargs):
+    """A click option that also reads ``HOGSHARD_<NAME>``."""
+    flag = "--" + name
+    return click.option(flag, envvar=env_name(name), show_envvar=True, show_default=True,
+                        **kwargs)
+
+
+def _policy_option(default: str = "async"):
+    return _option("policy", default=default, help="consistency policy: async or ssp:S")
+
+
+def _check_policy(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    from hogshard.scheduler.policy import parse_policy
+
+    try:
+        parse_policy(value)
+    except HogshardError as err:
+        raise click.BadParameter(err.message) from None
+    return value
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
+              envvar=env_name("config"), help="TOML file with a table of defaults per command")
+@_option("log-level", default="INFO",
+         type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+@click.version_option(package_name="hogshard")
+@click.pass_context
+def main(ctx: click.Context, config_file: str | None, log_level: str) -> None:
+    """hogshard: a parameter server for asynchronous SGD over ZeroMQ."""
+    logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT, stream=sys.stderr)
+    if config_file:
+        try:
+            ctx.default_map = tomllib.loads(Path(config_file).read_text())
+        except tomllib.TOMLDecodeError as err:
+            raise click.BadParameter(f"{config_file} is not valid TOML: {err}",
+                                     param_hint="--config") from None
+
+
+@main.command()
+@_option("bind", default=DEFAULT_SCHEDULER, help="address to bind (tcp://HOST:0 picks a port)")
+@_policy_option()
+@_option("servers", default=1, type=click.IntRange(min=1),
+         help="servers to wait for before placing tables")
+@_option("heartbeat-interval", default=DEFAULT_HEARTBEAT_INTERVAL, type=click.FloatRange(min=0.01))
+@_option("heartbeat-timeout", default=DEFAULT_HEARTBEAT_TIMEOUT, type=click.FloatRange(min=0.05),
+         help="seconds of silence after which a member is declared dead")
+@_option("address-file", default=None, type=click.Path(dir_okay=False),
+         help="write the bound address here once listening")
+def scheduler(bind: str, policy: str, servers: int, heartbeat_interval: float,
+              heartbeat_timeout: float, address_file: str | None) -> None:
+    """Run the scheduler: membership, heartbeats, shard map, consistency policy."""
+    from hogshard.scheduler.service import Scheduler
+
+    _check_policy(click.get_current_context(), None, policy)  # type: ignore[arg-type]
+    service = _or_exit(lambda: Scheduler(bind, policy, servers, heartbeat_interval,
+                                         heartbeat_timeout))
+    if address_file:
+        tmp = Path(address_file + ".tmp")
+        tmp.write_text(service.address)
+        tmp.rename(address_file)
+    click.echo(f"scheduler listening on {service.address}", err=True)
+    _serve(service)
+
+
+@main.command()
+@_option("scheduler", default=DEFAULT_SCHEDULER, help="the scheduler's address")
+@_option("bind", default="tcp://127.0.0.1:0", help="data-plane address to bind")
+@_option("advertise", default=None, help="address workers should use (default: the bound one)")
+@_option("rank", default=None, type=click.IntRange(min=0), help="rank to ask for")
+@_option("max-message-bytes", default=1 << 31, type=click.IntRange(min=1024))
+def server(scheduler: str, bind: str, advertise: str | None, rank: int | None,
+           max_message_bytes: int) -> None:
+    """Run one parameter-server shard."""
+    from hogshard.ps.server import ShardServer
+
+    service = _or_exit(lambda: ShardServer(scheduler, bind, advertise, rank,
+                                           max_message_bytes=max_message_bytes))
+    _serve(service)
+
+
+@main.command(context_settings={"ignore_unknown_options": True})
+@_option("scheduler", default=DEFAULT_SCHEDULER, help="the scheduler's address")
+@_option("rank", default=None, type=click.IntRange(min=0), help="rank to ask for")
+@_option("num-workers", default=None, type=click.IntRange(min=1),
+         help="workers in the job, for sharding data")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def worker(scheduler: str, rank: int | None, num_workers: int | None,
+           command: tuple[str, ...]) -> None:
+    """Run COMMAND as a worker of the job (it calls PSClient.from_env())."""
+    from hogshard.launcher import worker_environment
+
+    env = worker_environment(scheduler, rank, num_workers)
+    try:
+        os.execvpe(command[0], list(command), env)
+    except OSError as err:
+        raise click.ClickException(f"cannot run {command[0]!r}: {err.strerror}") from None
+
+
+@main.command(context_settings={"ignore_unknown_options": True})
+@_option("servers", default=2, type=click.IntRange(min=1))
+@_option("workers", default=2, type=click.IntRange(min=1))
+@_policy_option()
+@_option("heartbeat-timeout", default=DEFAULT_HEARTBEAT_TIMEOUT, type=click.FloatRange(min=0.05))
+@click.option("--progress/--no-progress", default=True, help="show a progress bar")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def launch(servers: int, workers: int, policy: str, heartbeat_timeout: float, progress: bool,
+           command: tuple[str, ...]) -> None:
+    """Run a whole job on this host: a scheduler, SERVERS servers and WORKERS copies of COMMAND."""
+    from hogshard.launcher import LocalCluster
+
+    _check_policy(click.get_current_context(), None, policy)  # type: ignore[arg-type]
+    cluster = _or_exit(lambda: LocalCluster(servers, workers, policy, list(command),
+                                            heartbeat_timeout=heartbeat_timeout,
+                                            progress=progress))
+    code = _or_exit(cluster.run)
+    sys.exit(code)
+
+
+@main.command()
+@_option("scheduler", default=DEFAULT_SCHEDULER, help="the scheduler's address")
+@click.option("--json", "as_json", is_flag=True, help="print the raw status as JSON")
+@_option("timeout", default=5.0, type=click.FloatRange(min=0.1))
+def status(scheduler: str, as_json: bool, timeout: float) -> None:
+    """Show members, clocks, the shard map, updates per second and staleness."""
+    import zmq
+
+    from hogshard.proto.transport import RpcChannel
+    from hogshard.status import ClusterView
+
+    context = zmq.Context()
+    channel = RpcChannel(context, scheduler, sender="status")
+    try:
+        reply = _or_exit(lambda: channel.call("status", timeout=timeout))
+    finally:
+        channel.close()
+        context.term()
+    if as_json:
+        click.echo(json.dumps(reply.header, indent=2, sort_keys=True))
+    else:
+        click.echo("\n".join(ClusterView(reply.header).table_lines()))
+
+
+def _or_exit(build):
+    try:
+        return build()
+    except HogshardError as err:
+        raise click.ClickException(err.message) from None
+
+
+def _serve(service) -> None:
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda *_: service.stop())
+    try:
+        service.serve_forever()
+    except KeyboardInterrupt:
+        service.stop()

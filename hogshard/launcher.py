@@ -1,0 +1,253 @@
+"""The local launcher: a whole job (scheduler, servers, workers) as processes on this host.
+
+Each child's output is prefixed with its role and rank; a progress bar follows the workers'
+reported progress; every child is shut down when the workers finish, on Ctrl-C, or on error.
+
+Example::
+
+    cluster = LocalCluster(servers=2, workers=4, policy="async",
+                           command=["python", "examples/fashion_mnist.py", "--epochs", "1"])
+    exit_code = cluster.run()
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import zmq
+
+from hogshard.proto.config import env_name
+from hogshard.proto.errors import ConfigError, HogshardError, RequestTimeoutError
+from hogshard.proto.transport import RpcChannel
+from hogshard.status import ClusterView
+
+log = logging.getLogger(__name__)
+
+
+def worker_environment(
+    scheduler: str, rank: int | None = None, num_workers: int | None = None,
+    threads: int | None = None, base: dict[str, str] | None = None,
+) -> dict[str, str]:
+    """The environment a worker command runs in (what ``PSClient.from_env`` reads)."""
+    env = dict(os.environ if base is None else base)
+    env[env_name("scheduler")] = scheduler
+    if rank is not None:
+        env[env_name("rank")] = str(rank)
+    if num_workers is not None:
+        env[env_name("num_workers")] = str(num_workers)
+    if threads is not None:
+        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", env_name("torch_threads")):
+            env.setdefault(var, str(threads))
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+@dataclass
+class Child:
+    role: str
+    rank: int
+    process: subprocess.Popen
+    reader: threading.Thread | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.role} {self.rank}"
+
+
+@dataclass
+class LocalCluster:
+    """A job on this host. ``command`` is the worker command (argv list)."""
+
+    servers: int
+    workers: int
+    policy: str
+    command: Sequence[str]
+    heartbeat_interval: float = 0.5
+    heartbeat_timeout: float = 5.0
+    progress: bool = True
+    startup_timeout: float = 60.0
+    out: IO[str] = field(default_factory=lambda: sys.stdout)
+    _children: list[Child] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _bar: Any = None
+
+    def __post_init__(self) -> None:
+        if self.servers < 1 or self.workers < 1:
+            raise ConfigError(
+                f"need at least one server and one worker; got servers={self.servers} "
+                f"workers={self.workers}"
+            )
+        if not self.command:
+            raise ConfigError("no worker command given; expected: hogshard launch ... -- CMD ...")
+
+    # ---- output -----------------------------------------------------------------------------
+
+    def _emit(self, text: str) -> None:
+        with self._lock:
+            if self._bar is not None:
+                self._bar.write(text, file=self.out)
+            else:
+                self.out.write(text + "\n")
+                self.out.flush()
+
+    def _pipe(self, child: Child) -> None:
+        assert child.process.stdout is not None
+        for line in child.process.stdout:
+            self._emit(f"[{child.label}] {line.rstrip()}")
+
+    def _spawn(self, role: str, rank: int, argv: Sequence[str], env: dict[str, str]) -> Child:
+        process = subprocess.Popen(
+            list(argv), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, text=True, bufsize=1, start_new_session=True,
+        )
+        child = Child(role, rank, process)
+        child.reader = threading.Thread(target=self._pipe, args=(child,), daemon=True)
+        child.reader.start()
+        self._children.append(child)
+        return child
+
+    # ---- lifecycle --------------------------------------------------------------------------
+
+    def _hogshard(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "hogshard", *args]
+
+    def _start_scheduler(self, workdir: Path) -> str:
+        address_file = workdir / "scheduler.address"
+        child = self._spawn("scheduler", 0, self._hogshard(
+            "scheduler", "--bind", "tcp://127.0.0.1:0", "--address-file", str(address_file),
+            "--policy", self.policy, "--servers", str(self.servers),
+            "--heartbeat-interval", str(self.heartbeat_interval),
+            "--heartbeat-timeout", str(self.heartbeat_timeout),
+        ), dict(os.environ))
+        deadline = time.monotonic() + self.startup_timeout
+        while not address_file.exists():
+            if child.process.poll() is not None:
+                raise HogshardError(f"the scheduler exited with code {child.process.returncode}")
+            if time.monotonic() > deadline:
+                raise RequestTimeoutError("the scheduler did not start in time")
+            time.sleep(0.05)
+        return address_file.read_text().strip()
+
+    def run(self) -> int:
+        """Run the job to the end; the exit code is non-zero if any worker failed."""
+        try:
+            with tempfile.TemporaryDirectory(prefix="hogshard-") as workdir:
+                scheduler = self._start_scheduler(Path(workdir))
+                self._emit(f"[launch] scheduler at {scheduler}; {self.servers} servers, "
+                           f"{self.workers} workers, policy {self.policy}")
+                env = dict(os.environ)
+                for rank in range(self.servers):
+                    self._spawn("server", rank, self._hogshard(
+                        "server", "--scheduler", scheduler, "--rank", str(rank)), env)
+                threads = max(1, (os.cpu_count() or 1) // self.workers)
+                workers = [
+                    self._spawn("worker", rank, list(self.command),
+                                worker_environment(scheduler, rank, self.workers, threads))
+                    for rank in range(self.workers)
+                ]
+                return self._supervise(scheduler, workers)
+        except KeyboardInterrupt:
+            self._emit("[launch] interrupted; stopping every process")
+            return 130
+        finally:
+            self._stop_all()
+
+    def _supervise(self, scheduler: str, workers: list[Child]) -> int:
+        context = zmq.Context()
+        channel = RpcChannel(context, scheduler, sender="launcher")
+        view = ClusterView({})
+        try:
+            self._open_bar()
+            while any(w.process.poll() is None for w in workers):
+                self._check_infrastructure()
+                try:
+                    view = ClusterView(channel.call("status", timeout=2.0).header)
+                    self._update_bar(view)
+                except HogshardError:
+                    pass
+                time.sleep(0.5)
+            try:
+                view = ClusterView(channel.call("status", timeout=5.0).header)
+                channel.call("shutdown", timeout=5.0)
+            except HogshardError as err:
+                self._emit(f"[launch] final status unavailable: {err.message}")
+        finally:
+            self._close_bar()
+            channel.close()
+            context.term()
+        for line in view.summary_lines():
+            self._emit(f"[launch] {line}")
+        failed = [w for w in workers if w.process.returncode != 0]
+        for w in failed:
+            self._emit(f"[launch] {w.label} exited with code {w.process.returncode}")
+        return 1 if failed else 0
+
+    def _check_infrastructure(self) -> None:
+        for child in self._children:
+            if child.role != "worker" and child.process.poll() is not None:
+                raise HogshardError(
+                    f"{child.label} exited with code {child.process.returncode}; stopping the job"
+                )
+
+    def _open_bar(self) -> None:
+        if not self.progress:
+            return
+        from tqdm import tqdm
+
+        self._bar = tqdm(total=1, unit="step", file=self.out, dynamic_ncols=True,
+                         mininterval=0.5, disable=None if not self.out.isatty() else False)
+        if self._bar.disable:
+            self._bar = None
+            self._last_line = 0.0
+
+    def _update_bar(self, view: ClusterView) -> None:
+        done, total = view.progress()
+        if total <= 0:
+            return
+        postfix = view.postfix()
+        if self._bar is not None:
+            self._bar.total = total
+            self._bar.n = done
+            self._bar.set_postfix_str(postfix, refresh=False)
+            self._bar.refresh()
+        elif self.progress and time.monotonic() - getattr(self, "_last_line", 0.0) >= 10.0:
+            self._last_line = time.monotonic()
+            self._emit(f"[launch] progress {done}/{total} ({100 * done / total:.0f}%) {postfix}")
+
+    def _close_bar(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+    def _stop_all(self, grace: float = 5.0) -> None:
+        alive = [c for c in self._children if c.process.poll() is None]
+        for child in alive:
+            _signal_group(child.process, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for child in alive:
+            try:
+                child.process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _signal_group(child.process, signal.SIGKILL)
+                child.process.wait()
+        for child in self._children:
+            if child.reader is not None:
+                child.reader.join(timeout=2.0)
+
+
+def _signal_group(process: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(process.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -1,0 +1,103 @@
+"""A readable view of the scheduler's ``status`` reply: members, tables, rates, staleness.
+
+Example::
+
+    view = ClusterView(channel.call("status").header)
+    print("\\n".join(view.table_lines()))
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hogshard.ps.stats import merge_histograms, summarise_histogram
+
+
+class ClusterView:
+    """Derived figures over one status snapshot."""
+
+    def __init__(self, status: dict[str, Any]) -> None:
+        self.status = status
+        self.members: list[dict[str, Any]] = status.get("members", [])
+
+    def of_role(self, role: str) -> list[dict[str, Any]]:
+        return sorted((m for m in self.members if m["role"] == role), key=lambda m: m["rank"])
+
+    def progress(self) -> tuple[int, int]:
+        """Steps done and steps planned, summed over the workers that report them."""
+        done = total = 0
+        for member in self.of_role("worker"):
+            progress = member.get("progress") or {}
+            done += int(progress.get("done", 0))
+            total += int(progress.get("total", 0))
+        return done, total
+
+    def staleness(self) -> dict[str, float]:
+        histograms = [m.get("stats", {}).get("staleness", []) for m in self.of_role("server")]
+        return summarise_histogram(merge_histograms(histograms))
+
+    def updates_per_second(self) -> float:
+        return sum(m.get("stats", {}).get("updates_per_second", 0.0) for m in
+                   self.of_role("server") if m["state"] == "alive")
+
+    def mean_loss(self) -> float | None:
+        losses = [m["progress"]["loss"] for m in self.of_role("worker")
+                  if m["state"] == "alive" and "loss" in (m.get("progress") or {})]
+        return sum(losses) / len(losses) if losses else None
+
+    def postfix(self) -> str:
+        parts = []
+        loss = self.mean_loss()
+        if loss is not None:
+            parts.append(f"loss={loss:.3f}")
+        parts.append(f"updates/s={self.updates_per_second():.0f}")
+        st = self.staleness()
+        parts.append(f"staleness mean={st['mean']:.2f} max={st['max']}")
+        return " ".join(parts)
+
+    def summary_lines(self) -> list[str]:
+        if not self.members:
+            return []
+        st = self.staleness()
+        servers = self.of_role("server")
+        pushes = sum(m.get("stats", {}).get("pushes", 0) for m in servers)
+        pulls = sum(m.get("stats", {}).get("pulls", 0) for m in servers)
+        errors = sum(sum(m.get("stats", {}).get("errors", {}).values()) for m in servers)
+        return [
+            f"pushes={pushes} pulls={pulls} updates={sum(m.get('stats', {}).get('updates', 0) for m in servers)} "
+            f"server errors={errors}",
+            f"staleness: n={st['count']} mean={st['mean']:.2f} p50={st['p50']} p99={st['p99']} "
+            f"max={st['max']}",
+        ]
+
+    def table_lines(self) -> list[str]:
+        s = self.status
+        lines = [
+            f"policy {s.get('policy')}  epoch {s.get('epoch')}  uptime {s.get('uptime', 0):.0f}s"
+            f"  servers expected {s.get('expected_servers')}",
+            "",
+            f"{'member':<12}{'state':<7}{'clock':>7}{'hb age':>8}  {'detail'}",
+        ]
+        for m in sorted(self.members, key=lambda m: (m["role"], m["rank"])):
+            if m["role"] == "server":
+                st = m.get("stats", {})
+                detail = (f"{m['address']} pushes={st.get('pushes', 0)} pulls={st.get('pulls', 0)} "
+                          f"updates/s={st.get('updates_per_second', 0):.0f}")
+            else:
+                p = m.get("progress") or {}
+                detail = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                  for k, v in p.items())
+            lines.append(f"{m['node_id']:<12}{m['state']:<7}{m['clock']:>7}"
+                         f"{m['heartbeat_age']:>7.1f}s  {detail}")
+        lines.append("")
+        for name, table in s.get("tables", {}).items():
+            per_server: dict[int, int] = {}
+            for _, _, length, server in table["chunks"]:
+                per_server[server] = per_server.get(server, 0) + length
+            placement = ", ".join(f"server-{r}: {n}" for r, n in sorted(per_server.items()))
+            lines.append(f"table {name}: {table['table']['size']} floats in "
+                         f"{len(table['chunks'])} chunks ({placement}) rule={table['table']['rule']}")
+        st = self.staleness()
+        lines.append(f"updates/s {self.updates_per_second():.0f}   staleness n={st['count']} "
+                     f"mean={st['mean']:.2f} p50={st['p50']} p99={st['p99']} max={st['max']}")
+        return lines

@@ -1,0 +1,72 @@
+"""Configuration read in one place: the ``HOGSHARD_*`` environment variables and their defaults.
+
+The CLI maps every flag ``--some-flag`` to ``HOGSHARD_SOME_FLAG`` with :func:`env_name`; code
+running inside a worker process (a user's training script) reads the same variables through
+:class:`ClientSettings`.
+
+Example::
+
+    >>> env_name("heartbeat-timeout")
+    'HOGSHARD_HEARTBEAT_TIMEOUT'
+    >>> ClientSettings.from_env({"HOGSHARD_SCHEDULER": "tcp://10.0.0.1:7000"}).scheduler
+    'tcp://10.0.0.1:7000'
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from hogshard.proto.errors import ConfigError
+
+ENV_PREFIX = "HOGSHARD_"
+DEFAULT_SCHEDULER = "tcp://127.0.0.1:7000"
+DEFAULT_HEARTBEAT_INTERVAL = 0.5
+DEFAULT_HEARTBEAT_TIMEOUT = 5.0
+
+
+def env_name(option: str) -> str:
+    """The environment variable that sets a CLI option or setting."""
+    return ENV_PREFIX + option.upper().replace("-", "_")
+
+
+def _convert(name: str, raw: str, kind: Any) -> Any:
+    text = raw.strip()
+    try:
+        if kind in (int, "int", "int | None"):
+            return int(text)
+        if kind in (float, "float"):
+            return float(text)
+    except ValueError:
+        expected = "an integer" if "int" in str(kind) else "a number"
+        raise ConfigError(f"{env_name(name)}={raw!r}: expected {expected}") from None
+    return text
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    """What a worker process needs to join a job.
+
+    ``scheduler``: the scheduler's address; ``rank``: the rank to ask for (the launcher sets it);
+    ``request_timeout``: seconds to wait for any data-plane reply (a pull may wait under SSP);
+    ``connect_timeout``: seconds to wait for the scheduler and for every server to register;
+    ``num_workers``: how many workers the job was started with (for sharding the data).
+    """
+
+    scheduler: str = DEFAULT_SCHEDULER
+    rank: int | None = None
+    num_workers: int = 1
+    request_timeout: float = 300.0
+    connect_timeout: float = 60.0
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> ClientSettings:
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            raw = environ.get(env_name(f.name))
+            if raw is not None and raw.strip() != "":
+                values[f.name] = _convert(f.name, raw, f.type)
+        return cls(**values)

@@ -1,0 +1,171 @@
+"""Dense tables on a shard: float32 chunks, a version per chunk, server-side optimizer state.
+
+Every request is validated whole before any chunk changes, so a bad request changes nothing.
+
+Example::
+
+    >>> import numpy as np
+    >>> store = DenseStore()
+    >>> store.init("model", {"rule": "sgd", "lr": 0.5}, [(0, 0, 3)], [np.ones(3, "<f4")])
+    >>> store.push("model", [0], [np.ones(3, "<f4")], pulled_versions=[0])
+    [0]
+    >>> store.table("model").chunks[0].weights.tolist(), store.table("model").chunks[0].version
+    ([0.5, 0.5, 0.5], 1)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hogshard.proto.errors import (
+    ConflictError,
+    DtypeError,
+    ProtocolError,
+    ShapeError,
+    UnknownChunkError,
+    UnknownTableError,
+)
+from hogshard.ps.rules import UpdateRule, make_rule
+
+FLOAT32 = np.dtype("<f4")
+
+
+@dataclass
+class DenseChunk:
+    """A slice of a table's flat vector; ``version`` counts the updates applied to it."""
+
+    chunk_id: int
+    offset: int
+    weights: np.ndarray
+    state: dict[str, Any]
+    version: int = 0
+
+
+@dataclass
+class DenseTable:
+    name: str
+    rule: UpdateRule
+    rule_spec: dict[str, Any]
+    chunks: dict[int, DenseChunk] = field(default_factory=dict)
+
+    def chunk(self, chunk_id: Any) -> DenseChunk:
+        found = self.chunks.get(chunk_id) if isinstance(chunk_id, int) else None
+        if found is None:
+            raise UnknownChunkError(
+                f"table {self.name!r} has no chunk {chunk_id!r} on this server; it holds "
+                f"chunks {sorted(self.chunks)}"
+            )
+        return found
+
+
+def check_arrays(
+    name: str, chunks: Sequence[DenseChunk], arrays: Sequence[np.ndarray]
+) -> None:
+    """Raise unless there is one float32 array per chunk, each of the chunk's length."""
+    if len(arrays) != len(chunks):
+        raise ProtocolError(
+            f"table {name!r}: {len(chunks)} chunk ids but {len(arrays)} arrays; expected one "
+            "array per chunk"
+        )
+    for chunk, array in zip(chunks, arrays, strict=True):
+        if array.dtype != FLOAT32:
+            raise DtypeError(
+                f"table {name!r} chunk {chunk.chunk_id}: got dtype {array.dtype.str}; "
+                "expected float32 ('<f4')"
+            )
+        if array.shape != chunk.weights.shape:
+            raise ShapeError(
+                f"table {name!r} chunk {chunk.chunk_id}: got shape {list(array.shape)}; "
+                f"expected {list(chunk.weights.shape)}"
+            )
+
+
+class DenseStore:
+    """All dense tables held by one server."""
+
+    def __init__(self) -> None:
+        self.tables: dict[str, DenseTable] = {}
+
+    def table(self, name: Any) -> DenseTable:
+        table = self.tables.get(name) if isinstance(name, str) else None
+        if table is None:
+            raise UnknownTableError(
+                f"no dense table named {name!r} on this server; it holds {sorted(self.tables)}"
+            )
+        return table
+
+    def init(
+        self,
+        name: str,
+        rule_spec: dict[str, Any],
+        layout: Sequence[tuple[int, int, int]],
+        values: Sequence[np.ndarray],
+    ) -> None:
+        """Create chunks ``(chunk_id, offset, length)`` with initial values. Idempotent for
+        chunks that exist with the same layout (the first initialisation wins)."""
+        if not isinstance(name, str) or not name:
+            raise ProtocolError("field 'table' must be a non-empty string")
+        table = self.tables.get(name)
+        if table is not None and table.rule_spec != dict(rule_spec):
+            raise ConflictError(
+                f"table {name!r} exists with rule {table.rule_spec}; got {dict(rule_spec)}"
+            )
+        rule = table.rule if table is not None else make_rule(rule_spec)
+        if len(values) != len(layout):
+            raise ProtocolError(
+                f"init of {name!r}: {len(layout)} chunks but {len(values)} arrays"
+            )
+        fresh = []
+        for (chunk_id, offset, length), array in zip(layout, values, strict=True):
+            existing = table.chunks.get(chunk_id) if table is not None else None
+            if existing is not None:
+                if existing.offset != offset or existing.weights.size != length:
+                    raise ConflictError(
+                        f"table {name!r} chunk {chunk_id} exists at offset {existing.offset} "
+                        f"length {existing.weights.size}; got offset {offset} length {length}"
+                    )
+                continue
+            probe = DenseChunk(chunk_id, offset, np.empty(length, FLOAT32), {})
+            check_arrays(name, [probe], [array])
+            fresh.append((probe, array))
+        if table is None:
+            table = self.tables[name] = DenseTable(name, rule, dict(rule_spec))
+        for chunk, array in fresh:
+            np.copyto(chunk.weights, array)
+            chunk.state = rule.new_state(chunk.weights.size)
+            table.chunks[chunk.chunk_id] = chunk
+
+    def resolve(self, name: Any, chunk_ids: Any) -> tuple[DenseTable, list[DenseChunk]]:
+        table = self.table(name)
+        if not isinstance(chunk_ids, list):
+            raise ProtocolError("field 'chunks' must be a list of chunk ids")
+        return table, [table.chunk(c) for c in chunk_ids]
+
+    def push(
+        self,
+        name: Any,
+        chunk_ids: Any,
+        grads: Sequence[np.ndarray],
+        pulled_versions: Any,
+        lr_scale: float = 1.0,
+    ) -> list[int]:
+        """Apply one gradient per chunk; returns the staleness of each (version at apply time
+        minus the version the worker had pulled)."""
+        table, chunks = self.resolve(name, chunk_ids)
+        check_arrays(table.name, chunks, grads)
+        if not isinstance(pulled_versions, list) or len(pulled_versions) != len(chunks) or not all(
+            isinstance(v, int) and v >= 0 for v in pulled_versions
+        ):
+            raise ProtocolError(
+                "field 'versions' must list one non-negative pulled version per chunk"
+            )
+        staleness = []
+        for chunk, grad, pulled in zip(chunks, grads, pulled_versions, strict=True):
+            staleness.append(max(0, chunk.version - pulled))
+            table.rule.apply(chunk.weights, grad, chunk.state, lr_scale)
+            chunk.version += 1
+        return staleness

@@ -1,0 +1,262 @@
+"""Server-side optimizer update rules in pure numpy (no torch), numerically matching ``torch.optim``.
+
+Each rule updates a float32 chunk in place from a float32 gradient (possibly a read-only view of a
+received frame, never written) and keeps the chunk's optimizer state in a plain dict. Scratch space
+is a per-thread buffer, not part of the state, so a state holds only what must be kept.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+import numbers
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
+import numpy as np
+
+from hogshard.proto.errors import ConfigError, DtypeError, ShapeError
+
+State = dict[str, Any]
+Check = Callable[[str, Any], Any]
+
+
+def _probe_saxpy() -> Any:
+    """scipy's BLAS ``saxpy`` if importable and truly in place on float32 arrays, else None."""
+    try:
+        from scipy.linalg.blas import saxpy
+
+        y, x = np.ones(4, np.float32), np.arange(4, dtype=np.float32)
+        x.setflags(write=False)
+        z = saxpy(x, y, a=-0.5)
+        return saxpy if np.shares_memory(z, y) and y.tolist() == [1.0, 0.5, 0.0, -0.5] else None
+    except Exception:
+        return None
+
+
+_SAXPY = _probe_saxpy()
+_tls = threading.local()
+
+
+def _scratch(n: int, k: int = 1) -> list[np.ndarray]:
+    """``k`` float32 scratch arrays of length ``n`` from a per-thread buffer, grown as needed."""
+    buf = getattr(_tls, "buf", None)
+    if buf is None or buf.size < n * k:
+        buf = _tls.buf = np.empty(n * k, np.float32)
+    return [buf[i * n : (i + 1) * n] for i in range(k)]
+
+
+def _check(weights: np.ndarray, grad: np.ndarray) -> None:
+    if weights.dtype != np.float32 or grad.dtype != np.float32:
+        raise DtypeError(f"expected float32 weights and grad, got {weights.dtype} and {grad.dtype}")
+    if weights.shape != grad.shape or weights.ndim != 1:
+        raise ShapeError(f"expected 1-D weights and grad of equal length, got {weights.shape} and {grad.shape}")
+
+
+def _with_decay(weights: np.ndarray, grad: np.ndarray, wd: float, tmp: np.ndarray) -> np.ndarray:
+    """``grad + wd * weights`` (into ``tmp``), or ``grad`` itself when ``wd`` is 0."""
+    if wd == 0:
+        return grad
+    np.multiply(weights, wd, out=tmp)
+    tmp += grad
+    return tmp
+
+
+def _real(lo: float, hi: float, lo_open: bool = False, hi_open: bool = True) -> Check:
+    """A check for a finite real number in the interval from ``lo`` to ``hi``."""
+    interval = f"{'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}"
+
+    def check(name: str, value: Any) -> float:
+        ok = isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+        v = float(value) if ok else math.nan
+        if not (math.isfinite(v) and lo <= v <= hi and not (lo_open and v == lo or hi_open and v == hi)):
+            raise ConfigError(f"{name} must be a finite number in {interval}, got {value!r}")
+        return v
+
+    return check
+
+
+def _flag(name: str, value: Any) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise ConfigError(f"{name} must be a boolean (true/false), got {value!r}")
+    return bool(value)
+
+
+def _betas(name: str, value: Any) -> list[float]:
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or len(value) != 2:
+        raise ConfigError(f"{name} must be a list of two numbers in [0, 1), got {value!r}")
+    return [_UNIT(f"{name}[{i}]", v) for i, v in enumerate(value)]
+
+
+_POS, _NONNEG, _UNIT = _real(0.0, math.inf, lo_open=True), _real(0.0, math.inf), _real(0.0, 1.0)
+_CLOSED_UNIT = _real(0.0, 1.0, hi_open=False)
+
+
+class UpdateRule(abc.ABC):
+    """An update rule for float32 chunks, built from keyword parameters (``PARAMS``)."""
+
+    name: ClassVar[str]
+    PARAMS: ClassVar[dict[str, tuple[Any, Check]]]  # name -> (torch.optim default, check)
+    lr: float
+
+    def __init__(self, **params: Any) -> None:
+        unknown = sorted(str(k) for k in params if k not in self.PARAMS)
+        if unknown:
+            raise ConfigError(f"unknown parameter(s) {unknown} for rule {self.name!r}; "
+                              f"accepted: {['rule', *self.PARAMS]}")
+        for key, (default, check) in self.PARAMS.items():
+            setattr(self, key, check(key, params.get(key, default)))
+
+    @abc.abstractmethod
+    def new_state(self, size: int) -> State:
+        """Fresh optimizer state for a chunk of ``size`` float32 parameters."""
+
+    @abc.abstractmethod
+    def apply(self, weights: np.ndarray, grad: np.ndarray, state: State, lr_scale: float = 1.0) -> None:
+        """Update ``weights`` in place from ``grad`` (never written) with step size ``lr * lr_scale``."""
+
+    def spec(self) -> dict[str, Any]:
+        """The rule's parameters as a msgpack-able dict that :func:`make_rule` accepts."""
+        return {"rule": self.name, **{k: getattr(self, k) for k in self.PARAMS}}
+
+
+class SGD(UpdateRule):
+    """Plain SGD with optional L2 weight decay, as ``torch.optim.SGD(momentum=0)``."""
+
+    name = "sgd"
+    PARAMS = {"lr": (1e-3, _POS), "weight_decay": (0.0, _NONNEG)}
+
+    def new_state(self, size: int) -> State:
+        return {}
+
+    def apply(self, weights: np.ndarray, grad: np.ndarray, state: State, lr_scale: float = 1.0) -> None:
+        _check(weights, grad)
+        n, lr = weights.size, self.lr * lr_scale
+        if n == 0:
+            return
+        if self.weight_decay == 0 and _SAXPY is not None and weights.flags.c_contiguous:
+            z = _SAXPY(grad, weights, a=-lr)
+            if not np.shares_memory(z, weights):
+                weights[...] = z
+            return
+        (tmp,) = _scratch(n)
+        weights -= np.multiply(_with_decay(weights, grad, self.weight_decay, tmp), lr, out=tmp)
+
+
+class Momentum(UpdateRule):
+    """SGD with (optionally Nesterov) momentum and dampening, as ``torch.optim.SGD``."""
+
+    name = "momentum"
+    PARAMS = {"lr": (1e-3, _POS), "momentum": (0.0, _UNIT), "dampening": (0.0, _CLOSED_UNIT),
+              "nesterov": (False, _flag), "weight_decay": (0.0, _NONNEG)}
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        if self.nesterov and (self.momentum <= 0 or self.dampening != 0):
+            raise ConfigError("nesterov requires momentum > 0 and dampening == 0, "
+                              f"got momentum={self.momentum}, dampening={self.dampening}")
+
+    def new_state(self, size: int) -> State:
+        return {"momentum_buffer": np.zeros(size if self.momentum else 0, np.float32), "step": 0}
+
+    def apply(self, weights: np.ndarray, grad: np.ndarray, state: State, lr_scale: float = 1.0) -> None:
+        _check(weights, grad)
+        n, lr, mu = weights.size, self.lr * lr_scale, self.momentum
+        tmp, tmp2 = _scratch(n, 2)
+        d = _with_decay(weights, grad, self.weight_decay, tmp)
+        if mu != 0:
+            buf = state["momentum_buffer"]
+            if state["step"] == 0:  # torch: the buffer starts as a copy of the gradient
+                np.copyto(buf, d)
+            else:
+                buf *= mu
+                # with dampening, nesterov is off: d (possibly in tmp) is not needed afterwards
+                buf += d if self.dampening == 0 else np.multiply(d, 1.0 - self.dampening, out=tmp)
+            if self.nesterov:
+                d = np.add(np.multiply(buf, mu, out=tmp2), d, out=tmp2)
+            else:
+                d = buf
+        state["step"] += 1
+        weights -= np.multiply(d, lr, out=tmp)
+
+
+class Adagrad(UpdateRule):
+    """Adagrad with learning-rate decay and L2 weight decay, as ``torch.optim.Adagrad``."""
+
+    name = "adagrad"
+    PARAMS = {"lr": (1e-2, _POS), "lr_decay": (0.0, _NONNEG), "weight_decay": (0.0, _NONNEG),
+              "initial_accumulator_value": (0.0, _NONNEG), "eps": (1e-10, _POS)}
+
+    def new_state(self, size: int) -> State:
+        return {"sum": np.full(size, self.initial_accumulator_value, np.float32), "step": 0}
+
+    def apply(self, weights: np.ndarray, grad: np.ndarray, state: State, lr_scale: float = 1.0) -> None:
+        _check(weights, grad)
+        tmp, std = _scratch(weights.size, 2)
+        state["step"] = step = state["step"] + 1
+        d = _with_decay(weights, grad, self.weight_decay, tmp)
+        clr = self.lr / (1 + (step - 1) * self.lr_decay) * lr_scale
+        state["sum"] += np.multiply(d, d, out=std)
+        np.sqrt(state["sum"], out=std)
+        std += self.eps
+        np.divide(d, std, out=std)
+        weights -= np.multiply(std, clr, out=std)
+
+
+class Adam(UpdateRule):
+    """Adam with bias correction, L2 weight decay and optional AMSGrad, as ``torch.optim.Adam``."""
+
+    name = "adam"
+    PARAMS = {"lr": (1e-3, _POS), "betas": ((0.9, 0.999), _betas), "eps": (1e-8, _POS),
+              "weight_decay": (0.0, _NONNEG), "amsgrad": (False, _flag)}
+
+    def new_state(self, size: int) -> State:
+        keys = ("exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if self.amsgrad else ())
+        return {**{k: np.zeros(size, np.float32) for k in keys}, "step": 0}
+
+    def apply(self, weights: np.ndarray, grad: np.ndarray, state: State, lr_scale: float = 1.0) -> None:
+        _check(weights, grad)
+        (b1, b2), m, v = self.betas, state["exp_avg"], state["exp_avg_sq"]
+        tmp, tmp2 = _scratch(weights.size, 2)
+        state["step"] = step = state["step"] + 1
+        d = _with_decay(weights, grad, self.weight_decay, tmp)
+        np.subtract(d, m, out=tmp2)  # m.lerp_(d, 1 - b1), in the two forms of torch's lerp kernel
+        if b1 > 0.5:
+            m += np.multiply(tmp2, 1.0 - b1, out=tmp2)
+        else:
+            np.subtract(d, np.multiply(tmp2, b1, out=tmp2), out=m)
+        v *= b2  # v = v * b2 + ((1 - b2) * d) * d
+        v += np.multiply(np.multiply(d, 1.0 - b2, out=tmp2), d, out=tmp2)
+        if self.amsgrad:
+            v = np.maximum(state["max_exp_avg_sq"], v, out=state["max_exp_avg_sq"])
+        np.sqrt(v, out=tmp2)
+        tmp2 /= (1 - b2**step) ** 0.5
+        tmp2 += self.eps
+        np.divide(m, tmp2, out=tmp2)
+        weights -= np.multiply(tmp2, self.lr / (1 - b1**step) * lr_scale, out=tmp2)
+
+
+RULES: dict[str, type[UpdateRule]] = {cls.name: cls for cls in (SGD, Momentum, Adagrad, Adam)}
+
+
+def make_rule(spec: Mapping[str, Any]) -> UpdateRule:
+    """Build a rule from a spec dict; omitted parameters take torch.optim's defaults.
+
+    Example::
+
+        >>> rule = make_rule({"rule": "momentum", "lr": 0.5, "momentum": 0.9})
+        >>> rule.spec()["nesterov"]
+        False
+        >>> w, state = np.ones(2, np.float32), rule.new_state(2)
+        >>> rule.apply(w, np.full(2, 2.0, np.float32), state)
+        >>> w.tolist(), state["step"]
+        ([0.0, 0.0], 1)
+    """
+    if not isinstance(spec, Mapping):
+        raise ConfigError(f"rule spec must be a mapping with a 'rule' key, got {spec!r}")
+    name = spec.get("rule")
+    cls = RULES.get(name) if isinstance(name, str) else None
+    if cls is None:
+        raise ConfigError(f"unknown update rule {name!r}; expected one of {sorted(RULES)}")
+    return cls(**{str(k): v for k, v in spec.items() if k != "rule"})

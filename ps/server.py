@@ -1,0 +1,279 @@
+"""The shard server process: holds dense chunks, applies updates, serves pulls.
+
+One thread runs a poll loop over two sockets: the data ROUTER that workers talk to and a
+DEALER to the scheduler (registration, heartbeats that carry stats out and membership back).
+A pull that the consistency policy holds back is answered as soon as the policy allows.
+
+Example::
+
+    server = ShardServer("tcp://127.0.0.1:7000", bind="tcp://127.0.0.1:0")
+    server.serve_forever()
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import zmq
+
+from hogshard.proto.errors import (
+    HogshardError,
+    ProtocolError,
+    RequestTimeoutError,
+    UnknownOpError,
+)
+from hogshard.proto.transport import (
+    ERROR,
+    RpcChannel,
+    bind_router,
+    recv_routed,
+    reply_error,
+    reply_ok,
+)
+from hogshard.proto.wire import DEFAULT_LIMITS, Limits, Message
+from hogshard.ps.dense import DenseStore
+from hogshard.ps.stats import ServerStats
+from hogshard.scheduler.policy import ConsistencyPolicy, parse_policy
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _DeferredPull:
+    identity: bytes
+    message: Message
+
+
+class ShardServer:
+    """One parameter-server shard. Construct (registers with the scheduler), then
+    ``serve_forever``; ``stop()`` ends the loop from any thread."""
+
+    def __init__(
+        self,
+        scheduler: str,
+        bind: str = "tcp://127.0.0.1:0",
+        advertise: str | None = None,
+        rank_hint: int | None = None,
+        register_timeout: float = 30.0,
+        limits: Limits = DEFAULT_LIMITS,
+        max_message_bytes: int = 1 << 31,
+        context: zmq.Context | None = None,
+    ) -> None:
+        self._own_context = context is None
+        self._context = context or zmq.Context()
+        self._sock, bound = bind_router(self._context, bind)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
+        self.address = advertise or bound
+        self.limits = limits
+        self.store = DenseStore()
+        self.stats = ServerStats()
+        self._deferred: list[_DeferredPull] = []
+        self._observed_clocks: dict[str, int] = {}
+        self._live_workers: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._scheduler = RpcChannel(self._context, scheduler, sender="server-?")
+        self._register(rank_hint, register_timeout)
+        self._heartbeat_due = 0.0
+        self._heartbeat_in_flight: int | None = None
+
+    def _register(self, rank_hint: int | None, timeout: float) -> None:
+        reply = self._scheduler.call(
+            "register",
+            {"role": "server", "address": self.address, "rank_hint": rank_hint},
+            timeout=timeout,
+        )
+        self.node_id: str = reply.get("node_id")
+        self.rank: int = reply.get("rank")
+        self.policy: ConsistencyPolicy = parse_policy(reply.get("policy"))
+        self.heartbeat_interval: float = reply.get("heartbeat_interval")
+        self._scheduler.sender = self.node_id
+        log.info("%s serving on %s policy=%s", self.node_id, self.address, self.policy.spec)
+
+    # ---- loop -------------------------------------------------------------------------------
+
+    def serve_forever(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        poller.register(self._scheduler.socket, zmq.POLLIN)
+        try:
+            while not self._stop.is_set():
+                now = time.monotonic()
+                if now >= self._heartbeat_due:
+                    self._send_heartbeat(now)
+                timeout_ms = max(0, int((self._heartbeat_due - now) * 1000))
+                events = dict(poller.poll(timeout_ms))
+                if self._scheduler.socket in events:
+                    self._read_scheduler()
+                if self._sock in events:
+                    for _ in range(64):  # drain a burst before the next heartbeat check
+                        self._handle_one()
+                        if not self._sock.poll(0, zmq.POLLIN):
+                            break
+        finally:
+            self.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def close(self) -> None:
+        self._sock.close(0)
+        self._scheduler.close()
+        if self._own_context:
+            self._context.term()
+
+    # ---- control plane ----------------------------------------------------------------------
+
+    def _send_heartbeat(self, now: float) -> None:
+        self._heartbeat_due = now + self.heartbeat_interval
+        self._heartbeat_in_flight = self._scheduler.start(
+            "heartbeat", {"stats": self.stats.to_wire()}
+        )
+
+    def _read_scheduler(self) -> None:
+        while (reply := self._scheduler.read_reply()) is not None:
+            if reply.request_id != self._heartbeat_in_flight:
+                continue
+            if reply.op == ERROR:
+                log.warning("scheduler refused heartbeat (%s); registering again",
+                            reply.get("message"))
+                try:
+                    self._register(self.rank, timeout=5.0)
+                except RequestTimeoutError:
+                    log.warning("scheduler did not answer registration; serving on")
+                continue
+            if reply.get("shutdown"):
+                log.info("%s: scheduler ended the job", self.node_id)
+                self._stop.set()
+            workers = reply.get("workers")
+            if isinstance(workers, dict):
+                self._live_workers = workers
+                self._release_deferred()
+
+    # ---- data plane -------------------------------------------------------------------------
+
+    def _handle_one(self) -> None:
+        identity, message, request_id = recv_routed(self._sock, self.limits)
+        if isinstance(message, HogshardError):
+            self._fail(identity, request_id, message)
+            return
+        handler = self._HANDLERS.get(message.op)
+        try:
+            if handler is None:
+                raise UnknownOpError(
+                    f"unknown op {message.op!r} for a server; expected one of "
+                    f"{sorted(self._HANDLERS)}"
+                )
+            result = handler(self, identity, message)
+        except HogshardError as err:
+            self._fail(identity, request_id, err)
+            return
+        except (KeyError, TypeError, ValueError) as err:
+            self._fail(identity, request_id, ProtocolError(f"bad '{message.op}' request: {err!r}"))
+            return
+        if result is not None:
+            fields, arrays = result
+            reply_ok(self._sock, identity, request_id, fields, arrays)
+
+    def _fail(self, identity: bytes, request_id: int, err: HogshardError) -> None:
+        self.stats.errors[err.code.value] += 1
+        log.warning("%s error reply %s: %s", self.node_id, err.code.value, err.message)
+        reply_error(self._sock, identity, request_id, err)
+
+    def _init(self, identity: bytes, msg: Message) -> tuple[dict[str, Any], list[np.ndarray]]:
+        layout = msg.get("layout")
+        if not isinstance(layout, list) or not all(
+            isinstance(e, list) and len(e) == 3 and all(isinstance(x, int) for x in e)
+            for e in layout
+        ):
+            raise ProtocolError("field 'layout' must list [chunk_id, offset, length] triples")
+        self.store.init(msg.get("table"), msg.get("rule"), [tuple(e) for e in layout], msg.arrays)
+        return {}, []
+
+    def _live_clocks(self, requester: str, clock: int) -> dict[str, int]:
+        clocks = {w: max(c, self._observed_clocks.get(w, 0)) for w, c in self._live_workers.items()}
+        clocks[requester] = max(clocks.get(requester, 0), clock)
+        return clocks
+
+    def _push(self, identity: bytes, msg: Message) -> tuple[dict[str, Any], list[np.ndarray]]:
+        staleness = self.store.push(msg.get("table"), msg.get("chunks"), msg.arrays,
+                                    msg.get("versions"))
+        self.stats.pushes += 1
+        self.stats.updates += len(staleness)
+        self.stats.bytes_in += sum(a.nbytes for a in msg.arrays)
+        for value in staleness:
+            self.stats.record_staleness(value)
+        clock = msg.get("clock")
+        if isinstance(clock, int):
+            sender = str(msg.get("from"))
+            self._observed_clocks[sender] = max(self._observed_clocks.get(sender, 0), clock + 1)
+            if self._deferred:
+                self._release_deferred()
+        return {"staleness": staleness}, []
+
+    def _pull_allowed(self, msg: Message) -> bool:
+        clock = msg.get("clock")
+        if not isinstance(clock, int):
+            return True
+        return self.policy.may_pull(clock, self._live_clocks(str(msg.get("from")), clock))
+
+    def _pull(
+        self, identity: bytes, msg: Message
+    ) -> tuple[dict[str, Any], list[np.ndarray]] | None:
+        self.store.resolve(msg.get("table"), msg.get("chunks"))  # validate before waiting
+        if not self._pull_allowed(msg):
+            self.stats.deferred_pulls += 1
+            self._deferred.append(_DeferredPull(identity, msg))
+            return None
+        return self._serve_pull(msg)
+
+    def _serve_pull(self, msg: Message) -> tuple[dict[str, Any], list[np.ndarray]]:
+        _, chunks = self.store.resolve(msg.get("table"), msg.get("chunks"))
+        # Copies: the reply leaves zero-copy from ZeroMQ's I/O thread while later pushes
+        # update the chunk in place.
+        arrays = [chunk.weights.copy() for chunk in chunks]
+        self.stats.pulls += 1
+        self.stats.bytes_out += sum(a.nbytes for a in arrays)
+        return {"versions": [chunk.version for chunk in chunks]}, arrays
+
+    def _release_deferred(self) -> None:
+        waiting, self._deferred = self._deferred, []
+        for pull in waiting:
+            if not self._pull_allowed(pull.message):
+                self._deferred.append(pull)
+                continue
+            try:
+                fields, arrays = self._serve_pull(pull.message)
+            except HogshardError as err:
+                self._fail(pull.identity, pull.message.request_id, err)
+                continue
+            reply_ok(self._sock, pull.identity, pull.message.request_id, fields, arrays)
+
+    def _stats(self, identity: bytes, msg: Message) -> tuple[dict[str, Any], list[np.ndarray]]:
+        return {
+            "node_id": self.node_id,
+            "stats": self.stats.to_wire(),
+            "staleness_summary": self.stats.staleness_summary(),
+            "tables": {
+                name: {"chunks": sorted(t.chunks), "versions": [c.version for c in
+                                                                t.chunks.values()]}
+                for name, t in self.store.tables.items()
+            },
+            "pending_pulls": len(self._deferred),
+        }, []
+
+    def _ping(self, identity: bytes, msg: Message) -> tuple[dict[str, Any], list[np.ndarray]]:
+        return {}, []
+
+    _HANDLERS: dict[str, Callable[[ShardServer, bytes, Message], Any]] = {
+        "init": _init,
+        "push": _push,
+        "pull": _pull,
+        "stats": _stats,
+        "ping": _ping,
+    }

@@ -1,0 +1,71 @@
+"""Counters a shard server keeps and reports: traffic, updates, errors and staleness.
+
+Example::
+
+    >>> stats = ServerStats()
+    >>> stats.record_staleness(2); stats.record_staleness(2); stats.record_staleness(0)
+    >>> stats.staleness_summary()["max"]
+    2
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def summarise_histogram(histogram: dict[int, int]) -> dict[str, float]:
+    """Count, mean, p50, p99 and max of a {value: count} histogram (zeros when empty)."""
+    total = sum(histogram.values())
+    if total == 0:
+        return {"count": 0, "mean": 0.0, "p50": 0, "p99": 0, "max": 0}
+    values = sorted(histogram)
+    mean = sum(v * c for v, c in histogram.items()) / total
+
+    def quantile(q: float) -> int:
+        target, seen = q * total, 0
+        for value in values:
+            seen += histogram[value]
+            if seen >= target:
+                return value
+        return values[-1]
+
+    return {"count": total, "mean": mean, "p50": quantile(0.5), "p99": quantile(0.99),
+            "max": values[-1]}
+
+
+def merge_histograms(histograms: list[list[list[int]]]) -> dict[int, int]:
+    """Sum histograms sent over the wire as lists of ``[value, count]`` pairs (msgpack maps
+    take string keys only)."""
+    merged: Counter[int] = Counter()
+    for histogram in histograms:
+        for value, count in histogram:
+            merged[int(value)] += int(count)
+    return dict(merged)
+
+
+@dataclass
+class ServerStats:
+    pushes: int = 0
+    pulls: int = 0
+    updates: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    deferred_pulls: int = 0
+    errors: Counter[str] = field(default_factory=Counter)
+    staleness: Counter[int] = field(default_factory=Counter)
+
+    def record_staleness(self, staleness: int) -> None:
+        self.staleness[staleness] += 1
+
+    def staleness_summary(self) -> dict[str, float]:
+        return summarise_histogram(dict(self.staleness))
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "pushes": self.pushes, "pulls": self.pulls, "updates": self.updates,
+            "bytes_in": self.bytes_in, "bytes_out": self.bytes_out,
+            "deferred_pulls": self.deferred_pulls, "errors": dict(self.errors),
+            "staleness": sorted([int(k), v] for k, v in self.staleness.items()),
+        }

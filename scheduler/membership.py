@@ -1,0 +1,126 @@
+"""Membership: who is in the job, their ranks, liveness by heartbeat, and worker clocks.
+
+Pure bookkeeping (the caller passes the time in), so it is tested without sockets.
+
+Example::
+
+    >>> table = MembershipTable(heartbeat_timeout=3.0)
+    >>> w = table.register("worker", address="", now=0.0)
+    >>> w.node_id, w.rank
+    ('worker-0', 0)
+    >>> [m.node_id for m in table.expire(now=10.0)]
+    ['worker-0']
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from hogshard.proto.errors import ConfigError, UnknownMemberError
+
+ROLES = ("server", "worker")
+
+
+class MemberState(str, enum.Enum):
+    ALIVE = "alive"
+    DEAD = "dead"
+    DONE = "done"
+
+
+@dataclass
+class Member:
+    """One registered process."""
+
+    role: str
+    rank: int
+    address: str
+    registered_at: float
+    last_seen: float
+    clock: int = 0
+    state: MemberState = MemberState.ALIVE
+    progress: dict[str, Any] = field(default_factory=dict)
+    stats: dict[str, Any] = field(default_factory=dict)
+    stats_at: float = 0.0
+
+    @property
+    def node_id(self) -> str:
+        return f"{self.role}-{self.rank}"
+
+    @property
+    def alive(self) -> bool:
+        return self.state is MemberState.ALIVE
+
+
+class MembershipTable:
+    """Ranks are the lowest free for the role (a requested rank is honoured when free), so a
+    restarted process can take the rank of the one that died."""
+
+    def __init__(self, heartbeat_timeout: float) -> None:
+        self.heartbeat_timeout = heartbeat_timeout
+        self._members: dict[str, Member] = {}
+        self.epoch = 0
+
+    def __iter__(self):
+        return iter(list(self._members.values()))
+
+    def register(
+        self, role: str, address: str, now: float, rank_hint: int | None = None, clock: int = 0
+    ) -> Member:
+        if role not in ROLES:
+            raise ConfigError(f"unknown role {role!r}; expected one of {ROLES}")
+        taken = {m.rank for m in self._members.values() if m.role == role and m.alive}
+        if rank_hint is not None and rank_hint >= 0 and rank_hint not in taken:
+            rank = rank_hint
+        else:
+            rank = next(r for r in range(len(taken) + 1) if r not in taken)
+        member = Member(role, rank, address, registered_at=now, last_seen=now, clock=clock)
+        self._members[member.node_id] = member
+        self.epoch += 1
+        return member
+
+    def get(self, node_id: str) -> Member:
+        member = self._members.get(node_id)
+        if member is None or not member.alive:
+            state = "unknown" if member is None else member.state.value
+            raise UnknownMemberError(
+                f"{node_id!r} is {state} to the scheduler; register again to rejoin"
+            )
+        return member
+
+    def touch(self, node_id: str, now: float) -> Member:
+        member = self.get(node_id)
+        member.last_seen = now
+        return member
+
+    def leave(self, node_id: str) -> Member:
+        member = self.get(node_id)
+        member.state = MemberState.DONE
+        self.epoch += 1
+        return member
+
+    def expire(self, now: float) -> list[Member]:
+        """Declare dead every live member silent for longer than the heartbeat timeout."""
+        dead = [
+            m for m in self._members.values()
+            if m.alive and now - m.last_seen > self.heartbeat_timeout
+        ]
+        for member in dead:
+            member.state = MemberState.DEAD
+        if dead:
+            self.epoch += 1
+        return dead
+
+    def live(self, role: str) -> list[Member]:
+        return sorted(
+            (m for m in self._members.values() if m.role == role and m.alive),
+            key=lambda m: m.rank,
+        )
+
+    def live_clocks(self) -> dict[str, int]:
+        return {m.node_id: m.clock for m in self.live("worker")}
+
+    def min_live_clock(self) -> int:
+        clocks = self.live_clocks()
+        return min(clocks.values()) if clocks else 0

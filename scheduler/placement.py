@@ -1,0 +1,71 @@
+"""The shard-map planner: cut a dense table into chunks and place them on servers by bytes.
+
+Pure logic, no I/O.
+
+Example::
+
+    >>> chunks = plan_dense_table(size=10, chunk_elems=4, num_servers=2)
+    >>> [(c.chunk_id, c.offset, c.length, c.server) for c in chunks]
+    [(0, 0, 4, 0), (1, 4, 4, 1), (2, 8, 2, 0)]
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from hogshard.proto.errors import ConfigError
+
+#: 1 Mi float32 elements = 4 MiB chunks by default.
+DEFAULT_CHUNK_ELEMS = 1 << 20
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One contiguous slice ``[offset, offset + length)`` of a dense table, owned by ``server``."""
+
+    chunk_id: int
+    offset: int
+    length: int
+    server: int
+
+    def to_wire(self) -> list[int]:
+        return [self.chunk_id, self.offset, self.length, self.server]
+
+    @classmethod
+    def from_wire(cls, fields: list[int]) -> Chunk:
+        return cls(*fields)
+
+
+@dataclass(frozen=True)
+class DenseTableSpec:
+    """What a worker declares: a table's name, element count, chunk size and update rule."""
+
+    name: str
+    size: int
+    chunk_elems: int
+    rule: dict[str, Any]
+
+    def to_wire(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def plan_dense_table(size: int, chunk_elems: int, num_servers: int) -> list[Chunk]:
+    """Cut ``size`` elements into chunks of ``chunk_elems`` and place them largest first,
+    each on the server holding the fewest bytes so far (ties go to the lowest rank)."""
+    if size <= 0:
+        raise ConfigError(f"a dense table needs at least one element; got size={size}")
+    if chunk_elems <= 0:
+        raise ConfigError(f"chunk_elems must be positive; got {chunk_elems}")
+    if num_servers <= 0:
+        raise ConfigError("no server has registered yet; expected at least one")
+    bounds = [(off, min(chunk_elems, size - off)) for off in range(0, size, chunk_elems)]
+    load = [(0, rank) for rank in range(num_servers)]
+    heapq.heapify(load)
+    owner: dict[int, int] = {}
+    for index in sorted(range(len(bounds)), key=lambda i: (-bounds[i][1], i)):
+        held, rank = heapq.heappop(load)
+        owner[index] = rank
+        heapq.heappush(load, (held + bounds[index][1], rank))
+    return [Chunk(i, off, length, owner[i]) for i, (off, length) in enumerate(bounds)]

@@ -1,0 +1,322 @@
+"""The scheduler process: membership, heartbeats, the shard map, barriers and job status.
+
+It binds one ROUTER and answers every request with exactly one reply; requests that must wait
+(for servers to register, a table to be initialised, a barrier) are answered when their
+condition holds. Data never flows through it.
+
+Example::
+
+    scheduler = Scheduler("tcp://127.0.0.1:7000", policy="ssp:2", expected_servers=2)
+    scheduler.serve_forever()          # or: threading.Thread(target=scheduler.serve_forever)
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+
+from hogshard.proto.errors import (
+    ConfigError,
+    ConflictError,
+    HogshardError,
+    ProtocolError,
+    UnknownOpError,
+    UnknownTableError,
+)
+from hogshard.proto.transport import bind_router, recv_routed, reply_error, reply_ok
+from hogshard.proto.wire import Message
+from hogshard.scheduler.membership import MembershipTable
+from hogshard.scheduler.placement import Chunk, DenseTableSpec, plan_dense_table
+from hogshard.scheduler.policy import parse_policy
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Waiter:
+    identity: bytes
+    request_id: int
+    ready: Callable[[], dict[str, Any] | None]
+
+
+@dataclass
+class _Table:
+    spec: DenseTableSpec
+    chunks: list[Chunk]
+    ready: bool = False
+
+
+class Scheduler:
+    """The control plane of one job. Not thread-safe: run ``serve_forever`` in one thread and
+    stop it with ``stop()`` from any thread."""
+
+    def __init__(
+        self,
+        bind: str,
+        policy: str = "async",
+        expected_servers: int = 1,
+        heartbeat_interval: float = 0.5,
+        heartbeat_timeout: float = 5.0,
+        context: zmq.Context | None = None,
+    ) -> None:
+        self.policy = parse_policy(policy)
+        if expected_servers < 1:
+            raise ConfigError(f"expected_servers must be at least 1; got {expected_servers}")
+        self.expected_servers = expected_servers
+        self.heartbeat_interval = heartbeat_interval
+        self.members = MembershipTable(heartbeat_timeout)
+        self.tables: dict[str, _Table] = {}
+        self.barriers: dict[str, set[str]] = {}
+        self.released_barriers: set[str] = set()
+        self.shutting_down = False
+        self.started_at = time.monotonic()
+        self._waiters: list[_Waiter] = []
+        self._errors: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._own_context = context is None
+        self._context = context or zmq.Context()
+        self._sock, self.address = bind_router(self._context, bind)
+        log.info("scheduler listening on %s policy=%s servers=%d",
+                 self.address, self.policy.spec, expected_servers)
+
+    # ---- loop -------------------------------------------------------------------------------
+
+    def serve_forever(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        try:
+            while not self._stop.is_set():
+                if poller.poll(int(self.heartbeat_interval * 1000)):
+                    self._handle_one()
+                if self.members.expire(time.monotonic()):
+                    self._log_membership()
+                self._release_waiters()
+        finally:
+            self._sock.close(0)
+            if self._own_context:
+                self._context.term()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _handle_one(self) -> None:
+        identity, message, request_id = recv_routed(self._sock)
+        if isinstance(message, HogshardError):
+            self._fail(identity, request_id, message)
+            return
+        handler = self._HANDLERS.get(message.op)
+        try:
+            if handler is None:
+                raise UnknownOpError(
+                    f"unknown op {message.op!r} for the scheduler; expected one of "
+                    f"{sorted(self._HANDLERS)}"
+                )
+            result = handler(self, message)
+        except HogshardError as err:
+            self._fail(identity, request_id, err)
+            return
+        except (KeyError, TypeError, ValueError) as err:
+            self._fail(identity, request_id, ProtocolError(f"bad '{message.op}' request: {err!r}"))
+            return
+        if callable(result):
+            self._waiters.append(_Waiter(identity, request_id, result))
+        else:
+            reply_ok(self._sock, identity, request_id, result)
+
+    def _fail(self, identity: bytes, request_id: int, err: HogshardError) -> None:
+        self._errors[err.code.value] = self._errors.get(err.code.value, 0) + 1
+        log.warning("error reply %s: %s", err.code.value, err.message)
+        reply_error(self._sock, identity, request_id, err)
+
+    def _release_waiters(self) -> None:
+        pending = []
+        for waiter in self._waiters:
+            result = waiter.ready()
+            if result is None:
+                pending.append(waiter)
+            else:
+                reply_ok(self._sock, waiter.identity, waiter.request_id, result)
+        self._waiters = pending
+
+    def _log_membership(self) -> None:
+        log.info(
+            "membership epoch=%d servers=%s workers=%s", self.members.epoch,
+            [m.node_id for m in self.members.live("server")],
+            [m.node_id for m in self.members.live("worker")],
+        )
+
+    # ---- handlers ---------------------------------------------------------------------------
+
+    def _register(self, msg: Message) -> dict[str, Any]:
+        role = msg.get("role")
+        start_clock = self.members.min_live_clock() if role == "worker" else 0
+        member = self.members.register(
+            role, str(msg.get("address", "")), time.monotonic(),
+            rank_hint=msg.get("rank_hint"), clock=start_clock,
+        )
+        self._log_membership()
+        return {
+            "node_id": member.node_id,
+            "rank": member.rank,
+            "policy": self.policy.spec,
+            "clock": member.clock,
+            "heartbeat_interval": self.heartbeat_interval,
+            "heartbeat_timeout": self.members.heartbeat_timeout,
+            "epoch": self.members.epoch,
+        }
+
+    def _heartbeat(self, msg: Message) -> dict[str, Any]:
+        member = self.members.touch(msg.get("from", ""), time.monotonic())
+        if isinstance(msg.get("clock"), int):
+            member.clock = max(member.clock, msg.get("clock"))
+        if isinstance(msg.get("stats"), dict):
+            stats = dict(msg.get("stats"))
+            previous, elapsed = member.stats, time.monotonic() - member.stats_at
+            if "updates" in previous and elapsed > 0:
+                stats["updates_per_second"] = (stats.get("updates", 0) - previous["updates"]) / elapsed
+                stats["bytes_per_second"] = (
+                    stats.get("bytes_in", 0) + stats.get("bytes_out", 0)
+                    - previous.get("bytes_in", 0) - previous.get("bytes_out", 0)
+                ) / elapsed
+            member.stats, member.stats_at = stats, time.monotonic()
+        if isinstance(msg.get("progress"), dict):
+            member.progress = msg.get("progress")
+        reply: dict[str, Any] = {"epoch": self.members.epoch, "shutdown": self.shutting_down}
+        if member.role == "server":
+            reply["workers"] = self.members.live_clocks()
+        return reply
+
+    def _servers_view(self) -> dict[str, Any] | None:
+        servers = self.members.live("server")
+        if len(servers) < self.expected_servers:
+            return None
+        return {
+            "servers": [{"rank": m.rank, "address": m.address} for m in servers],
+            "epoch": self.members.epoch,
+        }
+
+    def _wait_servers(self, msg: Message) -> Callable[[], dict[str, Any] | None]:
+        return self._servers_view
+
+    def _declare_table(self, msg: Message) -> dict[str, Any]:
+        spec = DenseTableSpec(
+            name=str(msg.get("table")), size=int(msg.get("size")),
+            chunk_elems=int(msg.get("chunk_elems")), rule=dict(msg.get("rule")),
+        )
+        existing = self.tables.get(spec.name)
+        if existing is not None:
+            if existing.spec != spec:
+                raise ConflictError(
+                    f"table {spec.name!r} is already declared as {existing.spec.to_wire()}; "
+                    f"got {spec.to_wire()}"
+                )
+        else:
+            servers = self.members.live("server")
+            if len(servers) < self.expected_servers:
+                raise ConflictError(
+                    f"{len(servers)} of {self.expected_servers} servers registered; "
+                    "call wait_servers first"
+                )
+            chunks = plan_dense_table(spec.size, spec.chunk_elems, len(servers))
+            ranks = [m.rank for m in servers]
+            chunks = [Chunk(c.chunk_id, c.offset, c.length, ranks[c.server]) for c in chunks]
+            self.tables[spec.name] = existing = _Table(spec, chunks)
+            self.members.epoch += 1
+            log.info("table %s: %d elements in %d chunks", spec.name, spec.size, len(chunks))
+        return self._table_view(existing)
+
+    def _table_view(self, table: _Table) -> dict[str, Any]:
+        return {
+            "table": table.spec.to_wire(),
+            "chunks": [c.to_wire() for c in table.chunks],
+            "ready": table.ready,
+            "epoch": self.members.epoch,
+        }
+
+    def _lookup(self, name: Any) -> _Table:
+        table = self.tables.get(str(name))
+        if table is None:
+            raise UnknownTableError(
+                f"no table named {name!r}; declared tables: {sorted(self.tables)}"
+            )
+        return table
+
+    def _table_ready(self, msg: Message) -> dict[str, Any]:
+        table = self._lookup(msg.get("table"))
+        table.ready = True
+        return self._table_view(table)
+
+    def _get_table(self, msg: Message) -> dict[str, Any] | Callable[[], dict[str, Any] | None]:
+        name = str(msg.get("table"))
+        if not msg.get("wait", False):
+            return self._table_view(self._lookup(name))
+
+        def ready() -> dict[str, Any] | None:
+            table = self.tables.get(name)
+            return self._table_view(table) if table is not None and table.ready else None
+
+        return ready
+
+    def _barrier(self, msg: Message) -> Callable[[], dict[str, Any] | None]:
+        name = str(msg.get("name"))
+        self.members.get(msg.get("from", ""))
+        self.barriers.setdefault(name, set()).add(msg.get("from"))
+
+        def ready() -> dict[str, Any] | None:
+            if name in self.released_barriers:
+                return {"name": name}
+            live = {m.node_id for m in self.members.live("worker")}
+            if live <= self.barriers[name]:
+                self.released_barriers.add(name)
+                return {"name": name}
+            return None
+
+        return ready
+
+    def _leave(self, msg: Message) -> dict[str, Any]:
+        member = self.members.leave(msg.get("from", ""))
+        log.info("%s left (clock %d)", member.node_id, member.clock)
+        return {}
+
+    def _shutdown(self, msg: Message) -> dict[str, Any]:
+        self.shutting_down = True
+        return {}
+
+    def _status(self, msg: Message) -> dict[str, Any]:
+        now = time.monotonic()
+        return {
+            "policy": self.policy.spec,
+            "epoch": self.members.epoch,
+            "uptime": now - self.started_at,
+            "expected_servers": self.expected_servers,
+            "shutdown": self.shutting_down,
+            "members": [
+                {
+                    "node_id": m.node_id, "role": m.role, "rank": m.rank, "address": m.address,
+                    "state": m.state.value, "clock": m.clock,
+                    "heartbeat_age": now - m.last_seen, "progress": m.progress, "stats": m.stats,
+                }
+                for m in self.members
+            ],
+            "tables": {name: self._table_view(t) for name, t in self.tables.items()},
+            "errors": dict(self._errors),
+        }
+
+    _HANDLERS: dict[str, Callable[[Scheduler, Message], Any]] = {
+        "register": _register,
+        "heartbeat": _heartbeat,
+        "wait_servers": _wait_servers,
+        "declare_table": _declare_table,
+        "table_ready": _table_ready,
+        "get_table": _get_table,
+        "barrier": _barrier,
+        "leave": _leave,
+        "shutdown": _shutdown,
+        "status": _status,
+    }

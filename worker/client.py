@@ -1,0 +1,315 @@
+"""``PSClient``: a worker's connection to the job — the scheduler for membership, one DEALER
+per server for data. ``push`` and ``pull`` return futures, so many requests can be in flight.
+
+The client is not thread-safe (one training thread drives it); a background thread with its own
+socket sends heartbeats carrying the worker's clock and progress.
+
+Example::
+
+    client = PSClient.from_env()                       # HOGSHARD_SCHEDULER etc.
+    table = client.dense_table("model", size=w.size, rule={"rule": "sgd", "lr": 0.1},
+                               init=w if client.rank == 0 else None)
+    client.pull(table, out=w).result()
+    client.push(table, grads, clock=0).result()
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import zmq
+
+from hogshard.proto.config import ClientSettings
+from hogshard.proto.errors import ConfigError, HogshardError, UnknownMemberError
+from hogshard.proto.transport import ERROR, RpcChannel, connect_dealer, request_header, send
+from hogshard.proto.wire import decode
+from hogshard.scheduler.placement import DEFAULT_CHUNK_ELEMS, Chunk, DenseTableSpec
+from hogshard.worker.futures import Future, PendingRequest, RequestBook
+
+log = logging.getLogger(__name__)
+
+FLOAT32 = np.dtype("<f4")
+
+
+class DenseTable:
+    """A worker's handle on a dense table: its chunks grouped by server, and the version of
+    each chunk this worker last pulled (sent back with pushes to measure staleness)."""
+
+    def __init__(self, spec: DenseTableSpec, chunks: Sequence[Chunk]) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.size = spec.size
+        self.chunks = list(chunks)
+        self.by_server: dict[int, list[Chunk]] = {}
+        for chunk in self.chunks:
+            self.by_server.setdefault(chunk.server, []).append(chunk)
+        self.pulled_versions = {c.chunk_id: 0 for c in self.chunks}
+
+    @classmethod
+    def from_reply(cls, fields: dict[str, Any]) -> DenseTable:
+        return cls(DenseTableSpec(**fields["table"]), [Chunk.from_wire(c) for c in fields["chunks"]])
+
+
+class _Heartbeat(threading.Thread):
+    """Sends the worker's clock and progress to the scheduler every interval."""
+
+    def __init__(self, client: PSClient, context: zmq.Context, interval: float) -> None:
+        super().__init__(name=f"hogshard-heartbeat-{client.node_id}", daemon=True)
+        self._client = client
+        self._channel = RpcChannel(context, client.settings.scheduler, client.node_id)
+        self._interval = interval
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        try:
+            while not self.stopped.wait(self._interval):
+                self._channel.sender = self._client.node_id
+                try:
+                    self._channel.call(
+                        "heartbeat",
+                        {"clock": self._client.clock, "progress": dict(self._client.progress)},
+                        timeout=max(2.0, 4 * self._interval),
+                    )
+                except UnknownMemberError as err:
+                    log.warning("%s; registering again", err.message)
+                    self._client.reregister(self._channel)
+                except HogshardError as err:
+                    log.debug("heartbeat failed: %s", err.message)
+        finally:
+            self._channel.close()
+
+
+class PSClient:
+    """A worker's client of the parameter servers.
+
+    Use :meth:`from_env` inside a process started by ``hogshard worker`` or ``hogshard launch``.
+    """
+
+    def __init__(
+        self, settings: ClientSettings | None = None, context: zmq.Context | None = None
+    ) -> None:
+        self.settings = settings or ClientSettings()
+        self._own_context = context is None
+        self._context = context or zmq.Context()
+        self.clock = 0
+        self.progress: dict[str, Any] = {}
+        self._control = RpcChannel(self._context, self.settings.scheduler, sender="worker-?")
+        self._ids = itertools.count(1)
+        self._book = RequestBook()
+        self._closed = False
+        reply = self._control.call(
+            "register", {"role": "worker", "rank_hint": self.settings.rank},
+            timeout=self.settings.connect_timeout,
+        )
+        self._adopt_registration(reply.header)
+        self.policy: str = reply.get("policy")
+        self._heartbeat = _Heartbeat(self, self._context, reply.get("heartbeat_interval"))
+        self._heartbeat.start()
+        servers = self._control.call("wait_servers", timeout=self.settings.connect_timeout)
+        self._servers = {
+            s["rank"]: connect_dealer(self._context, s["address"]) for s in servers.get("servers")
+        }
+        self._poller = zmq.Poller()
+        self._socket_rank: dict[zmq.Socket, int] = {}
+        for rank, sock in self._servers.items():
+            self._poller.register(sock, zmq.POLLIN)
+            self._socket_rank[sock] = rank
+        log.info("%s joined: %d servers, policy %s, clock %d",
+                 self.node_id, len(self._servers), self.policy, self.clock)
+
+    @property
+    def num_servers(self) -> int:
+        return len(self._servers)
+
+    @classmethod
+    def from_env(cls, context: zmq.Context | None = None) -> PSClient:
+        """A client configured from the ``HOGSHARD_*`` environment variables."""
+        return cls(ClientSettings.from_env(), context)
+
+    def _adopt_registration(self, fields: dict[str, Any]) -> None:
+        self.node_id: str = fields["node_id"]
+        self.rank: int = fields["rank"]
+        self.clock = max(self.clock, int(fields.get("clock", 0)))
+        self._control.sender = self.node_id
+
+    def reregister(self, channel: RpcChannel) -> None:
+        """Called by the heartbeat thread when the scheduler no longer knows this worker."""
+        try:
+            reply = channel.call(
+                "register", {"role": "worker", "rank_hint": self.rank}, timeout=5.0
+            )
+        except HogshardError as err:
+            log.warning("re-registration failed: %s", err.message)
+            return
+        self.node_id = reply.get("node_id")
+        self.rank = reply.get("rank")
+        self._control.sender = self.node_id
+
+    # ---- tables -----------------------------------------------------------------------------
+
+    def dense_table(
+        self,
+        name: str,
+        size: int,
+        rule: dict[str, Any],
+        init: np.ndarray | None = None,
+        chunk_elems: int = DEFAULT_CHUNK_ELEMS,
+    ) -> DenseTable:
+        """Declare (with ``init``: create and initialise) or look up a dense table.
+
+        The worker that passes ``init`` creates the table on the servers; the others wait until
+        it is ready. All must pass the same size and rule."""
+        spec = DenseTableSpec(name, int(size), int(chunk_elems), dict(rule))
+        if init is None:
+            reply = self._control.call(
+                "get_table", {"table": name, "wait": True}, timeout=self.settings.connect_timeout
+            )
+            table = DenseTable.from_reply(reply.header)
+            if table.spec != spec:
+                raise ConfigError(
+                    f"table {name!r} was declared as {table.spec.to_wire()}; this worker "
+                    f"expects {spec.to_wire()}"
+                )
+            return table
+        init = np.ascontiguousarray(init, dtype=FLOAT32).reshape(-1)
+        if init.size != size:
+            raise ConfigError(f"init has {init.size} elements; table {name!r} has {size}")
+        request = {"table": name, "size": spec.size, "chunk_elems": spec.chunk_elems,
+                   "rule": spec.rule}
+        reply = self._control.call("declare_table", request,
+                                   timeout=self.settings.connect_timeout)
+        table = DenseTable.from_reply(reply.header)
+        futures = []
+        for rank, chunks in table.by_server.items():
+            fields = {
+                "table": name, "rule": spec.rule,
+                "layout": [[c.chunk_id, c.offset, c.length] for c in chunks],
+            }
+            arrays = [init[c.offset:c.offset + c.length] for c in chunks]
+            futures.append(self._request(rank, "init", fields, arrays))
+        Future.gather(futures, self._pump).result(self.settings.request_timeout)
+        self._control.call("table_ready", {"table": name}, timeout=self.settings.request_timeout)
+        return table
+
+    # ---- data plane -------------------------------------------------------------------------
+
+    def _request(
+        self,
+        rank: int,
+        op: str,
+        fields: dict[str, Any],
+        arrays: Sequence[np.ndarray] = (),
+        on_reply: Any = None,
+    ) -> Future:
+        request_id = next(self._ids)
+        send(self._servers[rank], request_header(op, request_id, self.node_id, **fields), arrays)
+        pending = PendingRequest(request_id, op, rank, on_reply)
+        self._book.add(pending)
+        return Future([pending], self._pump)
+
+    def push(self, table: DenseTable, grads: np.ndarray, clock: int | None = None) -> Future:
+        """Send a flat float32 gradient for the whole table. ``grads`` must stay unchanged until
+        the future completes (its slices leave without a copy)."""
+        grads = self._check_flat(table, grads, "grads")
+        futures = []
+        for rank, chunks in table.by_server.items():
+            fields: dict[str, Any] = {
+                "table": table.name,
+                "chunks": [c.chunk_id for c in chunks],
+                "versions": [table.pulled_versions[c.chunk_id] for c in chunks],
+            }
+            if clock is not None:
+                fields["clock"] = clock
+            arrays = [grads[c.offset:c.offset + c.length] for c in chunks]
+            futures.append(self._request(rank, "push", fields, arrays))
+        return Future.gather(futures, self._pump)
+
+    def pull(self, table: DenseTable, out: np.ndarray, clock: int | None = None) -> Future:
+        """Fetch the whole table into the flat float32 array ``out`` (written when the future
+        completes). Under SSP the servers answer once the slowest live worker is close enough."""
+        out = self._check_flat(table, out, "out")
+        if not out.flags.writeable:
+            raise ConfigError("pull: 'out' must be writable")
+        futures = []
+        for rank, chunks in table.by_server.items():
+            fields: dict[str, Any] = {"table": table.name, "chunks": [c.chunk_id for c in chunks]}
+            if clock is not None:
+                fields["clock"] = clock
+
+            def land(message: Any, chunks: list[Chunk] = chunks) -> None:
+                for chunk, array, version in zip(
+                    chunks, message.arrays, message.get("versions"), strict=True
+                ):
+                    np.copyto(out[chunk.offset:chunk.offset + chunk.length], array)
+                    table.pulled_versions[chunk.chunk_id] = version
+
+            futures.append(self._request(rank, "pull", fields, on_reply=land))
+        return Future.gather(futures, self._pump)
+
+    @staticmethod
+    def _check_flat(table: DenseTable, array: np.ndarray, what: str) -> np.ndarray:
+        if not isinstance(array, np.ndarray) or array.dtype != FLOAT32 or array.ndim != 1:
+            raise ConfigError(f"{what} must be a 1-D float32 numpy array")
+        if array.size != table.size:
+            raise ConfigError(f"{what} has {array.size} elements; table {table.name!r} has "
+                              f"{table.size}")
+        if not array.flags.c_contiguous:
+            raise ConfigError(f"{what} must be contiguous")
+        return array
+
+    def _pump(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for replies and settle the requests they answer."""
+        for sock, _ in self._poller.poll(int(timeout * 1000)):
+            while sock.poll(0, zmq.POLLIN):
+                message = decode(sock.recv_multipart(copy=False))
+                pending = self._book.pop(message.request_id)
+                if pending is None:
+                    log.debug("dropping reply to unknown request %d", message.request_id)
+                    continue
+                if message.op == ERROR:
+                    pending.fail(str(message.get("code")), str(message.get("message")))
+                else:
+                    pending.settle(message)
+
+    # ---- control plane ----------------------------------------------------------------------
+
+    def barrier(self, name: str, timeout: float | None = None) -> None:
+        """Wait until every live worker has reached the barrier ``name``."""
+        self._control.call("barrier", {"name": name},
+                           timeout=timeout or self.settings.request_timeout)
+
+    def set_progress(self, **fields: Any) -> None:
+        """Progress shown by ``hogshard status`` and the launcher (e.g. done, total, loss)."""
+        self.progress = {**self.progress, **fields}
+
+    def status(self) -> dict[str, Any]:
+        return self._control.call("status", timeout=self.settings.connect_timeout).header
+
+    def close(self, leave: bool = True) -> None:
+        """Leave the job (so no policy waits for this worker) and release the sockets."""
+        if self._closed:
+            return
+        self._closed = True
+        self._heartbeat.stopped.set()
+        if leave:
+            try:
+                self._control.call("leave", timeout=5.0)
+            except HogshardError as err:
+                log.warning("leave failed: %s", err.message)
+        self._heartbeat.join(timeout=5.0)
+        for sock in self._servers.values():
+            sock.close(0)
+        self._control.close()
+        if self._own_context:
+            self._context.term()
+
+    def __enter__(self) -> PSClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

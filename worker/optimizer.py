@@ -1,0 +1,146 @@
+"""``PSOptimizer``: a torch-optimizer-shaped front for training against the parameter servers.
+
+The model's parameters are re-pointed into one flat float32 buffer, so a pull lands straight in
+the weights. Each ``step`` pushes the gradients (the servers apply the update rule), advances
+the worker's clock and pulls fresh weights; under SSP the pull waits for slow workers.
+
+Example::
+
+    client = PSClient.from_env()
+    opt = PSOptimizer(client, model.named_parameters(), rule="sgd", lr=0.1)
+    for x, y in loader:
+        opt.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    opt.close()
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import torch
+
+from hogshard.proto.errors import ConfigError
+from hogshard.scheduler.placement import DEFAULT_CHUNK_ELEMS
+from hogshard.worker.client import DenseTable, PSClient
+
+log = logging.getLogger(__name__)
+
+
+def flatten_into_views(params: list[torch.nn.Parameter]) -> torch.Tensor:
+    """Copy the parameters into one flat float32 tensor and make each parameter a view of it."""
+    total = sum(p.numel() for p in params)
+    flat = torch.empty(total, dtype=torch.float32)
+    offset = 0
+    for p in params:
+        n = p.numel()
+        flat[offset:offset + n].copy_(p.data.reshape(-1))
+        p.data = flat[offset:offset + n].view_as(p)
+        offset += n
+    return flat
+
+
+class PSOptimizer:
+    """Push gradients, let the servers update, pull weights; shaped like ``torch.optim``.
+
+    ``rule`` is the server-side update rule (``sgd``, ``momentum``, ``adagrad``, ``adam``) and
+    ``**hyper`` its parameters (``lr``, ``momentum``, ``betas``, ``weight_decay``, ...). The worker
+    that the scheduler ranks 0 initialises the table with its model's weights; the others start
+    from those weights.
+    """
+
+    def __init__(
+        self,
+        client: PSClient,
+        named_parameters: Iterable[tuple[str, torch.nn.Parameter]],
+        rule: str = "sgd",
+        table: str = "model",
+        chunk_elems: int = DEFAULT_CHUNK_ELEMS,
+        **hyper: Any,
+    ) -> None:
+        named = [(n, p) for n, p in named_parameters if p.requires_grad]
+        if not named:
+            raise ConfigError("PSOptimizer needs at least one parameter that requires grad")
+        bad = [n for n, p in named if p.dtype != torch.float32]
+        if bad:
+            raise ConfigError(f"parameters must be float32; these are not: {bad}")
+        self.client = client
+        self.names = [n for n, _ in named]
+        self.params = [p for _, p in named]
+        self._flat = flatten_into_views(self.params)
+        self._weights = self._flat.numpy()
+        self._grads = np.zeros_like(self._weights)
+        self._grads_tensor = torch.from_numpy(self._grads)
+        rule_spec = {"rule": rule, **hyper}
+        self.table: DenseTable = client.dense_table(
+            table, self._weights.size, rule_spec,
+            init=self._weights if client.rank == 0 else None, chunk_elems=chunk_elems,
+        )
+        client.pull(self.table, self._weights, clock=client.clock).result(
+            client.settings.request_timeout
+        )
+        self.steps = 0
+
+    @property
+    def clock(self) -> int:
+        return self.client.clock
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params:
+            if set_to_none:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad.zero_()
+
+    def _gather_grads(self) -> None:
+        offset = 0
+        for p in self.params:
+            n = p.numel()
+            target = self._grads_tensor[offset:offset + n]
+            if p.grad is None:
+                target.zero_()
+            else:
+                target.copy_(p.grad.reshape(-1))
+            offset += n
+
+    def step(self, closure: Any = None) -> Any:
+        """Push this step's gradients, then pull the weights for the next one."""
+        loss = closure() if closure is not None else None
+        self._gather_grads()
+        client, timeout = self.client, self.client.settings.request_timeout
+        push = client.push(self.table, self._grads, clock=client.clock)
+        client.clock += 1
+        with torch.no_grad():
+            pull = client.pull(self.table, self._weights, clock=client.clock)
+            push.result(timeout)
+            pull.result(timeout)
+        self.steps += 1
+        return loss
+
+    def pull(self) -> None:
+        """Fetch the current weights without pushing (e.g. before evaluating)."""
+        with torch.no_grad():
+            self.client.pull(self.table, self._weights).result(self.client.settings.request_timeout)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "table": self.table.name,
+            "clock": self.client.clock,
+            "steps": self.steps,
+            "pulled_versions": dict(self.table.pulled_versions),
+            "rule": dict(self.table.spec.rule),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("table") != self.table.name:
+            raise ConfigError(
+                f"state is for table {state.get('table')!r}; this optimizer uses "
+                f"{self.table.name!r}"
+            )
+        self.client.clock = int(state["clock"])
+        self.steps = int(state["steps"])
+        self.table.pulled_versions.update({int(k): v for k, v in state["pulled_versions"].items()})
