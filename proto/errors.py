@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 
 
-class ErrorCode(str, enum.Enum):
+class ErrorCode(enum.StrEnum):
     """Stable error codes of the wire protocol (see PROTOCOL.md)."""
 
     MALFORMED = "MALFORMED"

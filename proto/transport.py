@@ -200,7 +200,11 @@ class RpcChannel:
                 raise RequestTimeoutError(
                     f"no reply to '{op}' from {self.address} within {timeout:.1f} s"
                 )
-            reply = decode(self._sock.recv_multipart(copy=False))
+            try:
+                reply = decode(self._sock.recv_multipart(copy=False))
+            except HogshardError as err:
+                log.warning("dropping undecodable reply from %s: %s", self.address, err.message)
+                continue
             if reply.request_id == request_id:
                 return raise_if_error(reply)
             log.debug("dropping late reply id=%s on %s", reply.request_id, self.address)

@@ -121,7 +121,7 @@ def decode_header(frame: Any, limits: Limits = DEFAULT_LIMITS) -> dict[str, Any]
     if not isinstance(header, dict):
         raise ProtocolError(f"frame 0 must be a msgpack map; got {type(header).__name__}")
     version = header.get("v")
-    if version != PROTOCOL_VERSION:
+    if type(version) is not int or version != PROTOCOL_VERSION:
         raise VersionMismatchError(
             f"protocol version {version!r} is not supported; this peer speaks version "
             f"{PROTOCOL_VERSION}"
@@ -138,7 +138,7 @@ def _decode_array(descriptor: Any, frame: Any, index: int, limits: Limits) -> np
     if not isinstance(descriptor, dict):
         raise ProtocolError(f"arrays[{index}] must be a map with 'dtype' and 'shape'")
     dtype_name = descriptor.get("dtype")
-    if dtype_name not in ALLOWED_DTYPES:
+    if not isinstance(dtype_name, str) or dtype_name not in ALLOWED_DTYPES:
         raise DtypeError(
             f"arrays[{index}] has dtype {dtype_name!r}; expected one of {sorted(ALLOWED_DTYPES)}"
         )
@@ -146,21 +146,34 @@ def _decode_array(descriptor: Any, frame: Any, index: int, limits: Limits) -> np
     if (
         not isinstance(shape, list)
         or len(shape) > limits.max_ndim
-        or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
+        or not all(
+            isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= limits.max_frame_bytes
+            for d in shape
+        )
     ):
         raise ShapeError(
             f"arrays[{index}] shape {shape!r} must be a list of at most {limits.max_ndim} "
-            "non-negative integers"
+            f"non-negative integers (each at most {limits.max_frame_bytes})"
         )
     dtype = np.dtype(dtype_name)
     buffer = _frame_buffer(frame)
+    if buffer.nbytes > limits.max_frame_bytes:
+        raise TooLargeError(
+            f"arrays[{index}] frame holds {buffer.nbytes} bytes; expected at most "
+            f"{limits.max_frame_bytes}"
+        )
     expected = math.prod(shape) * dtype.itemsize
     if buffer.nbytes != expected:
         raise ShapeError(
             f"arrays[{index}] frame holds {buffer.nbytes} bytes; dtype {dtype_name} with shape "
             f"{shape} needs {expected}"
         )
-    return np.frombuffer(buffer, dtype=dtype).reshape(shape)
+    try:
+        array = np.frombuffer(buffer, dtype=dtype).reshape(shape)
+    except ValueError as exc:  # e.g. a zero-sized shape with a dimension numpy cannot hold
+        raise ShapeError(f"arrays[{index}] shape {shape!r} is not usable: {exc}") from None
+    array.flags.writeable = False
+    return array
 
 
 def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> Message:

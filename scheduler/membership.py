@@ -23,7 +23,7 @@ from hogshard.proto.errors import ConfigError, UnknownMemberError
 ROLES = ("server", "worker")
 
 
-class MemberState(str, enum.Enum):
+class MemberState(enum.StrEnum):
     ALIVE = "alive"
     DEAD = "dead"
     DONE = "done"

@@ -32,7 +32,12 @@ from hogshard.proto.errors import (
 from hogshard.proto.transport import bind_router, recv_routed, reply_error, reply_ok
 from hogshard.proto.wire import Message
 from hogshard.scheduler.membership import MembershipTable
-from hogshard.scheduler.placement import Chunk, DenseTableSpec, plan_dense_table
+from hogshard.scheduler.placement import (
+    DEFAULT_CHUNK_ELEMS,
+    Chunk,
+    DenseTableSpec,
+    plan_dense_table,
+)
 from hogshard.scheduler.policy import parse_policy
 
 log = logging.getLogger(__name__)
@@ -205,19 +210,21 @@ class Scheduler:
         return self._servers_view
 
     def _declare_table(self, msg: Message) -> dict[str, Any]:
-        spec = DenseTableSpec(
-            name=str(msg.get("table")), size=int(msg.get("size")),
-            chunk_elems=int(msg.get("chunk_elems")), rule=dict(msg.get("rule")),
-        )
+        servers = self.members.live("server")
+        size = int(msg.get("size"))
+        requested = msg.get("chunk_elems") or DEFAULT_CHUNK_ELEMS
+        # Small tables are still spread over every server.
+        chunk_elems = max(1, min(int(requested), -(-size // max(1, len(servers)))))
+        spec = DenseTableSpec(name=str(msg.get("table")), size=size, chunk_elems=chunk_elems,
+                              rule=dict(msg.get("rule")))
         existing = self.tables.get(spec.name)
         if existing is not None:
-            if existing.spec != spec:
+            if (existing.spec.size, existing.spec.rule) != (spec.size, spec.rule):
                 raise ConflictError(
                     f"table {spec.name!r} is already declared as {existing.spec.to_wire()}; "
                     f"got {spec.to_wire()}"
                 )
         else:
-            servers = self.members.live("server")
             if len(servers) < self.expected_servers:
                 raise ConflictError(
                     f"{len(servers)} of {self.expected_servers} servers registered; "

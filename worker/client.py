@@ -170,7 +170,7 @@ class PSClient:
                 "get_table", {"table": name, "wait": True}, timeout=self.settings.connect_timeout
             )
             table = DenseTable.from_reply(reply.header)
-            if table.spec != spec:
+            if (table.spec.size, table.spec.rule) != (spec.size, spec.rule):
                 raise ConfigError(
                     f"table {name!r} was declared as {table.spec.to_wire()}; this worker "
                     f"expects {spec.to_wire()}"
