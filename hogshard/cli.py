@@ -38,10 +38,6 @@ def _option(name: str, **kwargs):
                         **kwargs)
 
 
-def _policy_option(default: str = "async"):
-    return _option("policy", default=default, help="consistency policy: async or ssp:S")
-
-
 def _check_policy(ctx: click.Context, param: click.Parameter, value: str) -> str:
     from hogshard.scheduler.policy import parse_policy
 
@@ -50,6 +46,12 @@ def _check_policy(ctx: click.Context, param: click.Parameter, value: str) -> str
     except HogshardError as err:
         raise click.BadParameter(err.message) from None
     return value
+
+
+def _policy_option(default: str = "async"):
+    return _option("policy", default=default, callback=_check_policy,
+                   help="consistency policy: async, hardsync, softsync:N or ssp:S, with optional "
+                   "+lr=staleness, +dc=LAMBDA, +maxstale=K")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -85,7 +87,6 @@ def scheduler(bind: str, policy: str, servers: int, heartbeat_interval: float,
     """Run the scheduler: membership, heartbeats, shard map, consistency policy."""
     from hogshard.scheduler.service import Scheduler
 
-    _check_policy(click.get_current_context(), None, policy)  # type: ignore[arg-type]
     service = _or_exit(lambda: Scheduler(bind, policy, servers, heartbeat_interval,
                                          heartbeat_timeout))
     if address_file:
@@ -142,12 +143,48 @@ def launch(servers: int, workers: int, policy: str, heartbeat_timeout: float, pr
     """Run a whole job on this host: a scheduler, SERVERS servers and WORKERS copies of COMMAND."""
     from hogshard.launcher import LocalCluster
 
-    _check_policy(click.get_current_context(), None, policy)  # type: ignore[arg-type]
     cluster = _or_exit(lambda: LocalCluster(servers, workers, policy, list(command),
                                             heartbeat_timeout=heartbeat_timeout,
                                             progress=progress))
     code = _or_exit(cluster.run)
     sys.exit(code)
+
+
+def _call_scheduler(scheduler: str, op: str, fields: dict | None, timeout: float) -> dict:
+    import zmq
+
+    from hogshard.proto.transport import RpcChannel
+
+    context = zmq.Context()
+    channel = RpcChannel(context, scheduler, sender=op)
+    try:
+        return _or_exit(lambda: channel.call(op, fields, timeout=timeout)).header
+    finally:
+        channel.close()
+        context.term()
+
+
+@main.group()
+def policy() -> None:
+    """Inspect or change the consistency policy of a running job."""
+
+
+@policy.command("set")
+@_option("scheduler", default=DEFAULT_SCHEDULER, help="the scheduler's address")
+@_option("timeout", default=5.0, type=click.FloatRange(min=0.1))
+@click.argument("spec", callback=_check_policy)
+def policy_set(scheduler: str, timeout: float, spec: str) -> None:
+    """Switch the running job to policy SPEC; every server switches at the same clock."""
+    reply = _call_scheduler(scheduler, "set_policy", {"policy": spec}, timeout)
+    click.echo(f"policy {reply['policy']} from clock {reply['from_clock']}")
+
+
+@policy.command("show")
+@_option("scheduler", default=DEFAULT_SCHEDULER, help="the scheduler's address")
+@_option("timeout", default=5.0, type=click.FloatRange(min=0.1))
+def policy_show(scheduler: str, timeout: float) -> None:
+    """Print the job's current policy."""
+    click.echo(_call_scheduler(scheduler, "status", None, timeout)["policy"])
 
 
 @main.command()
@@ -156,22 +193,13 @@ def launch(servers: int, workers: int, policy: str, heartbeat_timeout: float, pr
 @_option("timeout", default=5.0, type=click.FloatRange(min=0.1))
 def status(scheduler: str, as_json: bool, timeout: float) -> None:
     """Show members, clocks, the shard map, updates per second and staleness."""
-    import zmq
-
-    from hogshard.proto.transport import RpcChannel
     from hogshard.status import ClusterView
 
-    context = zmq.Context()
-    channel = RpcChannel(context, scheduler, sender="status")
-    try:
-        reply = _or_exit(lambda: channel.call("status", timeout=timeout))
-    finally:
-        channel.close()
-        context.term()
+    reply = _call_scheduler(scheduler, "status", None, timeout)
     if as_json:
-        click.echo(json.dumps(reply.header, indent=2, sort_keys=True))
+        click.echo(json.dumps(reply, indent=2, sort_keys=True))
     else:
-        click.echo("\n".join(ClusterView(reply.header).table_lines()))
+        click.echo("\n".join(ClusterView(reply).table_lines()))
 
 
 def _or_exit(build):

@@ -145,6 +145,20 @@ class DenseStore:
             raise ProtocolError("field 'chunks' must be a list of chunk ids")
         return table, [table.chunk(c) for c in chunk_ids]
 
+    def validate_push(
+        self, name: Any, chunk_ids: Any, grads: Sequence[np.ndarray], pulled_versions: Any
+    ) -> tuple[DenseTable, list[DenseChunk]]:
+        """Check a whole push (table, chunks, arrays, versions) before anything changes."""
+        table, chunks = self.resolve(name, chunk_ids)
+        check_arrays(table.name, chunks, grads)
+        if not isinstance(pulled_versions, list) or len(pulled_versions) != len(chunks) or not all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in pulled_versions
+        ):
+            raise ProtocolError(
+                "field 'versions' must list one non-negative pulled version per chunk"
+            )
+        return table, chunks
+
     def push(
         self,
         name: Any,
@@ -153,16 +167,9 @@ class DenseStore:
         pulled_versions: Any,
         lr_scale: float = 1.0,
     ) -> list[int]:
-        """Apply one gradient per chunk; returns the staleness of each (version at apply time
-        minus the version the worker had pulled)."""
-        table, chunks = self.resolve(name, chunk_ids)
-        check_arrays(table.name, chunks, grads)
-        if not isinstance(pulled_versions, list) or len(pulled_versions) != len(chunks) or not all(
-            isinstance(v, int) and v >= 0 for v in pulled_versions
-        ):
-            raise ProtocolError(
-                "field 'versions' must list one non-negative pulled version per chunk"
-            )
+        """Apply one gradient per chunk at once; returns the staleness of each (version at
+        apply time minus the version the worker had pulled)."""
+        table, chunks = self.validate_push(name, chunk_ids, grads, pulled_versions)
         staleness = []
         for chunk, grad, pulled in zip(chunks, grads, pulled_versions, strict=True):
             staleness.append(max(0, chunk.version - pulled))

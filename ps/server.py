@@ -37,6 +37,7 @@ from hogshard.proto.transport import (
     reply_ok,
 )
 from hogshard.proto.wire import DEFAULT_LIMITS, Limits, Message
+from hogshard.ps.applier import UpdateApplier
 from hogshard.ps.dense import DenseStore
 from hogshard.ps.stats import ServerStats
 from hogshard.scheduler.policy import ConsistencyPolicy, parse_policy
@@ -78,8 +79,13 @@ class ShardServer:
         self._live_workers: dict[str, int] = {}
         self._stop = threading.Event()
         self._scheduler = RpcChannel(self._context, scheduler, sender="server-?")
+        self._membership_known = False
+        self._pending_switch: tuple[ConsistencyPolicy, int, int] | None = None
+        self.policy_version = 0
         self._register(rank_hint, register_timeout)
+        self.applier = UpdateApplier(self.policy, self.stats)
         self._heartbeat_due = 0.0
+        self._heartbeat_sent_at = 0.0
         self._heartbeat_in_flight: int | None = None
 
     def _register(self, rank_hint: int | None, timeout: float) -> None:
@@ -131,6 +137,7 @@ class ShardServer:
 
     def _send_heartbeat(self, now: float) -> None:
         self._heartbeat_due = now + self.heartbeat_interval
+        self._heartbeat_sent_at = now
         self._heartbeat_in_flight = self._scheduler.start(
             "heartbeat", {"stats": self.stats.to_wire()}
         )
@@ -150,10 +157,34 @@ class ShardServer:
             if reply.get("shutdown"):
                 log.info("%s: scheduler ended the job", self.node_id)
                 self._stop.set()
+            self._take_policy(reply.get("policy"), reply.get("policy_version"),
+                              reply.get("policy_from_clock"))
             workers = reply.get("workers")
             if isinstance(workers, dict):
                 self._live_workers = workers
+                self._membership_known = True
+                self.applier.complete_groups(self._live_workers)
                 self._release_deferred()
+
+    def _take_policy(self, spec: Any, version: Any, from_clock: Any) -> None:
+        """Schedule a policy change announced by the scheduler; it takes effect at the first
+        push of clock ``from_clock`` (the same step on every server)."""
+        if not isinstance(version, int) or version <= self.policy_version:
+            return
+        if self._pending_switch is not None and self._pending_switch[2] >= version:
+            return
+        self._pending_switch = (parse_policy(spec), int(from_clock or 0), version)
+        log.info("%s: policy %s from clock %s", self.node_id, spec, from_clock)
+
+    def _maybe_switch(self, clock: int | None) -> None:
+        if self._pending_switch is None:
+            return
+        policy, from_clock, version = self._pending_switch
+        if clock is not None and clock < from_clock:
+            return
+        self.applier.switch(policy)
+        self.policy, self.policy_version, self._pending_switch = policy, version, None
+        log.info("%s switched to policy %s", self.node_id, policy.spec)
 
     # ---- data plane -------------------------------------------------------------------------
 
@@ -201,26 +232,35 @@ class ShardServer:
         return clocks
 
     def _push(self, identity: bytes, msg: Message) -> tuple[dict[str, Any], list[np.ndarray]]:
-        staleness = self.store.push(msg.get("table"), msg.get("chunks"), msg.arrays,
-                                    msg.get("versions"))
+        versions = msg.get("versions")
+        table, chunks = self.store.validate_push(msg.get("table"), msg.get("chunks"), msg.arrays,
+                                                 versions)
+        sender = str(msg.get("from"))
+        clock = msg.get("clock") if isinstance(msg.get("clock"), int) else None
+        self._maybe_switch(clock)
+        live = set(self._live_workers)
+        known = self._membership_known and sender in live
+        if not known:
+            live.add(sender)
+            # Ask the scheduler who is live before closing a group (at most every 50 ms).
+            self._heartbeat_due = min(self._heartbeat_due, self._heartbeat_sent_at + 0.05)
+        staleness = self.applier.push(table, chunks, msg.arrays, versions, sender, live, known)
         self.stats.pushes += 1
-        self.stats.updates += len(staleness)
         self.stats.bytes_in += sum(a.nbytes for a in msg.arrays)
-        for value in staleness:
-            self.stats.record_staleness(value)
-        clock = msg.get("clock")
-        if isinstance(clock, int):
-            sender = str(msg.get("from"))
+        if clock is not None:
             self._observed_clocks[sender] = max(self._observed_clocks.get(sender, 0), clock + 1)
-            if self._deferred:
-                self._release_deferred()
+        if self._deferred:
+            self._release_deferred()
         return {"staleness": staleness}, []
 
     def _pull_allowed(self, msg: Message) -> bool:
+        sender = str(msg.get("from"))
+        if self.applier.waiting_on(sender, msg.get("table"), msg.get("chunks")):
+            return False
         clock = msg.get("clock")
         if not isinstance(clock, int):
             return True
-        return self.policy.may_pull(clock, self._live_clocks(str(msg.get("from")), clock))
+        return self.policy.may_pull(clock, self._live_clocks(sender, clock))
 
     def _pull(
         self, identity: bytes, msg: Message
@@ -233,10 +273,13 @@ class ShardServer:
         return self._serve_pull(msg)
 
     def _serve_pull(self, msg: Message) -> tuple[dict[str, Any], list[np.ndarray]]:
-        _, chunks = self.store.resolve(msg.get("table"), msg.get("chunks"))
+        table, chunks = self.store.resolve(msg.get("table"), msg.get("chunks"))
         # Copies: the reply leaves zero-copy from ZeroMQ's I/O thread while later pushes
         # update the chunk in place.
         arrays = [chunk.weights.copy() for chunk in chunks]
+        sender = str(msg.get("from"))
+        for chunk, array in zip(chunks, arrays, strict=True):
+            self.applier.remember_pull(sender, table.name, chunk.chunk_id, array)
         self.stats.pulls += 1
         self.stats.bytes_out += sum(a.nbytes for a in arrays)
         return {"versions": [chunk.version for chunk in chunks]}, arrays
@@ -265,6 +308,7 @@ class ShardServer:
                 for name, t in self.store.tables.items()
             },
             "pending_pulls": len(self._deferred),
+            "policy": self.policy.spec,
         }, []
 
     def _ping(self, identity: bytes, msg: Message) -> tuple[dict[str, Any], list[np.ndarray]]:

@@ -15,6 +15,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+#: Staleness values below this are counted exactly; larger ones in power-of-two buckets
+#: (keyed by their lower bound), so a histogram stays small however stale a worker gets.
+EXACT_STALENESS = 64
+
+
+def staleness_bucket(staleness: int) -> int:
+    """The histogram key of a staleness value."""
+    if staleness < EXACT_STALENESS:
+        return staleness
+    return 1 << (staleness.bit_length() - 1)
+
+
 def summarise_histogram(histogram: dict[int, int]) -> dict[str, float]:
     """Count, mean, p50, p99 and max of a {value: count} histogram (zeros when empty)."""
     total = sum(histogram.values())
@@ -53,11 +65,12 @@ class ServerStats:
     bytes_in: int = 0
     bytes_out: int = 0
     deferred_pulls: int = 0
+    dropped: int = 0
     errors: Counter[str] = field(default_factory=Counter)
     staleness: Counter[int] = field(default_factory=Counter)
 
     def record_staleness(self, staleness: int) -> None:
-        self.staleness[staleness] += 1
+        self.staleness[staleness_bucket(staleness)] += 1
 
     def staleness_summary(self) -> dict[str, float]:
         return summarise_histogram(dict(self.staleness))
@@ -66,6 +79,7 @@ class ServerStats:
         return {
             "pushes": self.pushes, "pulls": self.pulls, "updates": self.updates,
             "bytes_in": self.bytes_in, "bytes_out": self.bytes_out,
-            "deferred_pulls": self.deferred_pulls, "errors": dict(self.errors),
+            "deferred_pulls": self.deferred_pulls, "dropped": self.dropped,
+            "errors": dict(self.errors),
             "staleness": sorted([int(k), v] for k, v in self.staleness.items()),
         }

@@ -43,6 +43,8 @@ class Member:
     progress: dict[str, Any] = field(default_factory=dict)
     stats: dict[str, Any] = field(default_factory=dict)
     stats_at: float = 0.0
+    clock_at: float = 0.0
+    clock_rate: float = 0.0
 
     @property
     def node_id(self) -> str:

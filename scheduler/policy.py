@@ -1,39 +1,97 @@
-"""Consistency policies: small pure objects that decide, without I/O, when a pull may be served.
+"""Consistency policies (Rudra / SSP): small pure objects, no I/O, tested without sockets.
 
-Spec grammar: ``BASE[+MODIFIER...]``, e.g. ``async``, ``ssp:3``.
+Spec grammar: ``BASE[+MODIFIER...]``
+
+====================  ======================================================================
+``async``             apply every gradient at once
+``hardsync``          one gradient from every live worker, averaged, applied once; a worker's
+                      pull waits until its gradient has been applied (BSP, staleness 0)
+``softsync:N``        apply the mean of every c = max(1, floor(lambda / N)) gradients, lambda =
+                      live workers (Rudra n-softsync)
+``ssp:S``             a worker that finished c steps pulls only when the slowest live worker
+                      finished at least c - S (Petuum SSP; ``ssp:0`` is BSP)
+``+lr=staleness``     scale each gradient by 1 / max(1, staleness) (Rudra)
+``+dc=LAMBDA``        delay compensation (DC-ASGD): g + LAMBDA * g * g * (w_now - w_pulled)
+``+maxstale=K``       drop (and count) every gradient staler than K
+====================  ======================================================================
 
 Example::
 
-    >>> policy = parse_policy("ssp:2")
-    >>> policy.may_pull(clock=5, live_clocks={"w0": 3, "w1": 4})
-    True
-    >>> policy.may_pull(clock=6, live_clocks={"w0": 3, "w1": 4})
+    >>> policy = parse_policy("softsync:2+lr=staleness")
+    >>> policy.group_size(live_workers=8), policy.modifiers.lr_scale(4)
+    (4, 0.25)
+    >>> parse_policy("ssp:2").may_pull(clock=6, live_clocks={"w0": 3, "w1": 4})
     False
 """
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hogshard.proto.errors import ConfigError
 
-KNOWN_POLICIES = ("async", "ssp:S")
+KNOWN_POLICIES = ("async", "hardsync", "softsync:N", "ssp:S")
+KNOWN_MODIFIERS = ("lr=staleness", "dc=LAMBDA", "maxstale=K")
 
 
+@dataclass(frozen=True)
+class Modifiers:
+    """Per-gradient adjustments that combine with any base policy."""
+
+    lr_staleness: bool = False
+    dc_lambda: float = 0.0
+    max_staleness: int | None = None
+
+    @property
+    def suffix(self) -> str:
+        parts = []
+        if self.lr_staleness:
+            parts.append("+lr=staleness")
+        if self.dc_lambda:
+            parts.append(f"+dc={self.dc_lambda:g}")
+        if self.max_staleness is not None:
+            parts.append(f"+maxstale={self.max_staleness}")
+        return "".join(parts)
+
+    def lr_scale(self, staleness: int) -> float:
+        """The factor on a gradient's step: 1 / max(1, staleness) under ``+lr=staleness``."""
+        return 1.0 / max(1, staleness) if self.lr_staleness else 1.0
+
+    def accepts(self, staleness: int) -> bool:
+        """False for a gradient that ``+maxstale=K`` drops."""
+        return self.max_staleness is None or staleness <= self.max_staleness
+
+
+@dataclass(frozen=True)
 class ConsistencyPolicy(ABC):
-    """Decides when a worker at a given clock may read the weights."""
+    """Decides when gradients are applied and when a worker may read the weights."""
+
+    modifiers: Modifiers = field(default=Modifiers(), kw_only=True)
 
     @property
     @abstractmethod
+    def base_spec(self) -> str:
+        """The base policy's spec, without modifiers."""
+
+    @property
     def spec(self) -> str:
         """The spec string that parses back into this policy."""
+        return self.base_spec + self.modifiers.suffix
 
-    @abstractmethod
+    #: True when a worker's pull must wait until every gradient it pushed has been applied.
+    waits_for_apply = False
+
+    def group_size(self, live_workers: int) -> int:
+        """How many gradients are averaged into one update."""
+        return 1
+
     def may_pull(self, clock: int, live_clocks: Mapping[str, int]) -> bool:
         """Whether a worker that has finished ``clock`` steps may pull now, given the clocks
         (steps finished) of every live worker."""
+        return True
 
 
 @dataclass(frozen=True)
@@ -41,11 +99,8 @@ class AsyncPolicy(ConsistencyPolicy):
     """Every gradient is applied at once and every pull is served at once."""
 
     @property
-    def spec(self) -> str:
+    def base_spec(self) -> str:
         return "async"
-
-    def may_pull(self, clock: int, live_clocks: Mapping[str, int]) -> bool:
-        return True
 
 
 @dataclass(frozen=True)
@@ -53,10 +108,10 @@ class SSPPolicy(ConsistencyPolicy):
     """Stale synchronous parallel: a worker at clock c reads only when the slowest live worker
     has reached c - staleness. ``ssp:0`` is bulk synchronous."""
 
-    staleness: int
+    staleness: int = 0
 
     @property
-    def spec(self) -> str:
+    def base_spec(self) -> str:
         return f"ssp:{self.staleness}"
 
     def may_pull(self, clock: int, live_clocks: Mapping[str, int]) -> bool:
@@ -65,14 +120,93 @@ class SSPPolicy(ConsistencyPolicy):
         return min(live_clocks.values()) >= clock - self.staleness
 
 
+@dataclass(frozen=True)
+class SoftSyncPolicy(ConsistencyPolicy):
+    """Rudra n-softsync: the mean of every floor(lambda / n) gradients is one update."""
+
+    n: int = 1
+
+    @property
+    def base_spec(self) -> str:
+        return f"softsync:{self.n}"
+
+    def group_size(self, live_workers: int) -> int:
+        return max(1, live_workers // self.n)
+
+
+@dataclass(frozen=True)
+class HardSyncPolicy(ConsistencyPolicy):
+    """One gradient from every live worker, averaged, then applied; pulls wait for it."""
+
+    waits_for_apply = True
+
+    @property
+    def base_spec(self) -> str:
+        return "hardsync"
+
+    def group_size(self, live_workers: int) -> int:
+        return max(1, live_workers)
+
+
+def _parse_modifier(text: str, spec: str, found: dict[str, object]) -> None:
+    key, _, value = text.partition("=")
+    if key in found:
+        raise ConfigError(f"policy {spec!r}: modifier {key!r} given twice")
+    if key == "lr" and value == "staleness":
+        found["lr_staleness"] = True
+        found[key] = True
+        return
+    try:
+        if key == "dc":
+            dc = float(value)
+            if not math.isfinite(dc) or dc < 0:
+                raise ValueError
+            found["dc_lambda"] = dc
+            found[key] = True
+            return
+        if key == "maxstale" and value.isdigit():
+            found["max_staleness"] = int(value)
+            found[key] = True
+            return
+    except ValueError:
+        pass
+    raise ConfigError(
+        f"policy {spec!r}: bad modifier {text!r}; expected one of {', '.join(KNOWN_MODIFIERS)} "
+        "(LAMBDA a non-negative number, K a non-negative integer)"
+    )
+
+
+def _parse_count(name: str, value: str, spec: str, minimum: int) -> int:
+    if not value.isdigit() or int(value) < minimum:
+        raise ConfigError(
+            f"policy {spec!r}: {name} takes an integer >= {minimum}, as in '{name}:{max(minimum, 2)}'"
+        )
+    return int(value)
+
+
 def parse_policy(spec: str) -> ConsistencyPolicy:
     """Parse a policy spec string; raises ``ConfigError`` naming the accepted forms."""
-    text = spec.strip().lower()
-    if text == "async":
-        return AsyncPolicy()
-    if text.startswith("ssp:"):
-        value = text[4:]
-        if not value.isdigit():
-            raise ConfigError(f"policy {spec!r}: ssp takes a non-negative integer, as in 'ssp:3'")
-        return SSPPolicy(int(value))
-    raise ConfigError(f"unknown policy {spec!r}; expected one of {', '.join(KNOWN_POLICIES)}")
+    if not isinstance(spec, str):
+        raise ConfigError(f"a policy spec must be a string; got {type(spec).__name__}")
+    base, *modifier_texts = spec.strip().lower().split("+")
+    found: dict[str, object] = {}
+    for text in modifier_texts:
+        _parse_modifier(text, spec, found)
+    modifiers = Modifiers(
+        lr_staleness=bool(found.get("lr_staleness", False)),
+        dc_lambda=float(found.get("dc_lambda", 0.0)),  # type: ignore[arg-type]
+        max_staleness=found.get("max_staleness"),  # type: ignore[arg-type]
+    )
+    name, _, value = base.partition(":")
+    if name == "async" and not value:
+        return AsyncPolicy(modifiers=modifiers)
+    if name == "hardsync" and not value:
+        return HardSyncPolicy(modifiers=modifiers)
+    if name == "ssp":
+        return SSPPolicy(_parse_count("ssp", value, spec, 0), modifiers=modifiers)
+    if name == "softsync":
+        return SoftSyncPolicy(_parse_count("softsync", value, spec, 1), modifiers=modifiers)
+    raise ConfigError(
+        f"unknown policy {spec!r}; expected one of {', '.join(KNOWN_POLICIES)}, optionally "
+        f"followed by modifiers +{', +'.join(KNOWN_MODIFIERS)}"
+    )

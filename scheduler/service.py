@@ -71,6 +71,8 @@ class Scheduler:
         context: zmq.Context | None = None,
     ) -> None:
         self.policy = parse_policy(policy)
+        self.policy_version = 0
+        self.policy_from_clock = 0
         if expected_servers < 1:
             raise ConfigError(f"expected_servers must be at least 1; got {expected_servers}")
         self.expected_servers = expected_servers
@@ -179,7 +181,10 @@ class Scheduler:
     def _heartbeat(self, msg: Message) -> dict[str, Any]:
         member = self.members.touch(msg.get("from", ""), time.monotonic())
         if isinstance(msg.get("clock"), int):
-            member.clock = max(member.clock, msg.get("clock"))
+            now = time.monotonic()
+            if member.clock_at and now > member.clock_at:
+                member.clock_rate = max(0, msg.get("clock") - member.clock) / (now - member.clock_at)
+            member.clock, member.clock_at = max(member.clock, msg.get("clock")), now
         if isinstance(msg.get("stats"), dict):
             stats = dict(msg.get("stats"))
             previous, elapsed = member.stats, time.monotonic() - member.stats_at
@@ -195,6 +200,8 @@ class Scheduler:
         reply: dict[str, Any] = {"epoch": self.members.epoch, "shutdown": self.shutting_down}
         if member.role == "server":
             reply["workers"] = self.members.live_clocks()
+            reply.update(policy=self.policy.spec, policy_version=self.policy_version,
+                         policy_from_clock=self.policy_from_clock)
         return reply
 
     def _servers_view(self) -> dict[str, Any] | None:
@@ -291,6 +298,21 @@ class Scheduler:
         log.info("%s left (clock %d)", member.node_id, member.clock)
         return {}
 
+    def _set_policy(self, msg: Message) -> dict[str, Any]:
+        """Change the policy of the running job. Servers switch at the first push of clock
+        ``from_clock``, chosen ahead of the fastest worker by two heartbeats of its progress."""
+        policy = parse_policy(msg.get("policy"))
+        workers = self.members.live("worker")
+        ahead = max((m.clock + 2 * self.heartbeat_interval * m.clock_rate for m in workers),
+                    default=0)
+        self.policy = policy
+        self.policy_version += 1
+        self.policy_from_clock = int(ahead) + 2
+        log.info("policy %s from clock %d (version %d)", policy.spec, self.policy_from_clock,
+                 self.policy_version)
+        return {"policy": policy.spec, "from_clock": self.policy_from_clock,
+                "policy_version": self.policy_version}
+
     def _shutdown(self, msg: Message) -> dict[str, Any]:
         self.shutting_down = True
         return {}
@@ -325,5 +347,6 @@ class Scheduler:
         "barrier": _barrier,
         "leave": _leave,
         "shutdown": _shutdown,
+        "set_policy": _set_policy,
         "status": _status,
     }

@@ -1,0 +1,413 @@
+"""Push and pull throughput through ONE shard server, beside raw pyzmq moving the same bytes.
+
+hogshard side: a scheduler and a shard server, each in its own subprocess (own core and GIL, as
+in production); this process is the worker and times ``client.push(table, grads).result()`` and
+``client.pull(table, out).result()`` on one dense table per payload size (default chunk_elems,
+i.e. 4 MiB chunks, so 16 MiB and 64 MiB tables travel as 4 and 16 array frames).
+
+Raw baseline: a ROUTER subprocess that acks a pushed ``[header, payload]`` with a tiny frame,
+or answers a pull header with a preallocated payload of the requested size (zero-copy send);
+this process uses a DEALER with ``copy=False`` sends and receives. ``raw+copy`` (pull only) also
+copies the received payload into an ``out`` array, as ``client.pull`` must.
+
+Each repeat is ``k`` sequential round trips (``k`` chosen so a repeat lasts a few ms), the two
+systems interleaved repeat by repeat; MB/s (1 MB = 10**6 bytes) is the median over repeats.
+
+Usage::
+
+    .venv/bin/python benchmarks/pushpull.py --quick
+    .venv/bin/python benchmarks/pushpull.py --pipeline 4 --json /tmp/pushpull.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import zmq
+
+KIB, MIB = 1 << 10, 1 << 20
+SIZES = [4 * KIB, 64 * KIB, 1 * MIB, 16 * MIB, 64 * MIB]
+TARGET_RATIO = 0.70  # from the issue: hogshard >= 70% of raw pyzmq from 1 MiB up
+TARGET_FROM = 1 * MIB
+PUSH_HEADER, PULL_HEADER = b"P", b"G"
+
+_children: list[subprocess.Popen] = []
+
+
+# ---- subprocesses ---------------------------------------------------------------------------
+
+
+def _reap() -> None:
+    """Stop every child this process started (SIGTERM, then SIGKILL)."""
+    while _children:
+        proc = _children.pop()
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
+
+
+atexit.register(_reap)
+
+
+def _spawn(argv: list[str], log_path: Path) -> subprocess.Popen:
+    log = open(log_path, "wb")  # noqa: SIM115 - closed when the child is reaped (at exit)
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    _children.append(proc)
+    return proc
+
+
+def _wait_file(path: Path, proc: subprocess.Popen, log_path: Path, timeout: float = 60.0) -> str:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args} exited with {proc.returncode}:\n{log_path.read_text()}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{proc.args} wrote no address within {timeout} s")
+        time.sleep(0.02)
+    return path.read_text().strip()
+
+
+def start_hogshard(workdir: Path) -> str:
+    """A scheduler and one shard server as subprocesses; returns the scheduler's address."""
+    address_file = workdir / "scheduler.addr"
+    base = [sys.executable, "-m", "hogshard", "--log-level", "WARNING"]
+    sched_log = workdir / "scheduler.log"
+    sched = _spawn([*base, "scheduler", "--bind", "tcp://127.0.0.1:0", "--address-file",
+                    str(address_file), "--servers", "1"], sched_log)
+    address = _wait_file(address_file, sched, sched_log)
+    _spawn([*base, "server", "--scheduler", address], workdir / "server.log")
+    return address
+
+
+def start_raw(workdir: Path, max_bytes: int) -> str:
+    """The raw ROUTER echo/ack process; returns its address."""
+    address_file = workdir / "raw.addr"
+    log_path = workdir / "raw.log"
+    proc = _spawn([sys.executable, os.path.abspath(__file__), "--raw-server", str(address_file),
+                   "--raw-max-bytes", str(max_bytes)], log_path)
+    return _wait_file(address_file, proc, log_path)
+
+
+def raw_server(address_file: str, max_bytes: int) -> None:
+    """ROUTER loop: ``[id, b"P", *payload]`` -> ``[id, b"ok"]``; ``[id, b"G", lengths]`` ->
+    ``[id, b"ok", *frames]``, one frame per requested length, zero-copy slices of a
+    preallocated buffer."""
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    payload = np.ones(max_bytes, np.uint8)  # touched, so no zero-page effects
+    view = memoryview(payload)
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.bind("tcp://127.0.0.1:*")
+    address = sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+    Path(address_file + ".tmp").write_text(address)
+    os.replace(address_file + ".tmp", address_file)
+    while True:
+        frames = sock.recv_multipart(copy=False)
+        identity, head = frames[0], frames[1].bytes
+        if head == PUSH_HEADER:
+            sock.send_multipart([identity, b"ok"])
+        else:
+            lengths = np.frombuffer(frames[2].bytes, "<u8").tolist()
+            offsets = np.cumsum([0, *lengths]).tolist()
+            parts = [view[o:o + n] for o, n in zip(offsets, lengths, strict=False)]
+            sock.send_multipart([identity, b"ok", *parts], copy=False)
+
+
+# ---- measurement ----------------------------------------------------------------------------
+
+
+@dataclass
+class Runner:
+    """One way to do one op: ``once()`` a single round trip, ``batch(k, depth)`` k of them with
+    up to ``depth`` in flight."""
+
+    name: str
+    once: Callable[[], None]
+    batch: Callable[[int, int], None]
+
+
+def _pipelined(start: Callable[[], object], finish: Callable[[object], None]) -> Callable:
+    def batch(k: int, depth: int) -> None:
+        if depth <= 1:
+            for _ in range(k):
+                finish(start())
+            return
+        waiting: deque = deque()
+        for _ in range(k):
+            if len(waiting) >= depth:
+                finish(waiting.popleft())
+            waiting.append(start())
+        while waiting:
+            finish(waiting.popleft())
+
+    return batch
+
+
+def hogshard_runners(client, table, grads: np.ndarray, out: np.ndarray) -> dict[str, Runner]:
+    def push_start():
+        return client.push(table, grads)
+
+    def pull_start():
+        return client.pull(table, out)
+
+    def finish(future) -> None:
+        future.result()
+
+    return {
+        "push": Runner("hogshard", lambda: finish(push_start()), _pipelined(push_start, finish)),
+        "pull": Runner("hogshard", lambda: finish(pull_start()), _pipelined(pull_start, finish)),
+    }
+
+
+def raw_runners(
+    sock: zmq.Socket, name: str, grads: np.ndarray, out: np.ndarray, bounds: list[tuple[int, int]]
+) -> dict[str, list[Runner]]:
+    """Raw DEALER runners moving ``grads``/``out`` as one frame per ``(offset, length)`` in
+    ``bounds`` (in elements): one frame for the plain baseline, the table's chunks for the
+    ``chunked`` one."""
+    parts = [grads[o:o + n] for o, n in bounds]
+    outs = [out[o:o + n] for o, n in bounds]
+    pull_req = np.array([n * 4 for _, n in bounds], "<u8").tobytes()
+    nbytes = grads.nbytes
+
+    def push_start() -> None:
+        sock.send_multipart([PUSH_HEADER, *parts], copy=False)
+
+    def push_finish(_: object) -> None:
+        sock.recv_multipart()
+
+    def pull_start() -> None:
+        sock.send_multipart([PULL_HEADER, pull_req], copy=False)
+
+    def pull_finish(_: object) -> None:
+        frames = sock.recv_multipart(copy=False)
+        if sum(len(f) for f in frames[1:]) != nbytes:
+            raise RuntimeError("raw pull: short reply")
+
+    def pull_copy_finish(_: object) -> None:
+        frames = sock.recv_multipart(copy=False)
+        for dst, frame in zip(outs, frames[1:], strict=True):
+            np.copyto(dst, np.frombuffer(frame.buffer, np.float32))
+
+    runners = {
+        "push": [Runner(name, lambda: push_finish(push_start()),
+                        _pipelined(push_start, push_finish))],
+        "pull": [Runner(name, lambda: pull_finish(pull_start()),
+                        _pipelined(pull_start, pull_finish))],
+    }
+    if name == "raw":
+        runners["pull"].append(Runner("raw_copy", lambda: pull_copy_finish(pull_start()),
+                                      _pipelined(pull_start, pull_copy_finish)))
+    return runners
+
+
+@dataclass
+class Budget:
+    warmup: int
+    min_repeats: int
+    max_repeats: int
+    seconds: float  # per (op, size, mode): stop after this once min_repeats are done
+    repeat_s: float  # target duration of one repeat (sets round trips per repeat)
+
+
+def measure(runners: list[Runner], nbytes: int, depth: int, budget: Budget) -> dict[str, dict]:
+    """Interleave the runners repeat by repeat; per runner: median MB/s and latency."""
+    probe = []
+    for runner in runners:
+        for _ in range(budget.warmup):
+            runner.once()
+        t0 = time.perf_counter()
+        runner.batch(max(1, depth), depth)
+        probe.append((time.perf_counter() - t0) / max(1, depth))
+    per_op = min(probe)
+    k = max(1, depth, math.ceil(budget.repeat_s / max(per_op, 1e-7)))
+    if depth > 1:
+        k = max(k, 2 * depth)
+    rates: dict[str, list[float]] = {r.name: [] for r in runners}
+    latencies: dict[str, list[float]] = {r.name: [] for r in runners}
+    start = time.perf_counter()
+    repeats = 0
+    while repeats < budget.max_repeats:
+        for runner in runners:
+            t0 = time.perf_counter()
+            runner.batch(k, depth)
+            dt = time.perf_counter() - t0
+            rates[runner.name].append(k * nbytes / dt / 1e6)
+            latencies[runner.name].append(dt / k * 1e3)
+        repeats += 1
+        if repeats >= budget.min_repeats and time.perf_counter() - start >= budget.seconds:
+            break
+    return {
+        name: {
+            "MBps": statistics.median(rates[name]),
+            "median_ms": statistics.median(latencies[name]),
+            "MBps_p25": float(np.percentile(rates[name], 25)),
+            "MBps_p75": float(np.percentile(rates[name], 75)),
+            "repeats": repeats,
+            "ops_per_repeat": k,
+        }
+        for name in rates
+    }
+
+
+def fmt_size(nbytes: int) -> str:
+    return f"{nbytes // MIB} MiB" if nbytes >= MIB else f"{nbytes // KIB} KiB"
+
+
+def run(args: argparse.Namespace) -> list[dict]:
+    from hogshard.proto.config import ClientSettings
+    from hogshard.worker.client import PSClient
+
+    budget = (Budget(warmup=2, min_repeats=5, max_repeats=40, seconds=0.5, repeat_s=0.005)
+              if args.quick else
+              Budget(warmup=3, min_repeats=15, max_repeats=400, seconds=3.0, repeat_s=0.02))
+    if args.repeats:
+        budget.min_repeats = budget.max_repeats = args.repeats
+    sizes = sorted(args.sizes or SIZES)
+    modes = [1] + ([args.pipeline] if args.pipeline > 1 else [])
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="hogshard-pushpull-") as tmp:
+        workdir = Path(tmp)
+        ctx = zmq.Context()
+        client = raw_sock = None
+        try:
+            scheduler = start_hogshard(workdir)
+            raw_address = start_raw(workdir, max(sizes))
+            client = PSClient(ClientSettings(scheduler=scheduler, connect_timeout=60.0))
+            raw_sock = ctx.socket(zmq.DEALER)
+            raw_sock.setsockopt(zmq.LINGER, 0)
+            raw_sock.connect(raw_address)
+            for nbytes in sizes:
+                elems = nbytes // 4
+                grads = np.full(elems, 1.0, np.float32)
+                out = np.ones(elems, np.float32)
+                table = client.dense_table(f"bench_{nbytes}", elems, {"rule": "sgd", "lr": 1e-9},
+                                           init=np.zeros(elems, np.float32))
+                hog = hogshard_runners(client, table, grads, out)
+                raw = raw_runners(raw_sock, "raw", grads, out, [(0, elems)])
+                if len(table.chunks) > 1:  # the same frames as hogshard sends
+                    chunked = raw_runners(raw_sock, "raw_chunked", grads, out,
+                                          [(c.offset, c.length) for c in table.chunks])
+                    for op in raw:
+                        raw[op] += chunked[op]
+                for op in ("push", "pull"):
+                    for depth in modes:
+                        res = measure([hog[op], *raw[op]], nbytes, depth, budget)
+                        h, r = res["hogshard"], res["raw"]
+                        row = {
+                            "op": op, "size_bytes": nbytes,
+                            "hogshard_MBps": round(h["MBps"], 2),
+                            "raw_zmq_MBps": round(r["MBps"], 2),
+                            "ratio": round(h["MBps"] / r["MBps"], 4),
+                            "mode": "sequential" if depth == 1 else "pipelined",
+                            "in_flight": depth,
+                            "hogshard_median_ms": round(h["median_ms"], 4),
+                            "raw_median_ms": round(r["median_ms"], 4),
+                            "hogshard_MBps_iqr": [round(h["MBps_p25"], 2), round(h["MBps_p75"], 2)],
+                            "raw_MBps_iqr": [round(r["MBps_p25"], 2), round(r["MBps_p75"], 2)],
+                            "chunks": len(table.chunks),
+                            "chunk_elems": table.spec.chunk_elems,
+                            "repeats": h["repeats"],
+                            "ops_per_repeat": h["ops_per_repeat"],
+                        }
+                        if "raw_copy" in res:
+                            row["raw_copy_MBps"] = round(res["raw_copy"]["MBps"], 2)
+                        if "raw_chunked" in res:
+                            chunked_rate = res["raw_chunked"]["MBps"]
+                            row["raw_chunked_MBps"] = round(chunked_rate, 2)
+                            row["ratio_vs_chunked"] = round(h["MBps"] / chunked_rate, 4)
+                        row["loadavg_1m"] = round(os.getloadavg()[0], 2)
+                        rows.append(row)
+                        print(_line(row), flush=True)
+                del hog, raw, grads, out
+        finally:
+            if client is not None:
+                client.close()
+            if raw_sock is not None:
+                raw_sock.close(0)
+            ctx.term()
+            _reap()
+    return rows
+
+
+HEADER = (f"{'op':<5} {'mode':<6} {'size':>7} {'hogshard MB/s':>14} {'raw MB/s':>10} "
+          f"{'ratio':>6} {'hog ms':>9} {'raw ms':>9} {'raw+copy':>9} {'raw chunked':>11} "
+          f"{'chunks':>6} {'reps':>5} {'load':>5}")
+
+
+def _line(row: dict) -> str:
+    mode = "seq" if row["in_flight"] == 1 else f"pipe{row['in_flight']}"
+    flag = ""
+    if row["size_bytes"] >= TARGET_FROM:
+        flag = "  ok" if row["ratio"] >= TARGET_RATIO else "  MISS"
+    copy = f"{row['raw_copy_MBps']:9.1f}" if "raw_copy_MBps" in row else f"{'-':>9}"
+    chunked = (f"{row['raw_chunked_MBps']:11.1f}" if "raw_chunked_MBps" in row
+               else f"{'-':>11}")
+    return (f"{row['op']:<5} {mode:<6} {fmt_size(row['size_bytes']):>7} "
+            f"{row['hogshard_MBps']:14.1f} {row['raw_zmq_MBps']:10.1f} {row['ratio']:6.2f} "
+            f"{row['hogshard_median_ms']:9.3f} {row['raw_median_ms']:9.3f} {copy} {chunked} "
+            f"{row['chunks']:>6} {row['repeats']:>5} {row['loadavg_1m']:5.1f}{flag}")
+
+
+def _parse_size(text: str) -> int:
+    text = text.strip().lower()
+    for suffix, mult in (("kib", KIB), ("k", KIB), ("mib", MIB), ("m", MIB)):
+        if text.endswith(suffix):
+            return int(text[: -len(suffix)]) * mult
+    return int(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="few repeats (well under a minute)")
+    parser.add_argument("--json", metavar="PATH", help="write one JSON row per measurement")
+    parser.add_argument("--sizes", type=_parse_size, nargs="+", metavar="SIZE",
+                        help="payload sizes, e.g. 4k 1m 64m (default: 4k 64k 1m 16m 64m)")
+    parser.add_argument("--pipeline", type=int, default=0, metavar="N",
+                        help="also measure with N requests in flight (default: off)")
+    parser.add_argument("--repeats", type=int, default=0,
+                        help="exact repeats per measurement (default: time-bounded)")
+    parser.add_argument("--raw-server", metavar="ADDRESS_FILE", help=argparse.SUPPRESS)
+    parser.add_argument("--raw-max-bytes", type=int, default=64 * MIB, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.raw_server:
+        raw_server(args.raw_server, args.raw_max_bytes)
+        return 0
+    if any(s % 4 for s in args.sizes or ()):
+        parser.error("sizes must be multiples of 4 bytes (float32 tables)")
+    print(f"pushpull: python {sys.version.split()[0]}, pyzmq {zmq.__version__}, "
+          f"libzmq {zmq.zmq_version()}, {os.cpu_count()} CPUs; MB = 1e6 bytes; medians")
+    print(HEADER, flush=True)
+    t0 = time.perf_counter()
+    rows = run(args)
+    print(f"done in {time.perf_counter() - t0:.1f} s; target: hogshard >= "
+          f"{TARGET_RATIO:.0%} of raw from {fmt_size(TARGET_FROM)} up")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
+        print(f"wrote {len(rows)} rows to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

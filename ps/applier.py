@@ -1,0 +1,172 @@
+"""Applying pushed gradients to chunks as the consistency policy says.
+
+Per gradient: its staleness (the chunk's version now minus the version the worker pulled) is
+measured, ``+maxstale`` may drop it, ``+dc`` compensates it, ``+lr=staleness`` scales it. Then
+either the update rule applies it at once (a group of one) or it joins the chunk's pending group,
+whose mean is applied when the group is complete (softsync: c gradients; hardsync: one from
+every live worker). The version does not move while a group fills, so staleness measured on
+arrival equals staleness at apply time.
+
+Example::
+
+    applier = UpdateApplier(parse_policy("softsync:2"), stats)
+    staleness = applier.push(table, chunks, grads, versions, sender="worker-0", live={...})
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hogshard.proto.errors import ConflictError
+from hogshard.ps.dense import DenseChunk, DenseTable
+from hogshard.ps.stats import ServerStats
+from hogshard.scheduler.policy import ConsistencyPolicy
+
+
+@dataclass
+class _Group:
+    """Gradients gathered for a chunk's next update."""
+
+    total: np.ndarray | None = None
+    contributors: list[str] = field(default_factory=list)
+    staleness: list[int] = field(default_factory=list)
+
+
+class UpdateApplier:
+    """The policy-dependent half of a push (the store validates and holds the data)."""
+
+    def __init__(self, policy: ConsistencyPolicy, stats: ServerStats) -> None:
+        self.policy = policy
+        self.stats = stats
+        self._groups: dict[tuple[str, int], _Group] = {}
+        self._chunks: dict[tuple[str, int], tuple[DenseTable, DenseChunk]] = {}
+        self._pulled: dict[tuple[str, str, int], np.ndarray] = {}
+
+    # ---- pushes -----------------------------------------------------------------------------
+
+    def push(
+        self,
+        table: DenseTable,
+        chunks: Sequence[DenseChunk],
+        grads: Sequence[np.ndarray],
+        pulled_versions: Sequence[int],
+        sender: str,
+        live: Collection[str],
+        membership_known: bool = True,
+    ) -> list[int | None]:
+        """Take one validated gradient per chunk. Returns each gradient's staleness (None
+        where ``+maxstale`` dropped it)."""
+        if self.policy.waits_for_apply:
+            for chunk in chunks:
+                group = self._groups.get((table.name, chunk.chunk_id))
+                if group is not None and sender in group.contributors:
+                    raise ConflictError(
+                        f"{sender} already pushed to the open hardsync step of table "
+                        f"{table.name!r} chunk {chunk.chunk_id}; pull (and wait) before pushing "
+                        "again"
+                    )
+        modifiers = self.policy.modifiers
+        group_size = self.policy.group_size(len(live))
+        result: list[int | None] = []
+        for chunk, grad, pulled in zip(chunks, grads, pulled_versions, strict=True):
+            staleness = max(0, chunk.version - pulled)
+            if not modifiers.accepts(staleness):
+                self.stats.dropped += 1
+                result.append(None)
+                continue
+            self.stats.record_staleness(staleness)
+            result.append(staleness)
+            if modifiers.dc_lambda:
+                grad = self._compensate(table.name, chunk, grad, sender)
+            scale = modifiers.lr_scale(staleness)
+            if group_size == 1 and not self.policy.waits_for_apply:
+                table.rule.apply(chunk.weights, grad, chunk.state, scale)
+                chunk.version += 1
+                self.stats.updates += 1
+                continue
+            key = (table.name, chunk.chunk_id)
+            group = self._groups.setdefault(key, _Group())
+            self._chunks[key] = (table, chunk)
+            if group.total is None or not group.contributors:
+                group.total = np.multiply(grad, np.float32(scale), out=group.total,
+                                          dtype=np.float32)
+            elif scale == 1.0:
+                np.add(group.total, grad, out=group.total)
+            else:
+                group.total += np.float32(scale) * grad
+            group.contributors.append(sender)
+            group.staleness.append(staleness)
+        if membership_known:
+            self.complete_groups(live)
+        return result
+
+    def _compensate(
+        self, table: str, chunk: DenseChunk, grad: np.ndarray, sender: str
+    ) -> np.ndarray:
+        """DC-ASGD: g + lambda * g * g * (w_now - w_pulled)."""
+        pulled = self._pulled.get((sender, table, chunk.chunk_id))
+        if pulled is None:
+            return grad
+        drift = np.subtract(chunk.weights, pulled)
+        drift *= grad
+        drift *= grad
+        drift *= np.float32(self.policy.modifiers.dc_lambda)
+        drift += grad
+        return drift
+
+    def _complete(self, group: _Group, live: Collection[str]) -> bool:
+        if not group.contributors:
+            return False
+        if self.policy.waits_for_apply:
+            return set(live) <= set(group.contributors)
+        return len(group.contributors) >= self.policy.group_size(len(live))
+
+    def complete_groups(self, live: Collection[str]) -> int:
+        """Apply every group that is complete for the current live workers; returns how many
+        updates were applied. Called after each push and on every membership change."""
+        complete = [key for key, group in self._groups.items() if self._complete(group, live)]
+        for key in complete:
+            self._apply_group(key)
+        return len(complete)
+
+    def _apply_group(self, key: tuple[str, int]) -> None:
+        group = self._groups[key]
+        table, chunk = self._chunks[key]
+        if group.total is None or not group.contributors:
+            return
+        group.total *= np.float32(1.0 / len(group.contributors))
+        table.rule.apply(chunk.weights, group.total, chunk.state, 1.0)
+        chunk.version += 1
+        self.stats.updates += 1
+        group.contributors.clear()
+        group.staleness.clear()
+
+    # ---- pulls ------------------------------------------------------------------------------
+
+    def waiting_on(self, sender: str, table: str, chunk_ids: Sequence[int]) -> bool:
+        """Whether a gradient of ``sender`` on these chunks is still waiting in a group (under
+        hardsync its pull waits for that)."""
+        if not self.policy.waits_for_apply:
+            return False
+        for chunk_id in chunk_ids:
+            group = self._groups.get((table, chunk_id))
+            if group is not None and sender in group.contributors:
+                return True
+        return False
+
+    def remember_pull(self, sender: str, table: str, chunk_id: int, weights: np.ndarray) -> None:
+        """Keep the weights a worker read, for delay compensation (only under ``+dc``)."""
+        if self.policy.modifiers.dc_lambda:
+            self._pulled[(sender, table, chunk_id)] = weights
+
+    def switch(self, policy: ConsistencyPolicy) -> None:
+        """Adopt a new policy at a version boundary: open groups are applied first, as they
+        are, so no gradient is lost or held across the switch."""
+        for key in list(self._groups):
+            self._apply_group(key)
+        self.policy = policy
+        if not policy.modifiers.dc_lambda:
+            self._pulled.clear()
