@@ -48,16 +48,26 @@ class ImageDataset:
         return int(max(self.train_y.max(), self.test_y.max())) + 1
 
 
+def _read_gzip(path: Path, header_bytes: int) -> tuple[bytes, bytes]:
+    """The header and the body of a gzip file, or DatasetError for a corrupt one."""
+    try:
+        with gzip.open(path, "rb") as f:
+            return f.read(header_bytes), f.read()
+    except (EOFError, gzip.BadGzipFile, OSError) as err:
+        if isinstance(err, FileNotFoundError):
+            raise
+        raise DatasetError(f"{path}: not a readable gzip file ({err})") from None
+
+
 def read_idx_images(path: Path) -> np.ndarray:
     """uint8 ``(N, rows, cols)`` from a gzip idx3 file."""
-    with gzip.open(path, "rb") as f:
-        head = f.read(16)
-        if len(head) != 16:
-            raise DatasetError(f"{path}: truncated header; expected 16 bytes")
-        magic, n, rows, cols = struct.unpack(">iiii", head)
-        if magic != _IMAGE_MAGIC:
-            raise DatasetError(f"{path}: magic {magic}; expected {_IMAGE_MAGIC} (idx3 images)")
-        data = np.frombuffer(f.read(), dtype=np.uint8)
+    head, body = _read_gzip(path, 16)
+    if len(head) != 16:
+        raise DatasetError(f"{path}: truncated header; expected 16 bytes")
+    magic, n, rows, cols = struct.unpack(">iiii", head)
+    if magic != _IMAGE_MAGIC:
+        raise DatasetError(f"{path}: magic {magic}; expected {_IMAGE_MAGIC} (idx3 images)")
+    data = np.frombuffer(body, dtype=np.uint8)
     if data.size != n * rows * cols:
         raise DatasetError(f"{path}: {data.size} pixels; expected {n}x{rows}x{cols}")
     return data.reshape(n, rows, cols)
@@ -65,14 +75,13 @@ def read_idx_images(path: Path) -> np.ndarray:
 
 def read_idx_labels(path: Path) -> np.ndarray:
     """uint8 ``(N,)`` from a gzip idx1 file."""
-    with gzip.open(path, "rb") as f:
-        head = f.read(8)
-        if len(head) != 8:
-            raise DatasetError(f"{path}: truncated header; expected 8 bytes")
-        magic, n = struct.unpack(">ii", head)
-        if magic != _LABEL_MAGIC:
-            raise DatasetError(f"{path}: magic {magic}; expected {_LABEL_MAGIC} (idx1 labels)")
-        data = np.frombuffer(f.read(), dtype=np.uint8)
+    head, body = _read_gzip(path, 8)
+    if len(head) != 8:
+        raise DatasetError(f"{path}: truncated header; expected 8 bytes")
+    magic, n = struct.unpack(">ii", head)
+    if magic != _LABEL_MAGIC:
+        raise DatasetError(f"{path}: magic {magic}; expected {_LABEL_MAGIC} (idx1 labels)")
+    data = np.frombuffer(body, dtype=np.uint8)
     if data.size != n:
         raise DatasetError(f"{path}: {data.size} labels; expected {n}")
     return data

@@ -14,6 +14,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -60,6 +61,17 @@ class ClientSettings:
     num_workers: int = 1
     request_timeout: float = 300.0
     connect_timeout: float = 60.0
+
+    def __post_init__(self) -> None:
+        for name in ("request_timeout", "connect_timeout"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value <= 0:
+                raise ConfigError(f"{env_name(name)}={value!r}: expected a positive number of "
+                                  "seconds")
+        if self.num_workers < 1:
+            raise ConfigError(f"{env_name('num_workers')}={self.num_workers}: expected >= 1")
+        if self.rank is not None and self.rank < 0:
+            raise ConfigError(f"{env_name('rank')}={self.rank}: expected >= 0")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ClientSettings:

@@ -119,8 +119,18 @@ class DenseStore:
             raise ProtocolError(
                 f"init of {name!r}: {len(layout)} chunks but {len(values)} arrays"
             )
+        ids = [entry[0] for entry in layout]
+        if len(set(ids)) != len(ids):
+            raise ConflictError(f"init of {name!r} lists a chunk id twice: {ids}")
         fresh = []
         for (chunk_id, offset, length), array in zip(layout, values, strict=True):
+            if not (isinstance(length, int) and isinstance(offset, int) and offset >= 0
+                    and array.ndim == 1 and length == array.size):
+                raise ShapeError(
+                    f"init of {name!r} chunk {chunk_id}: layout says offset {offset} length "
+                    f"{length}; expected a 1-D float32 array of that length, got shape "
+                    f"{list(array.shape)}"
+                )
             existing = table.chunks.get(chunk_id) if table is not None else None
             if existing is not None:
                 if existing.offset != offset or existing.weights.size != length:

@@ -204,8 +204,13 @@ class ShardServer:
         except HogshardError as err:
             self._fail(identity, request_id, err)
             return
-        except (KeyError, TypeError, ValueError) as err:
+        except (KeyError, TypeError, ValueError, ArithmeticError) as err:
             self._fail(identity, request_id, ProtocolError(f"bad '{message.op}' request: {err!r}"))
+            return
+        except Exception as err:  # a bug or resource exhaustion must not stop the process
+            log.exception("internal error on '%s'", message.op)
+            self._fail(identity, request_id,
+                       HogshardError(f"internal error on '{message.op}': {err!r}"))
             return
         if result is not None:
             fields, arrays = result
@@ -303,8 +308,8 @@ class ShardServer:
             "stats": self.stats.to_wire(),
             "staleness_summary": self.stats.staleness_summary(),
             "tables": {
-                name: {"chunks": sorted(t.chunks), "versions": [c.version for c in
-                                                                t.chunks.values()]}
+                name: {"chunks": sorted(t.chunks),
+                       "versions": [t.chunks[c].version for c in sorted(t.chunks)]}
                 for name, t in self.store.tables.items()
             },
             "pending_pulls": len(self._deferred),

@@ -14,7 +14,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-
 #: Staleness values below this are counted exactly; larger ones in power-of-two buckets
 #: (keyed by their lower bound), so a histogram stays small however stale a worker gets.
 EXACT_STALENESS = 64
@@ -29,6 +28,7 @@ def staleness_bucket(staleness: int) -> int:
 
 def summarise_histogram(histogram: dict[int, int]) -> dict[str, float]:
     """Count, mean, p50, p99 and max of a {value: count} histogram (zeros when empty)."""
+    histogram = {value: count for value, count in histogram.items() if count > 0}
     total = sum(histogram.values())
     if total == 0:
         return {"count": 0, "mean": 0.0, "p50": 0, "p99": 0, "max": 0}

@@ -72,6 +72,8 @@ class MembershipTable:
     ) -> Member:
         if role not in ROLES:
             raise ConfigError(f"unknown role {role!r}; expected one of {ROLES}")
+        if rank_hint is not None and (not isinstance(rank_hint, int) or isinstance(rank_hint, bool)):
+            raise ConfigError(f"rank_hint must be an integer or absent; got {rank_hint!r}")
         taken = {m.rank for m in self._members.values() if m.role == role and m.alive}
         if rank_hint is not None and rank_hint >= 0 and rank_hint not in taken:
             rank = rank_hint

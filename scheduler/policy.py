@@ -164,7 +164,7 @@ def _parse_modifier(text: str, spec: str, found: dict[str, object]) -> None:
             found["dc_lambda"] = dc
             found[key] = True
             return
-        if key == "maxstale" and value.isdigit():
+        if key == "maxstale" and value.isascii() and value.isdigit():
             found["max_staleness"] = int(value)
             found[key] = True
             return
@@ -177,7 +177,7 @@ def _parse_modifier(text: str, spec: str, found: dict[str, object]) -> None:
 
 
 def _parse_count(name: str, value: str, spec: str, minimum: int) -> int:
-    if not value.isdigit() or int(value) < minimum:
+    if not (value.isascii() and value.isdigit()) or int(value) < minimum:
         raise ConfigError(
             f"policy {spec!r}: {name} takes an integer >= {minimum}, as in '{name}:{max(minimum, 2)}'"
         )

@@ -42,6 +42,15 @@ from hogshard.scheduler.policy import parse_policy
 
 log = logging.getLogger(__name__)
 
+#: The largest dense table the scheduler will plan (2^40 float32 = 4 TiB).
+MAX_TABLE_ELEMS = 1 << 40
+
+
+def _positive_int(value: Any, name: str, maximum: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= maximum:
+        raise ProtocolError(f"field {name!r} must be an integer in [1, {maximum}]; got {value!r}")
+    return value
+
 
 @dataclass
 class _Waiter:
@@ -128,8 +137,13 @@ class Scheduler:
         except HogshardError as err:
             self._fail(identity, request_id, err)
             return
-        except (KeyError, TypeError, ValueError) as err:
+        except (KeyError, TypeError, ValueError, ArithmeticError) as err:
             self._fail(identity, request_id, ProtocolError(f"bad '{message.op}' request: {err!r}"))
+            return
+        except Exception as err:  # a bug or resource exhaustion must not stop the process
+            log.exception("internal error on '%s'", message.op)
+            self._fail(identity, request_id,
+                       HogshardError(f"internal error on '{message.op}': {err!r}"))
             return
         if callable(result):
             self._waiters.append(_Waiter(identity, request_id, result))
@@ -218,12 +232,16 @@ class Scheduler:
 
     def _declare_table(self, msg: Message) -> dict[str, Any]:
         servers = self.members.live("server")
-        size = int(msg.get("size"))
-        requested = msg.get("chunk_elems") or DEFAULT_CHUNK_ELEMS
+        size = _positive_int(msg.get("size"), "size", MAX_TABLE_ELEMS)
+        requested = msg.get("chunk_elems")
+        requested = DEFAULT_CHUNK_ELEMS if requested in (None, 0) else _positive_int(
+            requested, "chunk_elems", MAX_TABLE_ELEMS)
         # Small tables are still spread over every server.
-        chunk_elems = max(1, min(int(requested), -(-size // max(1, len(servers)))))
+        chunk_elems = min(requested, -(-size // max(1, len(servers))))
         spec = DenseTableSpec(name=str(msg.get("table")), size=size, chunk_elems=chunk_elems,
                               rule=dict(msg.get("rule")))
+        if not isinstance(msg.get("table"), str) or not msg.get("table"):
+            raise ProtocolError("field 'table' must be a non-empty string")
         existing = self.tables.get(spec.name)
         if existing is not None:
             if (existing.spec.size, existing.spec.rule) != (spec.size, spec.rule):

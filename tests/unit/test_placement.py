@@ -269,13 +269,13 @@ def test_redeclare_with_other_size_or_rule_conflicts(change: dict[str, Any]) -> 
     assert info.value.code is ErrorCode.CONFLICT
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=pytest.fail.Exception,
-    reason="BUG: scheduler/service.py _declare_table clamps a negative chunk_elems to 1 "
-    "(max(1, min(requested, ...))) instead of refusing it, so chunk_elems=-5 silently plans "
-    "one chunk per element",
-)
 def test_declare_negative_chunk_elems_is_refused() -> None:
-    with pytest.raises(ConfigError):
+    with pytest.raises(HogshardError):
         declare(bare_scheduler([0]), table="t", size=10, chunk_elems=-5)
+
+
+@pytest.mark.parametrize("fields", [{"size": float("inf")},
+                                    {"size": 10, "chunk_elems": float("inf")}])
+def test_declare_infinite_size_is_a_handled_error(fields: dict[str, Any]) -> None:
+    with pytest.raises((HogshardError, KeyError, TypeError, ValueError)):
+        declare(bare_scheduler([0]), table="t", **fields)

@@ -73,13 +73,6 @@ def test_unknown_policy_lists_the_accepted_forms(spec: str) -> None:
     assert "async" in message and "ssp:S" in message
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=ValueError,
-    reason="BUG: scheduler/policy.py checks the ssp count with str.isdigit(), which accepts "
-    "Unicode digits such as '²' that int() rejects, so 'ssp:²' raises a bare ValueError "
-    "instead of ConfigError",
-)
 def test_superscript_digit_is_a_config_error() -> None:
     with pytest.raises(ConfigError):
         parse_policy("ssp:\u00b2")
