@@ -23,9 +23,9 @@ import numpy as np
 import zmq
 
 from hogshard.proto.errors import (
+    ErrorCode,
     HogshardError,
     ProtocolError,
-    RequestTimeoutError,
     UnknownOpError,
 )
 from hogshard.proto.transport import (
@@ -147,12 +147,17 @@ class ShardServer:
             if reply.request_id != self._heartbeat_in_flight:
                 continue
             if reply.op == ERROR:
-                log.warning("scheduler refused heartbeat (%s); registering again",
-                            reply.get("message"))
+                if reply.get("code") != ErrorCode.UNKNOWN_MEMBER.value:
+                    log.warning("scheduler refused heartbeat: %s", reply.get("message"))
+                    continue
+                log.warning("%s; registering again", reply.get("message"))
                 try:
                     self._register(self.rank, timeout=5.0)
-                except RequestTimeoutError:
-                    log.warning("scheduler did not answer registration; serving on")
+                except HogshardError as err:
+                    log.warning("registration failed (%s); serving on", err.message)
+                    continue
+                self.applier.switch(self.policy)
+                self.policy_version, self._pending_switch = 0, None
                 continue
             if reply.get("shutdown"):
                 log.info("%s: scheduler ended the job", self.node_id)
@@ -173,7 +178,12 @@ class ShardServer:
             return
         if self._pending_switch is not None and self._pending_switch[2] >= version:
             return
-        self._pending_switch = (parse_policy(spec), int(from_clock or 0), version)
+        try:
+            policy = parse_policy(spec)
+        except HogshardError as err:
+            log.error("scheduler announced an unusable policy: %s", err.message)
+            return
+        self._pending_switch = (policy, int(from_clock or 0), version)
         log.info("%s: policy %s from clock %s", self.node_id, spec, from_clock)
 
     def _maybe_switch(self, clock: int | None) -> None:

@@ -76,6 +76,8 @@ class _Heartbeat(threading.Thread):
                         timeout=max(2.0, 4 * self._interval),
                     )
                 except UnknownMemberError as err:
+                    if self.stopped.is_set():
+                        break
                     log.warning("%s; registering again", err.message)
                     self._client.reregister(self._channel)
                 except HogshardError as err:
@@ -296,12 +298,12 @@ class PSClient:
             return
         self._closed = True
         self._heartbeat.stopped.set()
+        self._heartbeat.join(timeout=10.0)  # no heartbeat may arrive after the leave
         if leave:
             try:
                 self._control.call("leave", timeout=5.0)
             except HogshardError as err:
                 log.warning("leave failed: %s", err.message)
-        self._heartbeat.join(timeout=5.0)
         for sock in self._servers.values():
             sock.close(0)
         self._control.close()
