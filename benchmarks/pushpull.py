@@ -5,10 +5,16 @@ in production); this process is the worker and times ``client.push(table, grads)
 ``client.pull(table, out).result()`` on one dense table per payload size (default chunk_elems,
 i.e. 4 MiB chunks, so 16 MiB and 64 MiB tables travel as 4 and 16 array frames).
 
-Raw baseline: a ROUTER subprocess that acks a pushed ``[header, payload]`` with a tiny frame,
-or answers a pull header with a preallocated payload of the requested size (zero-copy send);
-this process uses a DEALER with ``copy=False`` sends and receives. ``raw+copy`` (pull only) also
-copies the received payload into an ``out`` array, as ``client.pull`` must.
+Raw baseline (``raw``): a ROUTER subprocess that acks a pushed ``[header, payload]`` with a
+tiny frame, or answers a pull header with a preallocated payload of the requested size
+(zero-copy send); this process uses a DEALER with ``copy=False`` sends and zero-copy receives.
+Extra columns: ``raw+copy`` (pull only) also copies the received payload into an ``out`` array,
+as ``client.pull`` must; ``raw chunked`` (tables of more than one chunk) sends the payload in the
+same 4 MiB frames as hogshard (a single 64 MiB frame is slowed by glibc mmap-ing a fresh receive
+buffer per message, which 4 MiB frames avoid).
+
+``--server-blas-threads 1`` caps the server's BLAS threads (the SGD rule uses scipy's saxpy,
+which OpenBLAS runs multi-threaded; on a busy host that can stall a push for milliseconds).
 
 Each repeat is ``k`` sequential round trips (``k`` chosen so a repeat lasts a few ms), the two
 systems interleaved repeat by repeat; MB/s (1 MB = 10**6 bytes) is the median over repeats.
@@ -44,6 +50,7 @@ SIZES = [4 * KIB, 64 * KIB, 1 * MIB, 16 * MIB, 64 * MIB]
 TARGET_RATIO = 0.70  # from the issue: hogshard >= 70% of raw pyzmq from 1 MiB up
 TARGET_FROM = 1 * MIB
 PUSH_HEADER, PULL_HEADER = b"P", b"G"
+BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 _children: list[subprocess.Popen] = []
 
@@ -67,9 +74,10 @@ def _reap() -> None:
 atexit.register(_reap)
 
 
-def _spawn(argv: list[str], log_path: Path) -> subprocess.Popen:
+def _spawn(argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
     log = open(log_path, "wb")  # noqa: SIM115 - closed when the child is reaped (at exit)
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            env=env)
     _children.append(proc)
     return proc
 
@@ -85,15 +93,17 @@ def _wait_file(path: Path, proc: subprocess.Popen, log_path: Path, timeout: floa
     return path.read_text().strip()
 
 
-def start_hogshard(workdir: Path) -> str:
-    """A scheduler and one shard server as subprocesses; returns the scheduler's address."""
+def start_hogshard(workdir: Path, server_env: dict[str, str] | None = None) -> str:
+    """A scheduler and one shard server as subprocesses; returns the scheduler's address.
+    ``server_env``: extra environment for the server only (default: this process's)."""
     address_file = workdir / "scheduler.addr"
     base = [sys.executable, "-m", "hogshard", "--log-level", "WARNING"]
     sched_log = workdir / "scheduler.log"
     sched = _spawn([*base, "scheduler", "--bind", "tcp://127.0.0.1:0", "--address-file",
                     str(address_file), "--servers", "1"], sched_log)
     address = _wait_file(address_file, sched, sched_log)
-    _spawn([*base, "server", "--scheduler", address], workdir / "server.log")
+    _spawn([*base, "server", "--scheduler", address], workdir / "server.log",
+           {**os.environ, **(server_env or {})})
     return address
 
 
@@ -292,7 +302,10 @@ def run(args: argparse.Namespace) -> list[dict]:
         ctx = zmq.Context()
         client = raw_sock = None
         try:
-            scheduler = start_hogshard(workdir)
+            server_env = {}
+            if args.server_blas_threads:
+                server_env = {var: str(args.server_blas_threads) for var in BLAS_THREAD_VARS}
+            scheduler = start_hogshard(workdir, server_env)
             raw_address = start_raw(workdir, max(sizes))
             client = PSClient(ClientSettings(scheduler=scheduler, connect_timeout=60.0))
             raw_sock = ctx.socket(zmq.DEALER)
@@ -338,6 +351,7 @@ def run(args: argparse.Namespace) -> list[dict]:
                             row["raw_chunked_MBps"] = round(chunked_rate, 2)
                             row["ratio_vs_chunked"] = round(h["MBps"] / chunked_rate, 4)
                         row["loadavg_1m"] = round(os.getloadavg()[0], 2)
+                        row["server_blas_threads"] = args.server_blas_threads or None
                         rows.append(row)
                         print(_line(row), flush=True)
                 del hog, raw, grads, out
@@ -388,6 +402,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="also measure with N requests in flight (default: off)")
     parser.add_argument("--repeats", type=int, default=0,
                         help="exact repeats per measurement (default: time-bounded)")
+    parser.add_argument("--server-blas-threads", type=int, default=0, metavar="N",
+                        help="cap the server's BLAS threads (OPENBLAS/OMP/MKL_NUM_THREADS=N); "
+                             "default: inherit this environment, as production does")
     parser.add_argument("--raw-server", metavar="ADDRESS_FILE", help=argparse.SUPPRESS)
     parser.add_argument("--raw-max-bytes", type=int, default=64 * MIB, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -396,8 +413,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if any(s % 4 for s in args.sizes or ()):
         parser.error("sizes must be multiples of 4 bytes (float32 tables)")
+    blas = (f"server BLAS threads capped at {args.server_blas_threads}"
+            if args.server_blas_threads else "server BLAS threads: inherited")
     print(f"pushpull: python {sys.version.split()[0]}, pyzmq {zmq.__version__}, "
-          f"libzmq {zmq.zmq_version()}, {os.cpu_count()} CPUs; MB = 1e6 bytes; medians")
+          f"libzmq {zmq.zmq_version()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}; "
+          f"{blas}; MB = 1e6 bytes; medians")
     print(HEADER, flush=True)
     t0 = time.perf_counter()
     rows = run(args)

@@ -28,6 +28,7 @@ from hogshard.proto.config import ClientSettings
 from hogshard.proto.errors import ConfigError, HogshardError, UnknownMemberError
 from hogshard.proto.transport import ERROR, RpcChannel, connect_dealer, request_header, send
 from hogshard.proto.wire import decode
+from hogshard.ps.rules import make_rule
 from hogshard.scheduler.placement import DEFAULT_CHUNK_ELEMS, Chunk, DenseTableSpec
 from hogshard.worker.futures import Future, PendingRequest, RequestBook
 
@@ -166,6 +167,7 @@ class PSClient:
 
         The worker that passes ``init`` creates the table on the servers; the others wait until
         it is ready. All must pass the same size and rule."""
+        make_rule(rule)  # refuse a bad rule here, before anything is declared
         spec = DenseTableSpec(name, int(size), int(chunk_elems), dict(rule))
         if init is None:
             reply = self._control.call(
