@@ -38,6 +38,25 @@ def _option(name: str, **kwargs):
                         **kwargs)
 
 
+def _check_codec(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if not value:
+        return None
+    from hogshard.worker.compression import CompressionPolicy
+
+    try:
+        CompressionPolicy.parse(value)
+    except HogshardError as err:
+        raise click.BadParameter(err.message) from None
+    return value
+
+
+def _codec_option():
+    return _option("codec", default=None, callback=_check_codec,
+                   help="gradient compression, e.g. topk:0.01, sign, fp16, powersgd:4, "
+                   "qsgd:16, randomk:0.1; options ,min_size=N ,ef=0; per table: "
+                   "'topk:0.01;emb=fp16'")
+
+
 def _check_policy(ctx: click.Context, param: click.Parameter, value: str) -> str:
     from hogshard.scheduler.policy import parse_policy
 
@@ -118,13 +137,14 @@ def server(scheduler: str, bind: str, advertise: str | None, rank: int | None,
 @_option("rank", default=None, type=click.IntRange(min=0), help="rank to ask for")
 @_option("num-workers", default=None, type=click.IntRange(min=1),
          help="workers in the job, for sharding data")
+@_codec_option()
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def worker(scheduler: str, rank: int | None, num_workers: int | None,
+def worker(scheduler: str, rank: int | None, num_workers: int | None, codec: str | None,
            command: tuple[str, ...]) -> None:
     """Run COMMAND as a worker of the job (it calls PSClient.from_env())."""
     from hogshard.launcher import worker_environment
 
-    env = worker_environment(scheduler, rank, num_workers)
+    env = worker_environment(scheduler, rank, num_workers, codec=codec)
     try:
         os.execvpe(command[0], list(command), env)
     except OSError as err:
@@ -136,16 +156,17 @@ def worker(scheduler: str, rank: int | None, num_workers: int | None,
 @_option("workers", default=2, type=click.IntRange(min=1))
 @_policy_option()
 @_option("heartbeat-timeout", default=DEFAULT_HEARTBEAT_TIMEOUT, type=click.FloatRange(min=0.05))
+@_codec_option()
 @click.option("--progress/--no-progress", default=True, help="show a progress bar")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def launch(servers: int, workers: int, policy: str, heartbeat_timeout: float, progress: bool,
-           command: tuple[str, ...]) -> None:
+def launch(servers: int, workers: int, policy: str, heartbeat_timeout: float, codec: str | None,
+           progress: bool, command: tuple[str, ...]) -> None:
     """Run a whole job on this host: a scheduler, SERVERS servers and WORKERS copies of COMMAND."""
     from hogshard.launcher import LocalCluster
 
     cluster = _or_exit(lambda: LocalCluster(servers, workers, policy, list(command),
                                             heartbeat_timeout=heartbeat_timeout,
-                                            progress=progress))
+                                            progress=progress, codec=codec))
     code = _or_exit(cluster.run)
     sys.exit(code)
 

@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 def worker_environment(
     scheduler: str, rank: int | None = None, num_workers: int | None = None,
-    threads: int | None = None, base: dict[str, str] | None = None,
+    threads: int | None = None, base: dict[str, str] | None = None, codec: str | None = None,
 ) -> dict[str, str]:
     """The environment a worker command runs in (what ``PSClient.from_env`` reads)."""
     env = dict(os.environ if base is None else base)
@@ -46,6 +46,8 @@ def worker_environment(
         env[env_name("rank")] = str(rank)
     if num_workers is not None:
         env[env_name("num_workers")] = str(num_workers)
+    if codec:
+        env[env_name("codec")] = codec
     if threads is not None:
         for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", env_name("torch_threads")):
             env.setdefault(var, str(threads))
@@ -76,6 +78,7 @@ class LocalCluster:
     heartbeat_interval: float = 0.5
     heartbeat_timeout: float = 5.0
     progress: bool = True
+    codec: str | None = None
     startup_timeout: float = 60.0
     out: IO[str] = field(default_factory=lambda: sys.stdout)
     _children: list[Child] = field(default_factory=list)
@@ -153,7 +156,8 @@ class LocalCluster:
                 threads = max(1, (os.cpu_count() or 1) // self.workers)
                 workers = [
                     self._spawn("worker", rank, list(self.command),
-                                worker_environment(scheduler, rank, self.workers, threads))
+                                worker_environment(scheduler, rank, self.workers, threads,
+                                                   codec=self.codec))
                     for rank in range(self.workers)
                 ]
                 return self._supervise(scheduler, workers)

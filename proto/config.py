@@ -53,12 +53,14 @@ class ClientSettings:
     ``scheduler``: the scheduler's address; ``rank``: the rank to ask for (the launcher sets it);
     ``request_timeout``: seconds to wait for any data-plane reply (a pull may wait under SSP);
     ``connect_timeout``: seconds to wait for the scheduler and for every server to register;
-    ``num_workers``: how many workers the job was started with (for sharding the data).
+    ``num_workers``: how many workers the job was started with (for sharding the data);
+    ``codec``: the gradient compression policy, e.g. ``topk:0.01,min_size=4096`` (none if unset).
     """
 
     scheduler: str = DEFAULT_SCHEDULER
     rank: int | None = None
     num_workers: int = 1
+    codec: str | None = None
     request_timeout: float = 300.0
     connect_timeout: float = 60.0
 

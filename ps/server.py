@@ -38,6 +38,7 @@ from hogshard.proto.transport import (
 )
 from hogshard.proto.wire import DEFAULT_LIMITS, Limits, Message
 from hogshard.ps.applier import UpdateApplier
+from hogshard.ps.decoding import PayloadDecoder
 from hogshard.ps.dense import DenseStore
 from hogshard.ps.stats import ServerStats
 from hogshard.scheduler.policy import ConsistencyPolicy, parse_policy
@@ -84,6 +85,7 @@ class ShardServer:
         self.policy_version = 0
         self._register(rank_hint, register_timeout)
         self.applier = UpdateApplier(self.policy, self.stats)
+        self.decoder = PayloadDecoder()
         self._heartbeat_due = 0.0
         self._heartbeat_sent_at = 0.0
         self._heartbeat_in_flight: int | None = None
@@ -248,7 +250,12 @@ class ShardServer:
 
     def _push(self, identity: bytes, msg: Message) -> tuple[dict[str, Any], list[np.ndarray]]:
         versions = msg.get("versions")
-        table, chunks = self.store.validate_push(msg.get("table"), msg.get("chunks"), msg.arrays,
+        grads = msg.arrays
+        if msg.get("codecs") is not None:
+            _, resolved = self.store.resolve(msg.get("table"), msg.get("chunks"))
+            grads = self.decoder.decode(msg.get("codecs"), msg.arrays,
+                                        [c.weights.size for c in resolved])
+        table, chunks = self.store.validate_push(msg.get("table"), msg.get("chunks"), grads,
                                                  versions)
         sender = str(msg.get("from"))
         clock = msg.get("clock") if isinstance(msg.get("clock"), int) else None
@@ -259,7 +266,7 @@ class ShardServer:
             live.add(sender)
             # Ask the scheduler who is live before closing a group (at most every 50 ms).
             self._heartbeat_due = min(self._heartbeat_due, self._heartbeat_sent_at + 0.05)
-        staleness = self.applier.push(table, chunks, msg.arrays, versions, sender, live, known)
+        staleness = self.applier.push(table, chunks, grads, versions, sender, live, known)
         self.stats.pushes += 1
         self.stats.bytes_in += sum(a.nbytes for a in msg.arrays)
         if clock is not None:

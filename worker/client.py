@@ -30,6 +30,7 @@ from hogshard.proto.transport import ERROR, RpcChannel, connect_dealer, request_
 from hogshard.proto.wire import decode
 from hogshard.ps.rules import make_rule
 from hogshard.scheduler.placement import DEFAULT_CHUNK_ELEMS, Chunk, DenseTableSpec
+from hogshard.worker.compression import Compressor, message_seed
 from hogshard.worker.futures import Future, PendingRequest, RequestBook
 
 log = logging.getLogger(__name__)
@@ -100,6 +101,7 @@ class PSClient:
         self._own_context = context is None
         self._context = context or zmq.Context()
         self.clock = 0
+        self.bytes_pushed = 0
         self.progress: dict[str, Any] = {}
         self._control = RpcChannel(self._context, self.settings.scheduler, sender="worker-?")
         self._ids = itertools.count(1)
@@ -216,9 +218,16 @@ class PSClient:
         self._book.add(pending)
         return Future([pending], self._pump)
 
-    def push(self, table: DenseTable, grads: np.ndarray, clock: int | None = None) -> Future:
-        """Send a flat float32 gradient for the whole table. ``grads`` must stay unchanged until
-        the future completes (its slices leave without a copy)."""
+    def push(
+        self,
+        table: DenseTable,
+        grads: np.ndarray,
+        clock: int | None = None,
+        compressor: Compressor | None = None,
+    ) -> Future:
+        """Send a flat float32 gradient for the whole table, each chunk compressed as the
+        ``compressor``'s policy says (with error feedback). ``grads`` must stay unchanged until
+        the future completes (uncompressed slices leave without a copy)."""
         grads = self._check_flat(table, grads, "grads")
         futures = []
         for rank, chunks in table.by_server.items():
@@ -229,7 +238,18 @@ class PSClient:
             }
             if clock is not None:
                 fields["clock"] = clock
-            arrays = [grads[c.offset:c.offset + c.length] for c in chunks]
+            slices = [grads[c.offset:c.offset + c.length] for c in chunks]
+            if compressor is None:
+                arrays = slices
+                self.bytes_pushed += sum(a.nbytes for a in arrays)
+            else:
+                arrays, fields["codecs"] = [], []
+                for chunk, piece in zip(chunks, slices, strict=True):
+                    seed = message_seed(self.node_id, clock or 0, table.name, chunk.chunk_id)
+                    codec, encoded = compressor.compress(table.name, chunk.chunk_id, piece, seed)
+                    fields["codecs"].append([codec.spec(), encoded.meta, len(encoded.buffers)])
+                    arrays.extend(encoded.buffers)
+                    self.bytes_pushed += encoded.nbytes
             futures.append(self._request(rank, "push", fields, arrays))
         return Future.gather(futures, self._pump)
 

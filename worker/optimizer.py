@@ -27,6 +27,7 @@ import torch
 from hogshard.proto.errors import ConfigError
 from hogshard.scheduler.placement import DEFAULT_CHUNK_ELEMS
 from hogshard.worker.client import DenseTable, PSClient
+from hogshard.worker.compression import CompressionPolicy, Compressor
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,9 @@ class PSOptimizer:
     """Push gradients, let the servers update, pull weights; shaped like ``torch.optim``.
 
     ``rule`` is the server-side update rule (``sgd``, ``momentum``, ``adagrad``, ``adam``) and
-    ``**hyper`` its parameters (``lr``, ``momentum``, ``betas``, ``weight_decay``, ...). The worker
+    ``**hyper`` its parameters (``lr``, ``momentum``, ``betas``, ``weight_decay``, ...). ``codec``
+    compresses the pushed gradients (with error feedback), e.g. ``"topk:0.01"``; by default it
+    comes from ``HOGSHARD_CODEC``. The worker
     that the scheduler ranks 0 initialises the table with its model's weights; the others start
     from those weights.
     """
@@ -60,6 +63,7 @@ class PSOptimizer:
         rule: str = "sgd",
         table: str = "model",
         chunk_elems: int = DEFAULT_CHUNK_ELEMS,
+        codec: str | None = None,
         **hyper: Any,
     ) -> None:
         named = [(n, p) for n, p in named_parameters if p.requires_grad]
@@ -69,6 +73,8 @@ class PSOptimizer:
         if bad:
             raise ConfigError(f"parameters must be float32; these are not: {bad}")
         self.client = client
+        spec = codec if codec is not None else client.settings.codec
+        self.compressor = Compressor(CompressionPolicy.parse(spec)) if spec else None
         self.names = [n for n, _ in named]
         self.params = [p for _, p in named]
         self._flat = flatten_into_views(self.params)
@@ -112,7 +118,8 @@ class PSOptimizer:
         loss = closure() if closure is not None else None
         self._gather_grads()
         client, timeout = self.client, self.client.settings.request_timeout
-        push = client.push(self.table, self._grads, clock=client.clock)
+        push = client.push(self.table, self._grads, clock=client.clock,
+                           compressor=self.compressor)
         client.clock += 1
         with torch.no_grad():
             pull = client.pull(self.table, self._weights, clock=client.clock)

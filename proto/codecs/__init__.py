@@ -1,0 +1,45 @@
+"""Gradient compression codecs: a worker encodes a float32 slice, a server decodes it back.
+
+Example::
+
+    >>> import numpy as np
+    >>> from hogshard.proto.codecs import make_codec
+    >>> codec = make_codec("qsgd:4")
+    >>> enc = codec.encode(np.array([0.5, -0.5], dtype=np.float32), seed=1)
+    >>> codec.decode(enc, 2).shape, enc.nbytes == codec.nbytes_for(2)
+    ((2,), True)
+"""
+
+from __future__ import annotations
+
+from hogshard.proto.codecs.base import Codec, Encoded
+from hogshard.proto.codecs.lowrank import PowerSGDCodec, matrix_shape
+from hogshard.proto.codecs.registry import CODECS, make_codec
+from hogshard.proto.codecs.simple import BF16Codec, FP16Codec, NoneCodec, SignCodec
+from hogshard.proto.codecs.sparse import (
+    QSGDCodec,
+    RandomKCodec,
+    SparseCodec,
+    TopKCodec,
+    random_indices,
+    top_k_indices,
+)
+
+__all__ = [
+    "CODECS",
+    "BF16Codec",
+    "Codec",
+    "Encoded",
+    "FP16Codec",
+    "NoneCodec",
+    "PowerSGDCodec",
+    "QSGDCodec",
+    "RandomKCodec",
+    "SignCodec",
+    "SparseCodec",
+    "TopKCodec",
+    "make_codec",
+    "matrix_shape",
+    "random_indices",
+    "top_k_indices",
+]

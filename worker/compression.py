@@ -1,0 +1,418 @@
+"""Worker-side compression: error feedback, DGC momentum correction, and the per-table policy.
+
+Codecs (``hogshard.proto.codecs``) are stateless; what a lossy codec drops is worker state and
+lives here. :class:`ErrorFeedback` adds each slice's residual to its next gradient before
+encoding, so over time every coordinate's full gradient mass is sent. :class:`DGC` adds Deep
+Gradient Compression's momentum correction (the momentum lives on the worker, so the server
+should apply plain SGD to such a table), momentum factor masking and local gradient clipping.
+:class:`CompressionPolicy` (pure) says which codec a table's slice of a given size uses, and
+:class:`Compressor` (stateful) applies a policy to a worker's pushes. No torch here.
+
+Example::
+
+    >>> import numpy as np
+    >>> compressor = Compressor(CompressionPolicy.parse("topk:0.5,min_size=4"))
+    >>> codec, enc = compressor.compress("model", 0, np.array([1, -4, 2, 0.5], dtype=np.float32))
+    >>> codec.spec(), codec.decode(enc, 4).tolist()
+    ('topk:0.5', [0.0, -4.0, 2.0, 0.0])
+    >>> compressor.feedback_for("model").residual(("model", 0)).tolist()
+    [1.0, 0.0, 0.0, 0.5]
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hogshard.proto.codecs import Codec, Encoded, NoneCodec, RandomKCodec, TopKCodec, make_codec
+from hogshard.proto.codecs.base import check_grad, check_seed
+from hogshard.proto.errors import ConfigError, ShapeError
+
+
+def message_seed(*parts: int | str) -> int:
+    """A 64-bit seed derived from e.g. (worker rank, step, table, chunk), stable across processes.
+
+    Example::
+
+        >>> message_seed(3, 120, "model", 7) == message_seed(3, 120, "model", 7)
+        True
+    """
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
+
+
+def _clip(grad: np.ndarray, clip_norm: float | None) -> np.ndarray:
+    if clip_norm is None:
+        return grad
+    norm = float(np.linalg.norm(grad))
+    if math.isfinite(norm) and norm > clip_norm:
+        return grad * np.float32(clip_norm / norm)
+    return grad
+
+
+class ErrorFeedback:
+    """Per-slice residual memory for lossy codecs, keyed by e.g. ``(table, chunk_id)``.
+
+    ``compress`` encodes ``grad + residual`` and keeps ``(grad + residual) - decode(sent)`` as
+    the next residual, so ``sum(decoded) + residual == sum(grads)`` at every step. Lossless
+    codecs keep no residual (a pending one is sent along). ``feedback=False`` keeps none at all
+    (codec state such as PowerSGD's warm start is still kept). ``clip_norm`` scales each
+    incoming slice down to that L2 norm first. Use contractive codecs (topk, sign, fp16/bf16,
+    powersgd, ``randomk:R:biased``); the unbiased ones (qsgd, scaled randomk) have a variance
+    that error feedback accumulates, so send them with ``feedback=False``.
+
+    Example::
+
+        >>> import numpy as np
+        >>> ef = ErrorFeedback()
+        >>> enc = ef.compress("a", np.array([3.0, 1.0], dtype=np.float32), make_codec("topk:0.5"))
+        >>> ef.residual("a").tolist()
+        [0.0, 1.0]
+    """
+
+    def __init__(self, *, feedback: bool = True, clip_norm: float | None = None) -> None:
+        if clip_norm is not None and not (math.isfinite(clip_norm) and clip_norm > 0):
+            raise ConfigError(f"clip_norm must be a positive number; got {clip_norm!r}")
+        self.feedback = feedback
+        self.clip_norm = clip_norm
+        self._residuals: dict[Hashable, np.ndarray] = {}
+        self._states: dict[Hashable, tuple[str, dict[str, Any]]] = {}
+
+    def compress(self, key: Hashable, grad: np.ndarray, codec: Codec, seed: int = 0) -> Encoded:
+        """Encode ``grad`` (plus ``key``'s residual) with ``codec``; update the residual."""
+        grad, seed = _clip(check_grad(grad), self.clip_norm), check_seed(seed)  # before any change
+        residual = self._take(self._residuals, key, grad.size, "residual")
+        state = self._state(key, codec)
+        if residual is not None:
+            residual += grad
+        if codec.lossless or not self.feedback:
+            return codec.encode(grad if residual is None else residual, state, seed)
+        corrected = grad.copy() if residual is None else residual
+        encoded = codec.encode(corrected, state, seed)
+        self._residuals[key] = self._leftover(codec, encoded, corrected)
+        return encoded
+
+    @staticmethod
+    def _leftover(codec: Codec, encoded: Encoded, corrected: np.ndarray) -> np.ndarray:
+        """``corrected - decode(encoded)``, computed in place in ``corrected`` when safe."""
+        if any(np.may_share_memory(b, corrected) for b in encoded.buffers):
+            corrected = corrected.copy()
+        if isinstance(codec, TopKCodec) or (isinstance(codec, RandomKCodec) and not codec.unbiased):
+            indices, _ = codec.to_sparse(encoded, corrected.size)
+            corrected[indices] = 0.0  # the values were sent exactly
+        else:
+            corrected -= codec.decode(encoded, corrected.size)
+        return corrected
+
+    def _take(self, store: dict[Hashable, np.ndarray], key: Hashable, size: int, what: str) -> np.ndarray | None:
+        kept = store.pop(key, None)
+        if kept is not None and kept.size != size:
+            store[key] = kept
+            raise ShapeError(
+                f"the {what} kept for {key!r} has {kept.size} elements but the gradient has {size}; "
+                "call reset(key) after re-chunking a table"
+            )
+        return kept
+
+    def _state(self, key: Hashable, codec: Codec) -> dict[str, Any]:
+        spec = codec.spec()
+        kept = self._states.get(key)
+        if kept is None or kept[0] != spec:
+            kept = (spec, {})
+            self._states[key] = kept
+        return kept[1]
+
+    def residual(self, key: Hashable) -> np.ndarray | None:
+        """The residual kept for ``key`` (``None`` if none); do not modify it."""
+        return self._residuals.get(key)
+
+    def reset(self, key: Hashable | None = None) -> None:
+        """Forget everything kept for ``key`` (or for every key)."""
+        for store in [*self._arrays(), self._states]:
+            if key is None:
+                store.clear()
+            else:
+                store.pop(key, None)
+
+    def _arrays(self) -> list[dict[Hashable, Any]]:
+        return [self._residuals]
+
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes held in residuals (and momenta)."""
+        return sum(a.nbytes for store in self._arrays() for a in store.values())
+
+    def state_dict(self) -> dict[str, Any]:
+        """Copies of the residuals (and momenta), for a checkpoint."""
+        return {"residuals": {k: v.copy() for k, v in self._residuals.items()}}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+        self._residuals = {k: np.array(v, dtype=np.float32) for k, v in state["residuals"].items()}
+
+
+class DGC(ErrorFeedback):
+    """Deep Gradient Compression (Lin et al. 2018) on top of error feedback.
+
+    Per slice: clip ``g`` to ``clip_norm``; ``u = momentum * u + g``; ``v = v + u``; send
+    ``v`` with the codec. With ``topk`` the sent coordinates of both ``v`` and ``u`` are zeroed
+    (momentum factor masking); with another lossy codec ``v`` keeps ``v - decode(sent)``; with
+    a lossless one ``v`` is emptied. The server must apply plain SGD: the momentum is here.
+
+    Example::
+
+        >>> import numpy as np
+        >>> dgc = DGC(momentum=0.9)
+        >>> codec = make_codec("topk:0.5")
+        >>> dgc.compress("a", np.array([1.0, 0.5], dtype=np.float32), codec).buffers[0].tolist()
+        [1.0]
+        >>> dgc.compress("a", np.array([1.0, 0.5], dtype=np.float32), codec).buffers[0].tolist()
+        [1.4500000476837158]
+    """
+
+    def __init__(self, momentum: float = 0.9, *, clip_norm: float | None = None) -> None:
+        super().__init__(feedback=True, clip_norm=clip_norm)
+        if not (isinstance(momentum, (int, float)) and 0.0 <= momentum < 1.0):
+            raise ConfigError(f"DGC momentum must be in [0, 1); got {momentum!r}")
+        self.momentum = float(momentum)
+        self._momenta: dict[Hashable, np.ndarray] = {}
+
+    def compress(self, key: Hashable, grad: np.ndarray, codec: Codec, seed: int = 0) -> Encoded:
+        grad, seed = _clip(check_grad(grad), self.clip_norm), check_seed(seed)
+        velocity = self._take(self._residuals, key, grad.size, "accumulated gradient")
+        momentum = self._take(self._momenta, key, grad.size, "momentum")
+        if momentum is None:
+            momentum = grad.copy()
+        else:
+            momentum *= np.float32(self.momentum)
+            momentum += grad
+        self._momenta[key] = momentum
+        if velocity is None:
+            velocity = momentum.copy()
+        else:
+            velocity += momentum
+        encoded = codec.encode(velocity, self._state(key, codec), seed)
+        if codec.lossless:
+            return encoded
+        if isinstance(codec, TopKCodec):
+            indices, _ = codec.to_sparse(encoded, grad.size)
+            velocity[indices] = 0.0
+            momentum[indices] = 0.0
+        else:
+            velocity = self._leftover(codec, encoded, velocity)
+        self._residuals[key] = velocity
+        return encoded
+
+    def _arrays(self) -> list[dict[Hashable, Any]]:
+        return [self._residuals, self._momenta]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "momenta": {k: v.copy() for k, v in self._momenta.items()}}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        super().load_state_dict(state)
+        self._momenta = {k: np.array(v, dtype=np.float32) for k, v in state.get("momenta", {}).items()}
+
+
+@dataclass(frozen=True)
+class TableRule:
+    """How one table's slices are compressed. ``codec`` is canonicalised (``make_codec(...).spec()``).
+
+    Slices with fewer than ``min_size`` elements go uncompressed (``none``). ``momentum > 0``
+    selects :class:`DGC`; ``error_feedback=False`` keeps no residuals; ``clip_norm`` clips
+    each slice's gradient.
+
+    Example::
+
+        >>> TableRule("TOPK:0.01", min_size=4096).spec()
+        'topk:0.01,min_size=4096'
+    """
+
+    codec: str = "none"
+    min_size: int = 0
+    error_feedback: bool = True
+    momentum: float = 0.0
+    clip_norm: float | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "codec", make_codec(self.codec).spec())
+        if not isinstance(self.min_size, int) or isinstance(self.min_size, bool) or self.min_size < 0:
+            raise ConfigError(f"min_size must be a non-negative integer; got {self.min_size!r}")
+        if not (isinstance(self.momentum, (int, float)) and 0.0 <= self.momentum < 1.0):
+            raise ConfigError(f"momentum must be in [0, 1); got {self.momentum!r}")
+        if self.momentum and not self.error_feedback:
+            raise ConfigError("momentum (DGC) needs error feedback; drop ef=0 or momentum")
+        clip = self.clip_norm
+        if clip is not None and not (isinstance(clip, (int, float)) and math.isfinite(clip) and clip > 0):
+            raise ConfigError(f"clip must be a positive number; got {clip!r}")
+
+    def spec(self) -> str:
+        """``CODEC[,min_size=N][,ef=0][,momentum=M][,clip=C]`` (only non-default options)."""
+        parts = [self.codec]
+        if self.min_size:
+            parts.append(f"min_size={self.min_size}")
+        if not self.error_feedback:
+            parts.append("ef=0")
+        if self.momentum:
+            parts.append(f"momentum={self.momentum!r}")
+        if self.clip_norm is not None:
+            parts.append(f"clip={self.clip_norm!r}")
+        return ",".join(parts)
+
+    @classmethod
+    def parse(cls, text: str) -> TableRule:
+        """Parse ``CODEC[,min_size=N][,ef=0|1][,momentum=M][,clip=C]``."""
+        codec, *options = [t.strip() for t in text.split(",")]
+        values: dict[str, Any] = {}
+        for option in options:
+            key, sep, raw = (s.strip() for s in option.partition("="))
+            key = key.lower()
+            field = _OPTIONS.get(key)
+            if not sep or field is None:
+                raise ConfigError(
+                    f"compression option {option!r} in {text!r} is not understood; expected "
+                    f"key=value with key among {sorted(_OPTIONS)}"
+                )
+            if field in values:
+                raise ConfigError(f"compression option {key!r} is given twice in {text!r}")
+            values[field] = _parse_value(key, raw)
+        return cls(codec, **values)
+
+
+_OPTIONS = {"min_size": "min_size", "ef": "error_feedback", "momentum": "momentum", "clip": "clip_norm"}
+_BOOLS = {"1": True, "true": True, "on": True, "yes": True, "0": False, "false": False, "off": False, "no": False}
+
+
+def _parse_value(key: str, raw: str) -> Any:
+    try:
+        if key == "min_size":
+            return int(raw, 10)
+        if key == "ef":
+            return _BOOLS[raw.lower()]
+        value = float(raw)
+    except (ValueError, KeyError):
+        kind = {"min_size": "an integer", "ef": "0 or 1"}.get(key, "a number")
+        raise ConfigError(f"compression option {key}={raw!r}: expected {kind}") from None
+    if not math.isfinite(value):
+        raise ConfigError(f"compression option {key}={raw!r}: expected a finite number")
+    return value
+
+
+class CompressionPolicy:
+    """Which codec each table's slices use: a default rule and per-table rules (no state).
+
+    Spec: ``RULE[;TABLE=RULE]...`` where RULE is ``CODEC[,min_size=N][,ef=0|1][,momentum=M]
+    [,clip=C]``; the rule without ``TABLE=`` is the default (``none`` when absent).
+
+    Example::
+
+        >>> policy = CompressionPolicy.parse("topk:0.01,min_size=4096;emb=fp16")
+        >>> policy.codec_for("model", 100).spec(), policy.codec_for("model", 10_000).spec()
+        ('none', 'topk:0.01')
+        >>> policy.codec_for("emb", 10).spec(), policy.spec()
+        ('fp16', 'topk:0.01,min_size=4096;emb=fp16')
+    """
+
+    def __init__(
+        self, default: TableRule | str = "none", tables: Mapping[str, TableRule | str] | None = None
+    ) -> None:
+        self.default = default if isinstance(default, TableRule) else TableRule.parse(default)
+        self.tables = {
+            name: rule if isinstance(rule, TableRule) else TableRule.parse(rule)
+            for name, rule in (tables or {}).items()
+        }
+        self._codecs: dict[str, Codec] = {"none": NoneCodec()}
+
+    @classmethod
+    def parse(cls, spec: str) -> CompressionPolicy:
+        """Parse a policy spec; raises ``ConfigError`` naming the bad part."""
+        if not isinstance(spec, str):
+            raise ConfigError(f"compression spec must be a string; got {type(spec).__name__}")
+        default: str | None = None
+        tables: dict[str, str] = {}
+        for section in (s.strip() for s in spec.split(";")):
+            if not section:
+                continue
+            if "=" in section.split(",")[0]:
+                table, _, rule = (s.strip() for s in section.partition("="))
+                if not table or table in tables:
+                    raise ConfigError(f"table {table!r} in compression spec {spec!r} is empty or repeated")
+                tables[table] = rule
+            elif default is not None:
+                raise ConfigError(f"compression spec {spec!r} has two default rules; prefix others with TABLE=")
+            else:
+                default = section
+        return cls(default or "none", tables)
+
+    def spec(self) -> str:
+        """The canonical spec; ``CompressionPolicy.parse(p.spec()) == p``."""
+        return ";".join([self.default.spec(), *(f"{t}={r.spec()}" for t, r in sorted(self.tables.items()))])
+
+    def rule_for(self, table: str) -> TableRule:
+        """The rule for ``table`` (its own, else the default)."""
+        return self.tables.get(table, self.default)
+
+    def codec_for(self, table: str, size: int) -> Codec:
+        """The codec for a slice of ``size`` elements of ``table``."""
+        rule = self.rule_for(table)
+        spec = "none" if size < rule.min_size else rule.codec
+        codec = self._codecs.get(spec)
+        if codec is None:
+            codec = self._codecs[spec] = make_codec(spec)
+        return codec
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, CompressionPolicy) and other.spec() == self.spec()
+
+    def __hash__(self) -> int:
+        return hash(self.spec())
+
+    def __repr__(self) -> str:
+        return f"CompressionPolicy.parse({self.spec()!r})"
+
+
+class Compressor:
+    """A worker's compression state: applies a policy, one feedback memory per table.
+
+    Example::
+
+        >>> import numpy as np
+        >>> compressor = Compressor("sign")
+        >>> codec, enc = compressor.compress("model", 3, np.ones(16, dtype=np.float32), seed=1)
+        >>> codec.spec(), enc.nbytes
+        ('sign', 6)
+    """
+
+    def __init__(self, policy: CompressionPolicy | str) -> None:
+        self.policy = policy if isinstance(policy, CompressionPolicy) else CompressionPolicy.parse(policy)
+        self._feedback: dict[str, ErrorFeedback] = {}
+
+    def feedback_for(self, table: str) -> ErrorFeedback:
+        """The table's :class:`ErrorFeedback` (or :class:`DGC`), created on first use."""
+        feedback = self._feedback.get(table)
+        if feedback is None:
+            rule = self.policy.rule_for(table)
+            if rule.momentum:
+                feedback = DGC(rule.momentum, clip_norm=rule.clip_norm)
+            else:
+                feedback = ErrorFeedback(feedback=rule.error_feedback, clip_norm=rule.clip_norm)
+            self._feedback[table] = feedback
+        return feedback
+
+    def compress(self, table: str, chunk: Hashable, grad: np.ndarray, seed: int = 0) -> tuple[Codec, Encoded]:
+        """The codec used and the payload for one slice (key ``(table, chunk)``)."""
+        codec = self.policy.codec_for(table, grad.size)
+        return codec, self.feedback_for(table).compress((table, chunk), grad, codec, seed)
+
+    def reset(self, table: str | None = None) -> None:
+        """Forget the residuals (and momenta) of ``table``, or of every table."""
+        if table is None:
+            self._feedback.clear()
+        else:
+            self._feedback.pop(table, None)
+
