@@ -60,9 +60,9 @@ class ClientSettings:
     scheduler: str = DEFAULT_SCHEDULER
     rank: int | None = None
     num_workers: int = 1
-    codec: str | None = None
     request_timeout: float = 300.0
     connect_timeout: float = 60.0
+    codec: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("request_timeout", "connect_timeout"):
