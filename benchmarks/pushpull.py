@@ -32,6 +32,7 @@ import atexit
 import json
 import math
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -50,6 +51,7 @@ SIZES = [4 * KIB, 64 * KIB, 1 * MIB, 16 * MIB, 64 * MIB]
 TARGET_RATIO = 0.70  # from the issue: hogshard >= 70% of raw pyzmq from 1 MiB up
 TARGET_FROM = 1 * MIB
 PUSH_HEADER, PULL_HEADER = b"P", b"G"
+REQUEST_TIMEOUT = 60.0  # seconds; a stuck server fails the run instead of hanging it
 BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 _children: list[subprocess.Popen] = []
@@ -120,8 +122,6 @@ def raw_server(address_file: str, max_bytes: int) -> None:
     """ROUTER loop: ``[id, b"P", *payload]`` -> ``[id, b"ok"]``; ``[id, b"G", lengths]`` ->
     ``[id, b"ok", *frames]``, one frame per requested length, zero-copy slices of a
     preallocated buffer."""
-    import signal
-
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     payload = np.ones(max_bytes, np.uint8)  # touched, so no zero-page effects
     view = memoryview(payload)
@@ -182,7 +182,7 @@ def hogshard_runners(client, table, grads: np.ndarray, out: np.ndarray) -> dict[
         return client.pull(table, out)
 
     def finish(future) -> None:
-        future.result()
+        future.result(timeout=REQUEST_TIMEOUT)
 
     return {
         "push": Runner("hogshard", lambda: finish(push_start()), _pipelined(push_start, finish)),
@@ -302,9 +302,9 @@ def run(args: argparse.Namespace) -> list[dict]:
         ctx = zmq.Context()
         client = raw_sock = None
         try:
-            server_env = {}
+            server_env = dict(args.server_env or [])
             if args.server_blas_threads:
-                server_env = {var: str(args.server_blas_threads) for var in BLAS_THREAD_VARS}
+                server_env.update({v: str(args.server_blas_threads) for v in BLAS_THREAD_VARS})
             scheduler = start_hogshard(workdir, server_env)
             raw_address = start_raw(workdir, max(sizes))
             client = PSClient(ClientSettings(scheduler=scheduler, connect_timeout=60.0))
@@ -352,9 +352,17 @@ def run(args: argparse.Namespace) -> list[dict]:
                             row["ratio_vs_chunked"] = round(h["MBps"] / chunked_rate, 4)
                         row["loadavg_1m"] = round(os.getloadavg()[0], 2)
                         row["server_blas_threads"] = args.server_blas_threads or None
+                        if args.server_env:
+                            row["server_env"] = dict(args.server_env)
                         rows.append(row)
                         print(_line(row), flush=True)
                 del hog, raw, grads, out
+        except BaseException:
+            for log in sorted(workdir.glob("*.log")):  # the temp dir goes away with us
+                tail = log.read_text(errors="replace")[-2000:].strip()
+                if tail:
+                    print(f"--- {log.name} (tail) ---\n{tail}", file=sys.stderr)
+            raise
         finally:
             if client is not None:
                 client.close()
@@ -392,6 +400,13 @@ def _parse_size(text: str) -> int:
     return int(text)
 
 
+def _parse_env(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="few repeats (well under a minute)")
@@ -405,6 +420,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--server-blas-threads", type=int, default=0, metavar="N",
                         help="cap the server's BLAS threads (OPENBLAS/OMP/MKL_NUM_THREADS=N); "
                              "default: inherit this environment, as production does")
+    parser.add_argument("--server-env", type=_parse_env, action="append", metavar="KEY=VALUE",
+                        help="extra environment for the shard server only (repeatable), e.g. "
+                             "MALLOC_TRIM_THRESHOLD_=1073741824")
     parser.add_argument("--raw-server", metavar="ADDRESS_FILE", help=argparse.SUPPRESS)
     parser.add_argument("--raw-max-bytes", type=int, default=64 * MIB, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -415,10 +433,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("sizes must be multiples of 4 bytes (float32 tables)")
     blas = (f"server BLAS threads capped at {args.server_blas_threads}"
             if args.server_blas_threads else "server BLAS threads: inherited")
+    if args.server_env:
+        blas += "; server env " + " ".join(f"{k}={v}" for k, v in args.server_env)
     print(f"pushpull: python {sys.version.split()[0]}, pyzmq {zmq.__version__}, "
           f"libzmq {zmq.zmq_version()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}; "
           f"{blas}; MB = 1e6 bytes; medians")
     print(HEADER, flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so finally/atexit reap children
     t0 = time.perf_counter()
     rows = run(args)
     print(f"done in {time.perf_counter() - t0:.1f} s; target: hogshard >= "

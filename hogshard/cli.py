@@ -125,6 +125,9 @@ def scheduler(bind: str, policy: str, servers: int, heartbeat_interval: float,
 def server(scheduler: str, bind: str, advertise: str | None, rank: int | None,
            max_message_bytes: int) -> None:
     """Run one parameter-server shard."""
+    from hogshard.tuning import tune_server_process
+
+    tune_server_process()
     from hogshard.ps.server import ShardServer
 
     service = _or_exit(lambda: ShardServer(scheduler, bind, advertise, rank,

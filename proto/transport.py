@@ -76,13 +76,14 @@ def send(
     arrays: Sequence[np.ndarray] = (),
     identity: bytes | None = None,
     flags: int = 0,
-) -> None:
+    track: bool = False,
+) -> zmq.MessageTracker | None:
     """Send one message; large array frames go zero-copy (the caller must leave the arrays
-    unchanged until the peer has replied)."""
+    unchanged until the peer has replied, or, with ``track``, until the tracker is done)."""
     frames = encode(header, arrays)
     if identity is not None:
         frames.insert(0, identity)
-    sock.send_multipart(frames, flags=flags, copy=False)
+    return sock.send_multipart(frames, flags=flags, copy=False, track=track)
 
 
 def reply_ok(
@@ -91,9 +92,10 @@ def reply_ok(
     request_id: int,
     fields: dict[str, Any] | None = None,
     arrays: Sequence[np.ndarray] = (),
-) -> None:
+    track: bool = False,
+) -> zmq.MessageTracker | None:
     header = {"v": PROTOCOL_VERSION, "op": OK, "id": request_id, **(fields or {})}
-    send(sock, header, arrays, identity)
+    return send(sock, header, arrays, identity, track=track)
 
 
 def reply_error(sock: zmq.Socket, identity: bytes, request_id: int, error: HogshardError) -> None:

@@ -40,6 +40,7 @@ from hogshard.proto.wire import DEFAULT_LIMITS, Limits, Message
 from hogshard.ps.applier import UpdateApplier
 from hogshard.ps.decoding import PayloadDecoder
 from hogshard.ps.dense import DenseStore
+from hogshard.ps.snapshots import SnapshotPool
 from hogshard.ps.stats import ServerStats
 from hogshard.scheduler.policy import ConsistencyPolicy, parse_policy
 
@@ -86,6 +87,7 @@ class ShardServer:
         self._register(rank_hint, register_timeout)
         self.applier = UpdateApplier(self.policy, self.stats)
         self.decoder = PayloadDecoder()
+        self._snapshots = SnapshotPool()
         self._heartbeat_due = 0.0
         self._heartbeat_sent_at = 0.0
         self._heartbeat_in_flight: int | None = None
@@ -226,7 +228,13 @@ class ShardServer:
             return
         if result is not None:
             fields, arrays = result
-            reply_ok(self._sock, identity, request_id, fields, arrays)
+            self._reply(identity, request_id, fields, arrays)
+
+    def _reply(self, identity: bytes, request_id: int, fields: dict[str, Any],
+               arrays: list[np.ndarray]) -> None:
+        tracker = reply_ok(self._sock, identity, request_id, fields, arrays, track=bool(arrays))
+        if arrays:
+            self._snapshots.sent(arrays, tracker)
 
     def _fail(self, identity: bytes, request_id: int, err: HogshardError) -> None:
         self.stats.errors[err.code.value] += 1
@@ -296,12 +304,13 @@ class ShardServer:
 
     def _serve_pull(self, msg: Message) -> tuple[dict[str, Any], list[np.ndarray]]:
         table, chunks = self.store.resolve(msg.get("table"), msg.get("chunks"))
-        # Copies: the reply leaves zero-copy from ZeroMQ's I/O thread while later pushes
-        # update the chunk in place.
-        arrays = [chunk.weights.copy() for chunk in chunks]
         sender = str(msg.get("from"))
-        for chunk, array in zip(chunks, arrays, strict=True):
-            self.applier.remember_pull(sender, table.name, chunk.chunk_id, array)
+        if self.policy.modifiers.dc_lambda:  # the applier keeps what each worker read
+            arrays = [chunk.weights.copy() for chunk in chunks]
+            for chunk, array in zip(chunks, arrays, strict=True):
+                self.applier.remember_pull(sender, table.name, chunk.chunk_id, array)
+        else:
+            arrays = [self._snapshots.take((table.name, c.chunk_id), c.weights) for c in chunks]
         self.stats.pulls += 1
         self.stats.bytes_out += sum(a.nbytes for a in arrays)
         return {"versions": [chunk.version for chunk in chunks]}, arrays
@@ -317,7 +326,7 @@ class ShardServer:
             except HogshardError as err:
                 self._fail(pull.identity, pull.message.request_id, err)
                 continue
-            reply_ok(self._sock, pull.identity, pull.message.request_id, fields, arrays)
+            self._reply(pull.identity, pull.message.request_id, fields, arrays)
 
     def _stats(self, identity: bytes, msg: Message) -> tuple[dict[str, Any], list[np.ndarray]]:
         return {
