@@ -40,6 +40,8 @@ from hogshard.proto.wire import DEFAULT_LIMITS, Limits, Message
 from hogshard.ps.applier import UpdateApplier
 from hogshard.ps.decoding import PayloadDecoder
 from hogshard.ps.dense import DenseStore
+from hogshard.ps.embedding import EmbeddingStore
+from hogshard.ps.embedding_ops import HANDLERS as EMBEDDING_HANDLERS
 from hogshard.ps.snapshots import SnapshotPool
 from hogshard.ps.stats import ServerStats
 from hogshard.scheduler.policy import ConsistencyPolicy, parse_policy
@@ -75,6 +77,7 @@ class ShardServer:
         self.address = advertise or bound
         self.limits = limits
         self.store = DenseStore()
+        self.embeddings = EmbeddingStore()
         self.stats = ServerStats()
         self._deferred: list[_DeferredPull] = []
         self._observed_clocks: dict[str, int] = {}
@@ -351,4 +354,5 @@ class ShardServer:
         "pull": _pull,
         "stats": _stats,
         "ping": _ping,
+        **EMBEDDING_HANDLERS,
     }

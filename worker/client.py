@@ -30,6 +30,7 @@ from hogshard.proto.transport import ERROR, RpcChannel, connect_dealer, request_
 from hogshard.proto.wire import decode
 from hogshard.ps.rules import make_rule
 from hogshard.scheduler.placement import DEFAULT_CHUNK_ELEMS, Chunk, DenseTableSpec
+from hogshard.worker import sparse
 from hogshard.worker.compression import Compressor, message_seed
 from hogshard.worker.futures import Future, PendingRequest, RequestBook
 
@@ -201,6 +202,28 @@ class PSClient:
         Future.gather(futures, self._pump).result(self.settings.request_timeout)
         self._control.call("table_ready", {"table": name}, timeout=self.settings.request_timeout)
         return table
+
+    def embedding_table(
+        self, name: str, dim: int, num_embeddings: int | None = None,
+        rule: dict[str, Any] | None = None, seed: int = 0, init_scale: float | None = None,
+        max_rows: int | None = None,
+    ) -> sparse.EmbeddingHandle:
+        """Create (idempotently, on every server) or join an embedding table; rows are routed
+        by a stable hash of their id. ``rule``: ``sgd``, ``rowwise_adagrad`` (default), ``adam``."""
+        spec = sparse.EmbeddingSpec(name, dim, num_embeddings,
+                                    dict(rule or sparse.DEFAULT_ROW_RULE), seed, init_scale,
+                                    max_rows)
+        return sparse.create_table(self, spec)
+
+    def pull_rows(self, tables: Sequence[sparse.EmbeddingHandle], ids: Sequence[np.ndarray],
+                  outs: Sequence[np.ndarray], clock: int | None = None) -> Future:
+        """Fetch embedding rows (see :func:`hogshard.worker.sparse.pull_rows`)."""
+        return sparse.pull_rows(self, tables, ids, outs, clock)
+
+    def push_rows(self, tables: Sequence[sparse.EmbeddingHandle], ids: Sequence[np.ndarray],
+                  grads: Sequence[np.ndarray], clock: int | None = None) -> Future:
+        """Send row gradients (see :func:`hogshard.worker.sparse.push_rows`)."""
+        return sparse.push_rows(self, tables, ids, grads, clock)
 
     # ---- data plane -------------------------------------------------------------------------
 

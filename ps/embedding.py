@@ -1,0 +1,376 @@
+"""Embedding tables on a shard: sparse rows created on first touch, row-wise optimizer state.
+
+A table holds only the rows its shard owns (``shard_of(id) == this shard``) and, of those, only
+the rows some request has touched: memory grows with the rows touched, never with the declared
+``num_embeddings`` (which may be None, meaning ids anywhere in [0, 2^63)). A new row's values
+are a pure function of (seed, table name, id) (:func:`hogshard.proto.hashing.init_rows`), so a
+replayed or restarted shard creates the same rows.
+
+Rows live in one ``capacity x dim`` float32 block that doubles when full (amortised O(1) per
+new row, never a full copy per insert); the id -> slot map is a :class:`SlotIndex`. Every
+request is validated whole before anything changes. With ``max_rows`` set, least recently used
+rows are evicted (counted) when a request would exceed it.
+
+Example::
+
+    >>> import numpy as np
+    >>> store = EmbeddingStore()
+    >>> store.create(EmbeddingSpec("user", dim=4, num_embeddings=None,
+    ...                            rule={"rule": "sgd", "lr": 1.0}))
+    True
+    >>> ids = np.array([10**15, 7], dtype=np.int64)
+    >>> before = store.pull(["user"], [ids])[0]
+    >>> store.push(["user"], [ids], [np.ones((2, 4), np.float32)])
+    >>> after = store.pull(["user"], [ids])[0]
+    >>> np.allclose(after, before - 1), store.table("user").rows
+    (True, 2)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hogshard.proto.errors import (
+    ConflictError,
+    DtypeError,
+    HogshardError,
+    ProtocolError,
+    ShapeError,
+    TooLargeError,
+    UnknownTableError,
+)
+from hogshard.proto.hashing import MAX_ID, init_rows
+from hogshard.ps.row_rules import RowRule, make_row_rule
+from hogshard.ps.slot_index import SlotIndex
+
+INT64, FLOAT32 = np.dtype("<i8"), np.dtype("<f4")
+MAX_DIM = 1 << 16
+
+
+@dataclass(frozen=True)
+class EmbeddingSpec:
+    """What a worker declares. ``init_scale`` None means ``sqrt(1 / num_embeddings)`` (DLRM's
+    uniform init) for a bounded table and 0.01 for an unbounded one."""
+
+    name: str
+    dim: int
+    num_embeddings: int | None
+    rule: dict[str, Any]
+    seed: int = 0
+    init_scale: float | None = None
+    max_rows: int | None = None
+
+    def __post_init__(self) -> None:
+        def is_int(v: Any) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool)
+
+        if not isinstance(self.name, str) or not self.name:
+            raise ProtocolError("embedding table 'table' must be a non-empty string")
+        if not is_int(self.dim) or not 1 <= self.dim <= MAX_DIM:
+            raise ProtocolError(f"table {self.name!r}: 'dim' must be an int in [1, {MAX_DIM}]; "
+                                f"got {self.dim!r}")
+        n = self.num_embeddings
+        if n is not None and (not is_int(n) or not 1 <= n <= MAX_ID):
+            raise ProtocolError(f"table {self.name!r}: 'num_embeddings' must be nil or an int "
+                                f"in [1, 2^63]; got {n!r}")
+        if not is_int(self.seed) or not 0 <= self.seed < 1 << 63:
+            raise ProtocolError(f"table {self.name!r}: 'seed' must be an int in [0, 2^63)")
+        s = self.init_scale
+        if s is not None and (isinstance(s, bool) or not isinstance(s, (int, float))
+                              or not math.isfinite(s) or s < 0):
+            raise ProtocolError(f"table {self.name!r}: 'init_scale' must be nil or a finite "
+                                f"number >= 0; got {s!r}")
+        m = self.max_rows
+        if m is not None and (not is_int(m) or m < 1):
+            raise ProtocolError(f"table {self.name!r}: 'max_rows' must be nil or an int >= 1")
+
+    @property
+    def scale(self) -> float:
+        if self.init_scale is not None:
+            return float(self.init_scale)
+        return math.sqrt(1.0 / self.num_embeddings) if self.num_embeddings else 0.01
+
+    def to_wire(self) -> dict[str, Any]:
+        fields = asdict(self)
+        fields["table"] = fields.pop("name")
+        return fields
+
+    @classmethod
+    def from_wire(cls, fields: dict[str, Any]) -> EmbeddingSpec:
+        rule = fields.get("rule")
+        if not isinstance(rule, dict):
+            raise ProtocolError("field 'rule' must be a map {rule: NAME, ...params}")
+        return cls(name=fields.get("table"), dim=fields.get("dim"),
+                   num_embeddings=fields.get("num_embeddings"), rule=dict(rule),
+                   seed=fields.get("seed", 0), init_scale=fields.get("init_scale"),
+                   max_rows=fields.get("max_rows"))
+
+
+class EmbeddingTable:
+    """One table's rows on this shard."""
+
+    def __init__(self, spec: EmbeddingSpec, initial_capacity: int = 64) -> None:
+        self.spec = spec
+        self.rule: RowRule = make_row_rule(spec.rule)
+        self.index = SlotIndex()
+        self.layout = self.rule.state_layout(spec.dim)
+        self.weights = np.empty((0, spec.dim), FLOAT32)
+        self.state: dict[str, np.ndarray] = {}
+        self.slot_ids = np.empty(0, INT64)
+        self.last_used = np.empty(0, INT64)
+        self._resize(initial_capacity)
+        self.used = 0  # slots handed out (live rows + free slots)
+        self.free = np.empty(0, INT64)
+        self.tick = 0
+        self.counters = {"created": 0, "evicted": 0, "pulls": 0, "pushes": 0, "ids_pulled": 0,
+                         "ids_pushed": 0}
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def rows(self) -> int:
+        """Rows held (touched and not evicted)."""
+        return len(self.index)
+
+    @property
+    def capacity(self) -> int:
+        return int(self.weights.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.weights.nbytes + sum(a.nbytes for a in self.state.values())
+                   + self.slot_ids.nbytes + self.last_used.nbytes + self.index.nbytes)
+
+    def _resize(self, capacity: int) -> None:
+        def grown(old: np.ndarray, shape: tuple[int, ...], dtype: Any, fill: float) -> np.ndarray:
+            new = np.full((capacity, *shape), fill, dtype=dtype)
+            new[: old.shape[0]] = old
+            return new
+
+        self.weights = grown(self.weights, (self.spec.dim,), FLOAT32, 0.0)
+        for key, (shape, dtype) in self.layout.items():
+            old = self.state.get(key, np.empty((0, *shape), dtype))
+            self.state[key] = grown(old, shape, dtype, self.rule.state_fill(key))
+        self.slot_ids = grown(self.slot_ids, (), INT64, -1)
+        self.last_used = grown(self.last_used, (), INT64, 0)
+
+    # ---- validation -------------------------------------------------------------------------
+
+    def check_ids(self, ids: np.ndarray, what: str = "ids") -> None:
+        """Raise a typed error unless ``ids`` is a 1-D int64 array of valid ids."""
+        if ids.dtype != INT64:
+            raise DtypeError(f"table {self.name!r}: {what} have dtype {ids.dtype.str}; expected "
+                             "int64 ('<i8')")
+        if ids.ndim != 1:
+            raise ShapeError(f"table {self.name!r}: {what} have shape {list(ids.shape)}; "
+                             "expected [n]")
+        if ids.size and ids.min() < 0:
+            raise ProtocolError(f"table {self.name!r}: negative id {int(ids.min())}; expected "
+                                "ids >= 0")
+        n = self.spec.num_embeddings
+        if n is not None and ids.size and ids.max() >= n:
+            raise ProtocolError(f"table {self.name!r}: id {int(ids.max())} out of range; "
+                                f"expected ids in [0, {n})")
+        cap = self.spec.max_rows
+        if cap is not None and ids.size > cap and np.unique(ids).size > cap:
+            raise TooLargeError(f"table {self.name!r}: one request touches more than max_rows="
+                                f"{cap} rows")
+
+    def check_grads(self, ids: np.ndarray, grads: np.ndarray) -> None:
+        self.check_ids(ids)
+        if grads.dtype != FLOAT32:
+            raise DtypeError(f"table {self.name!r}: gradients have dtype {grads.dtype.str}; "
+                             "expected float32 ('<f4')")
+        if grads.shape != (ids.size, self.spec.dim):
+            raise ShapeError(f"table {self.name!r}: gradients have shape {list(grads.shape)}; "
+                             f"expected [{ids.size}, {self.spec.dim}] (one row per id, dim "
+                             f"{self.spec.dim})")
+        if not np.isfinite(grads).all():
+            raise ProtocolError(f"table {self.name!r}: gradients hold NaN or infinity")
+
+    # ---- rows -------------------------------------------------------------------------------
+
+    def _allocate(self, count: int) -> np.ndarray:
+        reuse = self.free[:count]
+        self.free = self.free[count:]
+        fresh = count - reuse.size
+        if self.used + fresh > self.capacity:
+            self._resize(max(2 * self.capacity, self.used + fresh))
+        slots = np.concatenate([reuse, np.arange(self.used, self.used + fresh, dtype=INT64)])
+        self.used += fresh
+        return slots
+
+    def _evict(self, keep: np.ndarray, incoming: int) -> None:
+        """Drop least recently used rows (never those in ``keep``) so that ``incoming`` new rows
+        fit under ``max_rows``; frees down to 90% of the cap at once to amortise the scan."""
+        cap = self.spec.max_rows
+        if cap is None or self.rows + incoming <= cap:
+            return
+        target = min(cap - incoming, cap - max(1, cap // 10))
+        excess = self.rows - max(0, target)
+        live = np.flatnonzero(self.slot_ids[: self.used] >= 0)
+        live = live[~np.isin(live, keep)]
+        excess = min(excess, live.size)
+        if excess <= 0:
+            return
+        victims = live[np.argpartition(self.last_used[live], excess - 1)[:excess]]
+        self.index.remove(self.slot_ids[victims])
+        self.slot_ids[victims] = -1
+        self.free = np.concatenate([self.free, victims])
+        self.counters["evicted"] += int(excess)
+
+    def slots_for(self, ids: np.ndarray) -> np.ndarray:
+        """The slot of each id (validated), creating missing rows with their initial values."""
+        slots = self.index.lookup(ids)
+        missing = slots < 0
+        if missing.any():
+            new_ids = np.unique(ids[missing])
+            self._evict(slots[~missing], new_ids.size)
+            new_slots = self._allocate(new_ids.size)
+            self.weights[new_slots] = init_rows(self.spec.seed, self.name, new_ids,
+                                                self.spec.dim, self.spec.scale)
+            for key, array in self.state.items():
+                array[new_slots] = self.rule.state_fill(key)
+            self.slot_ids[new_slots] = new_ids
+            self.index.insert(new_ids, new_slots)
+            self.counters["created"] += int(new_ids.size)
+            slots[missing] = new_slots[np.searchsorted(new_ids, ids[missing])]
+        self.tick += 1
+        self.last_used[slots] = self.tick
+        return slots
+
+    def read(self, ids: np.ndarray) -> np.ndarray:
+        """A copy of the rows of ``ids`` (validated first), shape ``(len(ids), dim)``."""
+        slots = self.slots_for(ids)  # may grow (replace) self.weights
+        rows = self.weights[slots]
+        self.counters["pulls"] += 1
+        self.counters["ids_pulled"] += int(ids.size)
+        return rows
+
+    def apply(self, ids: np.ndarray, grads: np.ndarray) -> None:
+        """Apply one gradient row per id (validated first; duplicate ids are summed)."""
+        uniq, inverse = np.unique(ids, return_inverse=True)
+        if uniq.size != ids.size:
+            summed = np.zeros((uniq.size, self.spec.dim), FLOAT32)
+            np.add.at(summed, inverse, grads)
+            ids, grads = uniq, summed
+        slots = self.slots_for(ids)
+        w = self.weights[slots]
+        state = {key: array[slots] for key, array in self.state.items()}
+        self.rule.apply(w, grads, state)
+        self.weights[slots] = w
+        for key, array in state.items():
+            self.state[key][slots] = array
+        self.counters["pushes"] += 1
+        self.counters["ids_pushed"] += int(ids.size)
+
+    def stats(self) -> dict[str, Any]:
+        return {"dim": self.spec.dim, "rows": self.rows, "capacity": self.capacity,
+                "bytes": self.nbytes, **self.counters}
+
+
+class EmbeddingStore:
+    """All embedding tables held by one server."""
+
+    def __init__(self) -> None:
+        self.tables: dict[str, EmbeddingTable] = {}
+
+    def create(self, spec: EmbeddingSpec) -> bool:
+        """Create a table; idempotent for an identical spec (returns False), CONFLICT else."""
+        existing = self.tables.get(spec.name)
+        if existing is not None:
+            if existing.spec != spec:
+                raise ConflictError(f"embedding table {spec.name!r} exists as "
+                                    f"{existing.spec.to_wire()}; got {spec.to_wire()}")
+            return False
+        table = EmbeddingTable(spec)  # builds the rule: a bad rule raises before insertion
+        self.tables[spec.name] = table
+        return True
+
+    def table(self, name: Any) -> EmbeddingTable:
+        table = self.tables.get(name) if isinstance(name, str) else None
+        if table is None:
+            raise UnknownTableError(f"no embedding table named {name!r} on this server; it "
+                                    f"holds {sorted(self.tables)}")
+        return table
+
+    def resolve(self, names: Any) -> list[EmbeddingTable]:
+        if not isinstance(names, list) or not names:
+            raise ProtocolError("field 'tables' must be a non-empty list of table names")
+        return [self.table(n) for n in names]
+
+    def pull(self, names: Any, ids: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Rows for one id array per table; every table and id array is checked first."""
+        tables = self.resolve(names)
+        if len(ids) != len(tables):
+            raise ProtocolError(f"{len(tables)} tables but {len(ids)} id arrays; expected one "
+                                "id array per table")
+        for table, table_ids in zip(tables, ids, strict=True):
+            table.check_ids(table_ids)
+        return [t.read(i) for t, i in zip(tables, ids, strict=True)]
+
+    def push(self, names: Any, ids: Sequence[np.ndarray], grads: Sequence[np.ndarray]) -> None:
+        """Apply row gradients, one (ids, grads) pair per table, all checked first."""
+        tables = self.resolve(names)
+        if len(ids) != len(tables) or len(grads) != len(tables):
+            raise ProtocolError(f"{len(tables)} tables but {len(ids)} id and {len(grads)} "
+                                "gradient arrays; expected one of each per table")
+        for table, table_ids, table_grads in zip(tables, ids, grads, strict=True):
+            table.check_grads(table_ids, table_grads)
+        for table, table_ids, table_grads in zip(tables, ids, grads, strict=True):
+            table.apply(table_ids, table_grads)
+
+    def stats(self) -> dict[str, dict[str, Any]]:
+        return {name: t.stats() for name, t in self.tables.items()}
+
+    # ---- checkpoint -------------------------------------------------------------------------
+
+    def save(self, path: str | Path) -> int:
+        """Write every table's touched rows and optimizer state to ``path`` (an ``.npz``,
+        written atomically); returns the rows written."""
+        arrays: dict[str, np.ndarray] = {}
+        specs, total = [], 0
+        for i, table in enumerate(self.tables.values()):
+            ids, slots = table.index.items()
+            specs.append(table.spec.to_wire())
+            arrays[f"{i}.ids"], arrays[f"{i}.weights"] = ids, table.weights[slots]
+            for key, array in table.state.items():
+                arrays[f"{i}.state.{key}"] = array[slots]
+            total += ids.size
+        arrays["specs"] = np.frombuffer(json.dumps(specs).encode(), dtype=np.uint8)
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+        os.replace(tmp, path)
+        return total
+
+    def load(self, path: str | Path) -> None:
+        """Replace every table with the contents of a checkpoint written by :meth:`save`."""
+        try:
+            with np.load(Path(path)) as data:
+                specs = json.loads(bytes(data["specs"]).decode())
+                tables = {}
+                for i, fields in enumerate(specs):
+                    table = EmbeddingTable(EmbeddingSpec.from_wire(fields))
+                    ids = data[f"{i}.ids"]
+                    slots = table._allocate(ids.size)
+                    table.weights[slots] = data[f"{i}.weights"]
+                    for key in table.state:
+                        table.state[key][slots] = data[f"{i}.state.{key}"]
+                    table.slot_ids[slots] = ids
+                    table.index.insert(ids, slots)
+                    tables[table.name] = table
+        except (OSError, KeyError, ValueError) as err:
+            raise HogshardError(f"cannot load embedding checkpoint {path}: {err}") from None
+        self.tables = tables

@@ -1,0 +1,86 @@
+"""The shard server's embedding ops (PROTOCOL.md section 13): create, pull, push, stats, save,
+load. Each handler takes ``(server, identity, message)`` and returns ``(fields, arrays)``.
+
+Embedding ops are never held back by the consistency policy: embedding rows are applied at once
+(``async``) whatever policy the dense tables run (hybrid consistency, as in Persia).
+
+Example (what ``ShardServer._HANDLERS`` does)::
+
+    fields, arrays = emb_pull(server, identity, message)
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from hogshard.proto.errors import ProtocolError
+from hogshard.proto.wire import Message
+from hogshard.ps.embedding import EmbeddingSpec
+
+if TYPE_CHECKING:
+    from hogshard.ps.server import ShardServer
+
+Reply = tuple[dict[str, Any], list[np.ndarray]]
+
+
+def emb_create(server: ShardServer, identity: bytes, msg: Message) -> Reply:
+    """Create an embedding table (idempotent for the same spec)."""
+    spec = EmbeddingSpec.from_wire(msg.header)
+    created = server.embeddings.create(spec)
+    return {"created": created, "spec": server.embeddings.table(spec.name).spec.to_wire()}, []
+
+
+def emb_pull(server: ShardServer, identity: bytes, msg: Message) -> Reply:
+    """Rows for one id array per listed table, created on first touch."""
+    rows = server.embeddings.pull(msg.get("tables"), msg.arrays)
+    server.stats.pulls += 1
+    server.stats.bytes_in += sum(a.nbytes for a in msg.arrays)
+    server.stats.bytes_out += sum(r.nbytes for r in rows)
+    return {}, rows
+
+
+def emb_push(server: ShardServer, identity: bytes, msg: Message) -> Reply:
+    """Apply row gradients: arrays are ``ids_1, grads_1, ids_2, grads_2, ...``."""
+    arrays = msg.arrays
+    if len(arrays) % 2:
+        raise ProtocolError(f"emb_push carries {len(arrays)} arrays; expected an (ids, grads) "
+                            "pair per table")
+    server.embeddings.push(msg.get("tables"), arrays[0::2], arrays[1::2])
+    server.stats.pushes += 1
+    server.stats.updates += len(arrays) // 2
+    server.stats.bytes_in += sum(a.nbytes for a in arrays)
+    return {"rows": [int(a.size) for a in arrays[0::2]]}, []
+
+
+def emb_stats(server: ShardServer, identity: bytes, msg: Message) -> Reply:
+    """Per table: dim, rows held, capacity, bytes, created, evicted, pulls, pushes, ids."""
+    return {"node_id": server.node_id, "tables": server.embeddings.stats()}, []
+
+
+def emb_save(server: ShardServer, identity: bytes, msg: Message) -> Reply:
+    """Checkpoint every embedding table (touched rows and their optimizer state)."""
+    path = msg.get("path")
+    if not isinstance(path, str) or not path:
+        raise ProtocolError("field 'path' must be a non-empty string")
+    return {"rows": server.embeddings.save(path)}, []
+
+
+def emb_load(server: ShardServer, identity: bytes, msg: Message) -> Reply:
+    """Replace the embedding tables with a checkpoint written by ``emb_save``."""
+    path = msg.get("path")
+    if not isinstance(path, str) or not path:
+        raise ProtocolError("field 'path' must be a non-empty string")
+    server.embeddings.load(path)
+    return {"tables": server.embeddings.stats()}, []
+
+
+HANDLERS = {
+    "emb_create": emb_create,
+    "emb_pull": emb_pull,
+    "emb_push": emb_push,
+    "emb_stats": emb_stats,
+    "emb_save": emb_save,
+    "emb_load": emb_load,
+}
