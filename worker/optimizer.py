@@ -18,7 +18,7 @@ Example::
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -28,6 +28,7 @@ from hogshard.proto.errors import ConfigError
 from hogshard.scheduler.placement import DEFAULT_CHUNK_ELEMS
 from hogshard.worker.client import DenseTable, PSClient
 from hogshard.worker.compression import CompressionPolicy, Compressor
+from hogshard.worker.embedding import RemoteEmbeddingBag, push_gradients
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,8 @@ class PSOptimizer:
     ``rule`` is the server-side update rule (``sgd``, ``momentum``, ``adagrad``, ``adam``) and
     ``**hyper`` its parameters (``lr``, ``momentum``, ``betas``, ``weight_decay``, ...). ``codec``
     compresses the pushed gradients (with error feedback), e.g. ``"topk:0.01"``; by default it
-    comes from ``HOGSHARD_CODEC``. The worker
+    comes from ``HOGSHARD_CODEC``. ``embeddings`` lists ``RemoteEmbeddingBag``s whose row
+    gradients are pushed with every step (their tables' own row rules apply them). The worker
     that the scheduler ranks 0 initialises the table with its model's weights; the others start
     from those weights.
     """
@@ -64,6 +66,7 @@ class PSOptimizer:
         table: str = "model",
         chunk_elems: int = DEFAULT_CHUNK_ELEMS,
         codec: str | None = None,
+        embeddings: Sequence[RemoteEmbeddingBag] = (),
         **hyper: Any,
     ) -> None:
         named = [(n, p) for n, p in named_parameters if p.requires_grad]
@@ -90,6 +93,7 @@ class PSOptimizer:
             client.settings.request_timeout
         )
         self.steps = 0
+        self.embeddings = list(embeddings)  # RemoteEmbeddingBags pushed with every step
 
     @property
     def clock(self) -> int:
@@ -120,11 +124,14 @@ class PSOptimizer:
         client, timeout = self.client, self.client.settings.request_timeout
         push = client.push(self.table, self._grads, clock=client.clock,
                            compressor=self.compressor)
+        rows = push_gradients(client, self.embeddings, clock=client.clock)
         client.clock += 1
         with torch.no_grad():
             pull = client.pull(self.table, self._weights, clock=client.clock)
             push.result(timeout)
             pull.result(timeout)
+            if rows is not None:
+                rows.result(timeout)
         self.steps += 1
         return loss
 

@@ -1,0 +1,259 @@
+"""Train DLRM (click prediction) as one worker of a hogshard job, embeddings on the servers.
+
+DLRM: a bottom MLP over the dense features, one embedding bag per categorical feature, the
+pairwise dot products of all those vectors, and a top MLP. The embedding tables live on the
+servers as hashed rows (``RemoteEmbeddingBag``, row-wise Adagrad); the MLPs are a dense table.
+
+    hogshard launch --servers 2 --workers 2 -- python examples/dlrm.py --data synthetic \\
+        --report r.json
+    python examples/dlrm.py --data ../shared/data/open-bandit-dataset --local   # baseline only
+
+Rank 0 evaluates AUC and log-loss on the held-out split and, with ``--report``, also trains the
+same model in one process with ``torch.nn.EmbeddingBag`` tables (same init, data, epochs and
+update rules) and writes both (``auc``, ``baseline_auc``, ...) to the JSON report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hogshard.proto.hashing import init_rows
+from hogshard.ps.embedding import EmbeddingSpec
+from hogshard.recsys_data import RecsysDataset, auc, load_open_bandit, logloss, synthetic_criteo
+
+log = logging.getLogger("dlrm")
+
+
+def mlp(sizes: list[int], last_relu: bool) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for i in range(len(sizes) - 1):
+        layers.append(nn.Linear(sizes[i], sizes[i + 1]))
+        if i < len(sizes) - 2 or last_relu:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+class DLRM(nn.Module):
+    """Bottom MLP, embedding bags (given), pairwise dot interaction, top MLP -> one logit."""
+
+    def __init__(self, num_dense: int, bags: list[nn.Module], dim: int, hidden: int = 64) -> None:
+        super().__init__()
+        self.bottom = mlp([num_dense, hidden, dim], last_relu=True)
+        self.bags = nn.ModuleList(bags)
+        pairs = (len(bags) + 1) * len(bags) // 2
+        self.top = mlp([dim + pairs, hidden, 1], last_relu=False)
+        rows, cols = torch.triu_indices(len(bags) + 1, len(bags) + 1, offset=1)
+        self.register_buffer("rows", rows, persistent=False)
+        self.register_buffer("cols", cols, persistent=False)
+
+    def forward(self, dense: torch.Tensor, sparse: list[torch.Tensor]) -> torch.Tensor:
+        x = self.bottom(dense)
+        vectors = torch.stack([x] + [bag(idx) for bag, idx in zip(self.bags, sparse,
+                                                                  strict=True)], dim=1)
+        dots = torch.bmm(vectors, vectors.transpose(1, 2))[:, self.rows, self.cols]
+        return self.top(torch.cat([x, dots], dim=1)).squeeze(1)
+
+
+def table_spec(args: argparse.Namespace, data: RecsysDataset, f: int) -> EmbeddingSpec:
+    return EmbeddingSpec(f"cat{f}", args.dim, data.vocab[f],
+                         {"rule": "rowwise_adagrad", "lr": args.emb_lr}, seed=args.seed)
+
+
+def local_bags(args: argparse.Namespace, data: RecsysDataset) -> tuple[list[nn.Module], np.ndarray]:
+    """``nn.EmbeddingBag`` tables over the ids the data uses, initialised exactly as the
+    servers would create those rows; returns the bags and the data's compact ids."""
+    bags, compact = [], np.empty_like(data.sparse)
+    for f in range(data.num_sparse):
+        spec = table_spec(args, data, f)
+        uniq, compact[:, f] = np.unique(data.sparse[:, f], return_inverse=True)
+        bag = nn.EmbeddingBag(uniq.size, args.dim, mode="sum", sparse=True)
+        with torch.no_grad():
+            bag.weight.copy_(torch.from_numpy(init_rows(spec.seed, spec.name, uniq, spec.dim,
+                                                        spec.scale)))
+        bags.append(bag)
+    return bags, compact
+
+
+class LocalRowWiseAdagrad:
+    """The servers' ``rowwise_adagrad`` on local sparse gradients: G += mean(g^2);
+    w -= lr * g / (sqrt(G) + eps)."""
+
+    def __init__(self, bags: list[nn.Module], lr: float, eps: float = 1e-8) -> None:
+        self.bags, self.lr, self.eps = bags, lr, eps
+        self.sums = [torch.zeros(b.weight.shape[0]) for b in bags]
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for bag, total in zip(self.bags, self.sums, strict=True):
+            if bag.weight.grad is None:
+                continue
+            grad = bag.weight.grad.coalesce()
+            idx, g = grad.indices()[0], grad.values()
+            total[idx] += g.pow(2).mean(1)
+            bag.weight[idx] -= g * (self.lr / (total[idx].sqrt() + self.eps))[:, None]
+            bag.weight.grad = None
+
+
+def batches(data: RecsysDataset, sparse: np.ndarray, epoch: int, args: argparse.Namespace,
+            rank: int, workers: int):
+    order = np.random.default_rng([args.seed, epoch]).permutation(data.train)[rank::workers]
+    for start in range(0, order.size, args.batch):
+        index = order[start:start + args.batch]
+        yield (torch.from_numpy(data.dense[index]),
+               [torch.from_numpy(sparse[index, f:f + 1]) for f in range(sparse.shape[1])],
+               torch.from_numpy(data.labels[index]))
+
+
+@torch.no_grad()
+def evaluate(model: DLRM, data: RecsysDataset, sparse: np.ndarray) -> tuple[float, float]:
+    probs = []
+    for start in range(0, data.test.size, 4096):
+        index = data.test[start:start + 4096]
+        feats = [torch.from_numpy(sparse[index, f:f + 1]) for f in range(sparse.shape[1])]
+        probs.append(torch.sigmoid(model(torch.from_numpy(data.dense[index]), feats)).numpy())
+    p, y = np.concatenate(probs), data.labels[data.test]
+    return auc(p, y), logloss(p, y)
+
+
+def train_local(args: argparse.Namespace, data: RecsysDataset) -> dict[str, float]:
+    """The baseline: the same model in one process with torch.nn.EmbeddingBag tables."""
+    torch.manual_seed(args.seed)
+    bags, compact = local_bags(args, data)
+    model = DLRM(data.dense.shape[1], bags, args.dim)
+    dense_params = [p for n, p in model.named_parameters() if not n.startswith("bags.")]
+    dense_opt = torch.optim.Adam(dense_params, lr=args.lr, foreach=False)
+    sparse_opt = LocalRowWiseAdagrad(bags, args.emb_lr)
+    started, seen = time.monotonic(), 0
+    for epoch in range(args.epochs):
+        for dense, feats, y in batches(data, compact, epoch, args, 0, 1):
+            dense_opt.zero_grad()
+            F.binary_cross_entropy_with_logits(model(dense, feats), y).backward()
+            dense_opt.step()
+            sparse_opt.step()
+            seen += len(y)
+    wall = time.monotonic() - started
+    model.eval()
+    result_auc, result_logloss = evaluate(model, data, compact)
+    return {"auc": result_auc, "logloss": result_logloss, "samples_per_second": seen / wall,
+            "wall_seconds": wall}
+
+
+def train_remote(args: argparse.Namespace, data: RecsysDataset) -> dict[str, Any] | None:
+    from hogshard import PSClient, PSOptimizer
+    from hogshard.worker.embedding import RemoteEmbeddingBag, prefetch
+    from hogshard.worker.sparse import embedding_stats
+
+    client = PSClient.from_env()
+    rank, workers = client.rank, client.settings.num_workers
+    torch.manual_seed(args.seed)
+    bags = [RemoteEmbeddingBag(client, s.name, s.num_embeddings, s.dim, mode="sum",
+                               rule=s.rule, seed=s.seed)
+            for s in (table_spec(args, data, f) for f in range(data.num_sparse))]
+    model = DLRM(data.dense.shape[1], bags, args.dim)
+    opt = PSOptimizer(client, model.named_parameters(), rule="adam", lr=args.lr,
+                      table="dlrm-dense", embeddings=bags)
+    steps = args.epochs * -(-len(range(rank, data.train.size, workers)) // args.batch)
+    started, seen, step, ema = time.monotonic(), 0, 0, None
+    for epoch in range(args.epochs):
+        for dense, feats, y in batches(data, data.sparse, epoch, args, rank, workers):
+            prefetch(list(zip(bags, feats, strict=True)))
+            opt.zero_grad()
+            loss = F.binary_cross_entropy_with_logits(model(dense, feats), y)
+            loss.backward()
+            opt.step()
+            seen, step = seen + len(y), step + 1
+            ema = loss.item() if ema is None else 0.95 * ema + 0.05 * loss.item()
+            client.set_progress(done=step, total=steps, loss=ema)
+    wall = time.monotonic() - started
+    log.info("rank %d: %d samples in %.1f s (%.0f/s), loss %.4f", rank, seen, wall, seen / wall,
+             ema or 0.0)
+    client.barrier("dlrm-trained")
+    total_wall = time.monotonic() - started
+    report = None
+    if rank == 0:
+        opt.pull()
+        model.eval()
+        result_auc, result_logloss = evaluate(model, data, data.sparse)
+        stats = embedding_stats(client)
+        report = {"auc": result_auc, "logloss": result_logloss,
+                  "samples_per_second": data.train.size * args.epochs / total_wall,
+                  "wall_seconds": total_wall, "workers": workers, "servers": client.num_servers,
+                  "policy": client.policy,
+                  "server_rows": sum(t["rows"] for s in stats.values()
+                                     for t in s["tables"].values()),
+                  "server_embedding_bytes": sum(t["bytes"] for s in stats.values()
+                                                for t in s["tables"].values()),
+                  "distinct_ids": int(sum(np.unique(data.sparse[:, f]).size
+                                          for f in range(data.num_sparse)))}
+    client.close()
+    return report
+
+
+def load(args: argparse.Namespace) -> RecsysDataset:
+    if args.data == "synthetic":
+        vocab = args.vocab if args.vocab_per_feature is None else args.vocab_per_feature
+        return synthetic_criteo(args.samples, seed=args.seed, vocab=vocab)
+    return load_open_bandit(Path(args.data), seed=args.seed)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data", default="synthetic",
+                   help="'synthetic' or the open-bandit-dataset folder")
+    p.add_argument("--samples", type=int, default=100_000, help="synthetic: rows to generate")
+    p.add_argument("--vocab", type=int, default=1_000_000, help="synthetic: ids per feature")
+    p.add_argument("--vocab-per-feature", type=int, nargs=26, default=None)
+    p.add_argument("--dim", type=int, default=16)
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--lr", type=float, default=1e-3, help="dense (MLP) Adam learning rate")
+    p.add_argument("--emb-lr", type=float, default=0.05, help="row-wise Adagrad learning rate")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--report", type=Path, default=None, help="write a JSON report (rank 0)")
+    p.add_argument("--no-baseline", action="store_true",
+                   help="skip the single-process baseline in the report")
+    p.add_argument("--local", action="store_true", help="only the single-process baseline")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+    args = parse_args(argv)
+    torch.set_num_threads(int(os.environ.get("HOGSHARD_TORCH_THREADS", "1")))
+    data = load(args)
+    log.info("%s: %d train, %d test, %d categorical features, oracle auc %s", data.name,
+             data.train.size, data.test.size, data.num_sparse, data.oracle_auc)
+    if args.local:
+        base = train_local(args, data)
+        report: dict[str, Any] | None = {**base, "workers": 1, "servers": 0, "policy": "local"}
+        base_fields = {f"baseline_{k}": v for k, v in base.items()}
+        report.update(base_fields)
+    else:
+        report = train_remote(args, data)
+        if report is not None and not args.no_baseline:
+            base = train_local(args, data)
+            report.update({f"baseline_{k}": v for k, v in base.items()})
+    if report is not None:
+        report.update({"data": data.name, "oracle_auc": data.oracle_auc, "epochs": args.epochs,
+                       "batch": args.batch, "dim": args.dim, "train": int(data.train.size),
+                       "test": int(data.test.size)})
+        log.info("report: %s", json.dumps(report))
+        if args.report:
+            args.report.write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

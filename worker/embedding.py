@@ -1,0 +1,150 @@
+"""``RemoteEmbeddingBag``: a torch embedding bag whose table lives on the parameter servers.
+
+Each forward pulls the *unique* ids of its batch once (or uses rows already fetched by
+:func:`prefetch`, which pulls every table of a step in one request per server), builds a small
+local leaf tensor of those rows, and pools it with ``F.embedding_bag``; autograd sums the
+gradients of duplicate ids into that leaf. At the optimizer step :func:`push_gradients` sends
+the row gradients of every bag in one request per server (``PSOptimizer(embeddings=[...])``
+does it with the dense push).
+
+Example::
+
+    bag = RemoteEmbeddingBag(client, "user", num_embeddings=None, embedding_dim=16, mode="sum",
+                             rule={"rule": "rowwise_adagrad", "lr": 0.05})
+    opt = PSOptimizer(client, model.named_parameters(), embeddings=[bag], rule="adam")
+    prefetch([(bag, indices)])                   # optional: one pull for all bags
+    pooled = bag(indices, offsets)               # (batch, 16)
+    loss.backward(); opt.step()                  # pushes dense and row gradients together
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hogshard.proto.errors import ConfigError
+from hogshard.worker.client import PSClient
+from hogshard.worker.futures import Future
+from hogshard.worker.sparse import EmbeddingHandle
+
+
+class _Fetched:
+    """Rows pulled for one batch of indices: the unique ids, the inverse map, the rows."""
+
+    def __init__(self, indices: torch.Tensor, dim: int) -> None:
+        flat = indices.reshape(-1).to(torch.int64).numpy()
+        self.key = indices
+        self.ids, inverse = np.unique(flat, return_inverse=True)
+        self.inverse = torch.from_numpy(inverse.reshape(indices.shape).astype(np.int64))
+        self.rows = np.empty((self.ids.size, dim), np.float32)
+        self.future: Future | None = None
+
+
+class RemoteEmbeddingBag(nn.Module):
+    """``nn.EmbeddingBag`` over (indices, offsets[, per_sample_weights]) with ``sum`` or
+    ``mean`` pooling, backed by a sharded embedding table. It holds no ``nn.Parameter``: its
+    rows are updated by the servers' row-wise rule."""
+
+    def __init__(
+        self,
+        client: PSClient,
+        name: str,
+        num_embeddings: int | None,
+        embedding_dim: int,
+        mode: str = "sum",
+        rule: dict[str, Any] | None = None,
+        seed: int = 0,
+        init_scale: float | None = None,
+        max_rows: int | None = None,
+    ) -> None:
+        super().__init__()
+        if mode not in ("sum", "mean"):
+            raise ConfigError(f"mode must be 'sum' or 'mean'; got {mode!r}")
+        self.client = client
+        self.mode = mode
+        self.embedding_dim = embedding_dim
+        self.num_embeddings = num_embeddings
+        self.handle: EmbeddingHandle = client.embedding_table(
+            name, embedding_dim, num_embeddings, rule, seed, init_scale, max_rows)
+        self._prefetched: _Fetched | None = None
+        self._touched: list[tuple[np.ndarray, torch.Tensor]] = []
+
+    def extra_repr(self) -> str:
+        return (f"{self.handle.name!r}, {self.num_embeddings}, {self.embedding_dim}, "
+                f"mode={self.mode!r}")
+
+    def fetch(self, indices: torch.Tensor) -> _Fetched:
+        """Start pulling the rows of ``indices`` (used by :func:`prefetch`)."""
+        fetched = _Fetched(indices, self.embedding_dim)
+        fetched.future = self.client.pull_rows([self.handle], [fetched.ids], [fetched.rows])
+        return fetched
+
+    def forward(
+        self,
+        indices: torch.Tensor,
+        offsets: torch.Tensor | None = None,
+        per_sample_weights: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        fetched = self._prefetched
+        self._prefetched = None
+        if fetched is None or fetched.key is not indices:
+            fetched = self.fetch(indices)
+        if fetched.future is not None:
+            fetched.future.result(self.client.settings.request_timeout)
+        weight = torch.from_numpy(fetched.rows)
+        if torch.is_grad_enabled():
+            weight.requires_grad_(True)
+            self._touched.append((fetched.ids, weight))
+        return F.embedding_bag(fetched.inverse, weight, offsets, mode=self.mode,
+                               per_sample_weights=per_sample_weights)
+
+    def row_gradients(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The (ids, summed row gradients) of every forward since the last call, or None."""
+        touched, self._touched = self._touched, []
+        pieces = [(ids, w.grad.numpy()) for ids, w in touched if w.grad is not None]
+        if not pieces:
+            return None
+        if len(pieces) == 1:
+            return pieces[0]
+        ids = np.concatenate([p[0] for p in pieces])
+        grads = np.concatenate([p[1] for p in pieces])
+        uniq, inverse = np.unique(ids, return_inverse=True)
+        summed = np.zeros((uniq.size, grads.shape[1]), np.float32)
+        np.add.at(summed, inverse, grads)
+        return uniq, summed
+
+
+def prefetch(pairs: Sequence[tuple[RemoteEmbeddingBag, torch.Tensor]]) -> Future | None:
+    """Pull the rows of every (bag, indices) pair in one request per server; each bag's next
+    forward on that same ``indices`` tensor uses them."""
+    if not pairs:
+        return None
+    client = pairs[0][0].client
+    fetched = [_Fetched(indices, bag.embedding_dim) for bag, indices in pairs]
+    future = client.pull_rows([bag.handle for bag, _ in pairs], [f.ids for f in fetched],
+                              [f.rows for f in fetched])
+    for (bag, _), f in zip(pairs, fetched, strict=True):
+        f.future = future
+        bag._prefetched = f
+    return future
+
+
+def push_gradients(
+    client: PSClient, bags: Sequence[RemoteEmbeddingBag], clock: int | None = None
+) -> Future | None:
+    """Send the row gradients of every bag in one request per server (None if none)."""
+    tables, ids, grads = [], [], []
+    for bag in bags:
+        found = bag.row_gradients()
+        if found is not None:
+            tables.append(bag.handle)
+            ids.append(found[0])
+            grads.append(np.ascontiguousarray(found[1]))
+    if not tables:
+        return None
+    return client.push_rows(tables, ids, grads, clock)
