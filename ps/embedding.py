@@ -196,7 +196,7 @@ class EmbeddingTable:
                              f"expected [{ids.size}, {self.spec.dim}] (one row per id, dim "
                              f"{self.spec.dim})")
         if not np.isfinite(grads).all():
-            raise ProtocolError(f"table {self.name!r}: gradients hold NaN or infinity")
+            raise ProtocolError(f"table {self.name!r}: gradients hold NaN or infinity; expected finite values")
 
     # ---- rows -------------------------------------------------------------------------------
 
