@@ -219,7 +219,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--lr", type=float, default=1e-3, help="dense (MLP) Adam learning rate")
-    p.add_argument("--emb-lr", type=float, default=0.05, help="row-wise Adagrad learning rate")
+    p.add_argument("--emb-lr", type=float, default=0.03, help="row-wise Adagrad learning rate")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--report", type=Path, default=None, help="write a JSON report (rank 0)")
     p.add_argument("--no-baseline", action="store_true",
