@@ -1,0 +1,179 @@
+"""Sparse embedding throughput through ONE shard server, beside a local nn.EmbeddingBag, and
+DLRM training samples/s through a 2-server, 2-worker cluster against the single-process model.
+
+Sparse part: a scheduler and one shard server, each in its own subprocess; this process is the
+worker. A batch is 4,096 samples x 26 categorical features of Criteo-shaped synthetic data
+(Zipf-like ids over 10^6 per feature); each step pulls the unique ids of all 26 tables in one
+request (``pull_rows``) and pushes one gradient row per unique id (``push_rows``). Tables are
+warmed first (rows exist), so the numbers are steady-state lookups. ids/s counts unique ids;
+MB/s counts the row bytes (pull: out, push: in; 1 MB = 10^6 bytes). The local column is
+``nn.EmbeddingBag(sparse=True)`` forward + backward on the same batches (ids/s = 4,096 x 26 per
+batch time), over tables holding just the ids the batches use.
+
+DLRM part: ``hogshard launch --servers 2 --workers 2 -- python examples/dlrm.py`` on synthetic
+data; its report has the cluster's samples/s and the single-process baseline's.
+
+Usage::
+
+    .venv/bin/python benchmarks/embeddings.py --quick
+    .venv/bin/python benchmarks/embeddings.py --json /tmp/embeddings.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+BATCH, FEATURES = 4096, 26
+
+
+def _wait_file(path: Path, proc: subprocess.Popen, timeout: float = 60.0) -> str:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"{proc.args} did not start")
+        time.sleep(0.05)
+    return path.read_text().strip()
+
+
+def start_cluster(workdir: Path, children: list[subprocess.Popen]) -> str:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+    hog = [sys.executable, "-m", "hogshard", "--log-level", "WARNING"]
+    address_file = workdir / "scheduler.address"
+    children.append(subprocess.Popen(
+        [*hog, "scheduler", "--bind", "tcp://127.0.0.1:0", "--address-file", str(address_file),
+         "--servers", "1"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    address = _wait_file(address_file, children[-1])
+    children.append(subprocess.Popen([*hog, "server", "--scheduler", address], env=env,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    return address
+
+
+def sparse_bench(address: str, dim: int, batches: list[np.ndarray], repeats: int) -> dict:
+    from hogshard.proto.config import ClientSettings
+    from hogshard.worker.client import PSClient
+
+    client = PSClient(ClientSettings(scheduler=address, request_timeout=60.0))
+    try:
+        tables = [client.embedding_table(f"b{dim}-{f}", dim, 10**6) for f in range(FEATURES)]
+        uniq = [[np.unique(b[:, f]) for f in range(FEATURES)] for b in batches]
+        outs = [[np.empty((u.size, dim), np.float32) for u in us] for us in uniq]
+        grads = [[np.full((u.size, dim), 1e-3, np.float32) for u in us] for us in uniq]
+        for us, os_ in zip(uniq, outs, strict=True):  # warm: create every row once
+            client.pull_rows(tables, us, os_).result()
+        pull_t, push_t, ids = [], [], sum(u.size for us in uniq for u in us)
+        for _ in range(repeats):
+            t = time.perf_counter()
+            for us, os_ in zip(uniq, outs, strict=True):
+                client.pull_rows(tables, us, os_).result()
+            pull_t.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            for us, gs in zip(uniq, grads, strict=True):
+                client.push_rows(tables, us, gs).result()
+            push_t.append(time.perf_counter() - t)
+    finally:
+        client.close()
+    pull_s, push_s = float(np.median(pull_t)), float(np.median(push_t))
+    nbytes = ids * dim * 4
+    return {"dim": dim, "unique_ids_per_batch": ids / len(batches),
+            "pull_ids_per_s": ids / pull_s, "pull_MB_per_s": nbytes / pull_s / 1e6,
+            "push_ids_per_s": ids / push_s, "push_MB_per_s": (nbytes + ids * 8) / push_s / 1e6,
+            "pull_ms_per_batch": 1e3 * pull_s / len(batches),
+            "push_ms_per_batch": 1e3 * push_s / len(batches)}
+
+
+def local_bench(dim: int, batches: list[np.ndarray], repeats: int) -> dict:
+    import torch
+    from torch import nn
+
+    torch.set_num_threads(1)
+    compact = []
+    bags = []
+    for f in range(FEATURES):
+        allids = np.concatenate([b[:, f] for b in batches])
+        uniq, inverse = np.unique(allids, return_inverse=True)
+        bags.append(nn.EmbeddingBag(uniq.size, dim, mode="sum", sparse=True))
+        compact.append(np.split(inverse, len(batches)))
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        for i in range(len(batches)):
+            out = [bags[f](torch.from_numpy(compact[f][i].reshape(-1, 1))) for f in
+                   range(FEATURES)]
+            torch.stack(out).sum().backward()
+            for bag in bags:
+                bag.weight.grad = None
+        times.append(time.perf_counter() - t)
+    s = float(np.median(times))
+    return {"local_ids_per_s": BATCH * FEATURES * len(batches) / s,
+            "local_ms_per_batch": 1e3 * s / len(batches)}
+
+
+def dlrm_bench(samples: int, workdir: Path) -> dict:
+    report = workdir / "dlrm.json"
+    argv = [sys.executable, "-m", "hogshard", "launch", "--servers", "2", "--workers", "2",
+            "--no-progress", "--", sys.executable, str(REPO / "examples" / "dlrm.py"),
+            "--samples", str(samples), "--vocab", "1000000", "--batch", "256",
+            "--report", str(report)]
+    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                   timeout=600)
+    r = json.loads(report.read_text())
+    keys = ("samples_per_second", "baseline_samples_per_second", "auc", "baseline_auc",
+            "logloss", "baseline_logloss")
+    out = {k: r[k] for k in keys}
+    out["ratio"] = r["samples_per_second"] / r["baseline_samples_per_second"]
+    out["samples"] = samples
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer batches (< 1 minute)")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    sys.path.insert(0, str(REPO))
+    from hogshard.recsys_data import synthetic_criteo
+
+    n_batches, repeats = (2, 3) if args.quick else (8, 5)
+    data = synthetic_criteo(BATCH * n_batches, seed=1, vocab=10**6)
+    batches = np.split(data.sparse, n_batches)
+    children: list[subprocess.Popen] = []
+    results: dict = {"sparse": [], "dlrm": None}
+    try:
+        with tempfile.TemporaryDirectory(prefix="hogshard-emb-") as tmp:
+            address = start_cluster(Path(tmp), children)
+            for dim in (16, 64):
+                row = {**sparse_bench(address, dim, batches, repeats),
+                       **local_bench(dim, batches, repeats)}
+                results["sparse"].append(row)
+                print(f"dim {dim:3d}: pull {row['pull_ids_per_s'] / 1e6:.2f} M ids/s "
+                      f"({row['pull_MB_per_s']:.0f} MB/s), push {row['push_ids_per_s'] / 1e6:.2f}"
+                      f" M ids/s ({row['push_MB_per_s']:.0f} MB/s), local EmbeddingBag fwd+bwd "
+                      f"{row['local_ids_per_s'] / 1e6:.2f} M ids/s", flush=True)
+            for child in children:
+                child.terminate()
+            results["dlrm"] = dlrm_bench(20_000 if args.quick else 100_000, Path(tmp))
+            d = results["dlrm"]
+            print(f"DLRM 2 servers x 2 workers: {d['samples_per_second']:.0f} samples/s vs "
+                  f"single process {d['baseline_samples_per_second']:.0f} (ratio "
+                  f"{d['ratio']:.2f}); auc {d['auc']:.4f} vs {d['baseline_auc']:.4f}")
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
