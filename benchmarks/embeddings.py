@@ -118,11 +118,11 @@ def local_bench(dim: int, batches: list[np.ndarray], repeats: int) -> dict:
             "local_ms_per_batch": 1e3 * s / len(batches)}
 
 
-def dlrm_bench(samples: int, workdir: Path) -> dict:
+def dlrm_bench(samples: int, workdir: Path, batch: int) -> dict:
     report = workdir / "dlrm.json"
     argv = [sys.executable, "-m", "hogshard", "launch", "--servers", "2", "--workers", "2",
             "--no-progress", "--", sys.executable, str(REPO / "examples" / "dlrm.py"),
-            "--samples", str(samples), "--vocab", "1000000", "--batch", "256",
+            "--samples", str(samples), "--vocab", "1000000", "--batch", str(batch),
             "--report", str(report)]
     subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                    timeout=600)
@@ -131,7 +131,7 @@ def dlrm_bench(samples: int, workdir: Path) -> dict:
             "logloss", "baseline_logloss")
     out = {k: r[k] for k in keys}
     out["ratio"] = r["samples_per_second"] / r["baseline_samples_per_second"]
-    out["samples"] = samples
+    out["samples"], out["batch"] = samples, batch
     return out
 
 
@@ -139,6 +139,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer batches (< 1 minute)")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--dlrm-batch", type=int, default=256, help="DLRM batch per worker")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
     from hogshard.recsys_data import synthetic_criteo
@@ -161,7 +162,8 @@ def main() -> int:
                       f"{row['local_ids_per_s'] / 1e6:.2f} M ids/s", flush=True)
             for child in children:
                 child.terminate()
-            results["dlrm"] = dlrm_bench(20_000 if args.quick else 100_000, Path(tmp))
+            results["dlrm"] = dlrm_bench(20_000 if args.quick else 100_000, Path(tmp),
+                                         args.dlrm_batch)
             d = results["dlrm"]
             print(f"DLRM 2 servers x 2 workers: {d['samples_per_second']:.0f} samples/s vs "
                   f"single process {d['baseline_samples_per_second']:.0f} (ratio "
