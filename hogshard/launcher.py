@@ -143,7 +143,10 @@ class LocalCluster:
         return address_file.read_text().strip()
 
     def run(self) -> int:
-        """Run the job to the end; the exit code is non-zero if any worker failed."""
+        """Run the job to the end; the exit code is non-zero if any worker failed.
+        SIGTERM and Ctrl-C stop every process of the job."""
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, _interrupt)
         try:
             with tempfile.TemporaryDirectory(prefix="hogshard-") as workdir:
                 scheduler = self._start_scheduler(Path(workdir))
@@ -248,6 +251,10 @@ class LocalCluster:
         for child in self._children:
             if child.reader is not None:
                 child.reader.join(timeout=2.0)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 def _signal_group(process: subprocess.Popen, sig: int) -> None:

@@ -54,6 +54,19 @@ def _check(weights: np.ndarray, grad: np.ndarray) -> None:
         raise ShapeError(f"expected 1-D weights and grad of equal length, got {weights.shape} and {grad.shape}")
 
 
+def _descend(weights: np.ndarray, direction: np.ndarray, lr: float, tmp: np.ndarray) -> None:
+    """weights -= lr * direction, fused in one rounding (BLAS saxpy) like torch's
+    ``add_(d, alpha=-lr)``; two numpy passes where saxpy is unavailable."""
+    if weights.size == 0:
+        return
+    if _SAXPY is not None and weights.flags.c_contiguous and direction.flags.c_contiguous:
+        z = _SAXPY(direction, weights, a=-lr)
+        if not np.shares_memory(z, weights):
+            weights[...] = z
+        return
+    weights -= np.multiply(direction, lr, out=tmp)
+
+
 def _with_decay(weights: np.ndarray, grad: np.ndarray, wd: float, tmp: np.ndarray) -> np.ndarray:
     """``grad + wd * weights`` (into ``tmp``), or ``grad`` itself when ``wd`` is 0."""
     if wd == 0:
@@ -135,13 +148,8 @@ class SGD(UpdateRule):
         n, lr = weights.size, self.lr * lr_scale
         if n == 0:
             return
-        if self.weight_decay == 0 and _SAXPY is not None and weights.flags.c_contiguous:
-            z = _SAXPY(grad, weights, a=-lr)
-            if not np.shares_memory(z, weights):
-                weights[...] = z
-            return
         (tmp,) = _scratch(n)
-        weights -= np.multiply(_with_decay(weights, grad, self.weight_decay, tmp), lr, out=tmp)
+        _descend(weights, _with_decay(weights, grad, self.weight_decay, tmp), lr, tmp)
 
 
 class Momentum(UpdateRule):
@@ -178,7 +186,7 @@ class Momentum(UpdateRule):
             else:
                 d = buf
         state["step"] += 1
-        weights -= np.multiply(d, lr, out=tmp)
+        _descend(weights, d, lr, tmp2 if d is tmp else tmp)
 
 
 class Adagrad(UpdateRule):

@@ -44,6 +44,8 @@ log = logging.getLogger(__name__)
 
 #: The largest dense table the scheduler will plan (2^40 float32 = 4 TiB).
 MAX_TABLE_ELEMS = 1 << 40
+#: The most chunks one dense table may be cut into.
+MAX_CHUNKS = 1 << 20
 
 
 def _positive_int(value: Any, name: str, maximum: int) -> int:
@@ -238,6 +240,11 @@ class Scheduler:
             requested, "chunk_elems", MAX_TABLE_ELEMS)
         # Small tables are still spread over every server.
         chunk_elems = min(requested, -(-size // max(1, len(servers))))
+        if -(-size // chunk_elems) > MAX_CHUNKS:
+            raise ProtocolError(
+                f"table of {size} elements in chunks of {chunk_elems} would have "
+                f"{-(-size // chunk_elems)} chunks; expected at most {MAX_CHUNKS} (raise chunk_elems)"
+            )
         spec = DenseTableSpec(name=str(msg.get("table")), size=size, chunk_elems=chunk_elems,
                               rule=dict(msg.get("rule")))
         if not isinstance(msg.get("table"), str) or not msg.get("table"):
