@@ -160,7 +160,16 @@ class DenseStore:
     ) -> tuple[DenseTable, list[DenseChunk]]:
         """Check a whole push (table, chunks, arrays, versions) before anything changes."""
         table, chunks = self.resolve(name, chunk_ids)
+        if len(set(chunk_ids)) != len(chunk_ids):
+            raise ProtocolError(f"push to {table.name!r} lists a chunk twice: {chunk_ids}")
         check_arrays(table.name, chunks, grads)
+        for chunk, grad in zip(chunks, grads, strict=True):
+            # one BLAS pass: NaN or Inf anywhere makes the sum of squares non-finite
+            if grad.size and not np.isfinite(np.dot(grad, grad)):
+                raise ProtocolError(
+                    f"table {table.name!r} chunk {chunk.chunk_id}: the gradient holds NaN or "
+                    "Inf (or overflows); expected finite values"
+                )
         if not isinstance(pulled_versions, list) or len(pulled_versions) != len(chunks) or not all(
             isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in pulled_versions
         ):

@@ -320,6 +320,8 @@ class Scheduler:
 
     def _leave(self, msg: Message) -> dict[str, Any]:
         member = self.members.leave(msg.get("from", ""))
+        if isinstance(msg.get("clock"), int):
+            member.clock = max(member.clock, msg.get("clock"))
         log.info("%s left (clock %d)", member.node_id, member.clock)
         return {}
 

@@ -346,7 +346,7 @@ class PSClient:
         self._heartbeat.join(timeout=10.0)  # no heartbeat may arrive after the leave
         if leave:
             try:
-                self._control.call("leave", timeout=5.0)
+                self._control.call("leave", {"clock": self.clock}, timeout=5.0)
             except HogshardError as err:
                 log.warning("leave failed: %s", err.message)
         for sock in self._servers.values():

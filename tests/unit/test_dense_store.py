@@ -277,11 +277,21 @@ def test_staleness_of_a_future_version_is_zero(store: DenseStore) -> None:
     assert store.push("model", [0], [f32(0, 0, 0)], [10]) == [0]
 
 
-def test_same_chunk_twice_in_one_push(store: DenseStore) -> None:
-    """Listed twice, a chunk takes both gradients in order; the second sees the first."""
-    assert store.push("model", [2, 2], [f32(1), f32(1)], [0, 0]) == [0, 1]
+def test_same_chunk_twice_in_one_push_is_refused(store: DenseStore) -> None:
+    """A chunk listed twice would take two updates from one push: refused, nothing changes."""
+    before = store.table("model").chunks[2].weights.copy()
+    with pytest.raises(ProtocolError, match="twice"):
+        store.push("model", [2, 2], [f32(1), f32(1)], [0, 0])
     chunk = store.table("model").chunks[2]
-    assert (chunk.weights.tolist(), chunk.version) == ([2.0], 2)
+    assert (chunk.weights.tolist(), chunk.version) == (before.tolist(), 0)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_gradient_is_refused(store: DenseStore, bad: float) -> None:
+    before = store.table("model").chunks[2].weights.copy()
+    with pytest.raises(ProtocolError, match="finite"):
+        store.push("model", [2], [f32(bad)], [0])
+    assert store.table("model").chunks[2].weights.tolist() == before.tolist()
 
 
 def test_push_never_writes_the_gradient(store: DenseStore) -> None:

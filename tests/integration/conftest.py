@@ -1,0 +1,112 @@
+"""Fixtures for the integration tests: a scheduler and shard servers as real processes on
+127.0.0.1, and a ZeroMQ context for the test's own sockets (closed at teardown)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+
+from hogshard.proto.errors import HogshardError
+from hogshard.proto.transport import RpcChannel
+
+STARTUP_S = 30.0  # a cold `python -m hogshard` on a loaded 2-core machine takes a few seconds
+
+
+@dataclass
+class Cluster:
+    """A scheduler and its servers, all child processes of the test."""
+
+    address: str
+    scheduler: Any  # conftest.Proc
+    servers: list[Any]
+    channel: RpcChannel
+    procs: Any  # conftest.ProcessManager
+    heartbeat_interval: float
+    heartbeat_timeout: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def status(self, timeout: float = 5.0) -> dict[str, Any]:
+        return self.channel.call("status", timeout=timeout).header
+
+    def members(self, role: str | None = None) -> list[dict[str, Any]]:
+        return [m for m in self.status()["members"] if role is None or m["role"] == role]
+
+    def member(self, node_id: str) -> dict[str, Any] | None:
+        return next((m for m in self.members() if m["node_id"] == node_id), None)
+
+    def server_address(self, rank: int) -> str:
+        found = [m["address"] for m in self.members("server")
+                 if m["rank"] == rank and m["state"] == "alive"]
+        assert found, f"no live server-{rank} in {self.members('server')}"
+        return found[0]
+
+
+@pytest.fixture
+def zmq_ctx() -> Iterator[zmq.Context]:
+    context = zmq.Context()
+    try:
+        yield context
+    finally:
+        context.destroy(linger=0)
+
+
+def start_scheduler(procs: Any, workdir: Path, *args: str) -> tuple[Any, str]:
+    """``hogshard scheduler --bind tcp://127.0.0.1:0 --address-file F ARGS``; returns the
+    process and the address it bound, once it has written it."""
+    address_file = workdir / "scheduler.address"
+    proc = procs.hogshard("scheduler", "scheduler", "--bind", "tcp://127.0.0.1:0",
+                          "--address-file", str(address_file), *args)
+
+    def address() -> str | None:
+        if not proc.alive():
+            raise AssertionError(f"the scheduler exited early\n{proc.tail()}")
+        return address_file.read_text().strip() if address_file.exists() else None
+
+    return proc, procs.wait_until(address, STARTUP_S, "the scheduler's address file",
+                            on_timeout=proc.tail)
+
+
+@pytest.fixture
+def cluster_factory(procs: Any, tmp_path: Path, zmq_ctx: zmq.Context):
+    """``start(servers=2, policy="async", heartbeat_interval=..., heartbeat_timeout=...)``: a
+    scheduler and ``servers`` servers, returned once every server is registered and alive."""
+    channels: list[RpcChannel] = []
+
+    def start(servers: int = 2, policy: str = "async", heartbeat_interval: float = 0.2,
+              heartbeat_timeout: float = 3.0) -> Cluster:
+        scheduler, address = start_scheduler(
+            procs, tmp_path, "--policy", policy, "--servers", str(servers),
+            "--heartbeat-interval", str(heartbeat_interval),
+            "--heartbeat-timeout", str(heartbeat_timeout),
+        )
+        server_procs = [procs.hogshard(f"server{i}", "server", "--scheduler", address)
+                        for i in range(servers)]
+        channel = RpcChannel(zmq_ctx, address, sender="test")
+        channels.append(channel)
+        cluster = Cluster(address, scheduler, server_procs, channel, procs, heartbeat_interval,
+                          heartbeat_timeout)
+
+        def all_servers_alive() -> bool:
+            for proc in [scheduler, *server_procs]:
+                if not proc.alive():
+                    raise AssertionError(f"{proc.name} exited during startup\n{proc.tail()}")
+            try:
+                live = [m for m in cluster.members("server") if m["state"] == "alive"]
+            except HogshardError:
+                return False
+            return len(live) == servers
+
+        procs.wait_until(all_servers_alive, STARTUP_S, f"{servers} servers to register",
+                   on_timeout=procs.report)
+        return cluster
+
+    try:
+        yield start
+    finally:
+        for channel in channels:
+            channel.close()
