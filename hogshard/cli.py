@@ -161,15 +161,17 @@ def worker(scheduler: str, rank: int | None, num_workers: int | None, codec: str
 @_option("heartbeat-timeout", default=DEFAULT_HEARTBEAT_TIMEOUT, type=click.FloatRange(min=0.05))
 @_codec_option()
 @click.option("--progress/--no-progress", default=True, help="show a progress bar")
+@click.option("--verbose", is_flag=True, help="show the scheduler's and servers' INFO logs")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def launch(servers: int, workers: int, policy: str, heartbeat_timeout: float, codec: str | None,
-           progress: bool, command: tuple[str, ...]) -> None:
+           progress: bool, verbose: bool, command: tuple[str, ...]) -> None:
     """Run a whole job on this host: a scheduler, SERVERS servers and WORKERS copies of COMMAND."""
     from hogshard.launcher import LocalCluster
 
     cluster = _or_exit(lambda: LocalCluster(servers, workers, policy, list(command),
                                             heartbeat_timeout=heartbeat_timeout,
-                                            progress=progress, codec=codec))
+                                            progress=progress, codec=codec,
+                                            service_log_level="INFO" if verbose else "WARNING"))
     code = _or_exit(cluster.run)
     sys.exit(code)
 

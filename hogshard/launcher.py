@@ -79,6 +79,7 @@ class LocalCluster:
     heartbeat_timeout: float = 5.0
     progress: bool = True
     codec: str | None = None
+    service_log_level: str = "WARNING"
     startup_timeout: float = 60.0
     out: IO[str] = field(default_factory=lambda: sys.stdout)
     _children: list[Child] = field(default_factory=list)
@@ -123,7 +124,7 @@ class LocalCluster:
     # ---- lifecycle --------------------------------------------------------------------------
 
     def _hogshard(self, *args: str) -> list[str]:
-        return [sys.executable, "-m", "hogshard", *args]
+        return [sys.executable, "-m", "hogshard", "--log-level", self.service_log_level, *args]
 
     def _start_scheduler(self, workdir: Path) -> str:
         address_file = workdir / "scheduler.address"
