@@ -22,11 +22,11 @@ from typing import Any
 import numpy as np
 import zmq
 
+from hogshard.proto.dispatch import run_handler
 from hogshard.proto.errors import (
     ErrorCode,
     HogshardError,
     ProtocolError,
-    UnknownOpError,
 )
 from hogshard.proto.transport import (
     ERROR,
@@ -210,26 +210,11 @@ class ShardServer:
         if isinstance(message, HogshardError):
             self._fail(identity, request_id, message)
             return
-        handler = self._HANDLERS.get(message.op)
-        try:
-            if handler is None:
-                raise UnknownOpError(
-                    f"unknown op {message.op!r} for a server; expected one of "
-                    f"{sorted(self._HANDLERS)}"
-                )
-            result = handler(self, identity, message)
-        except HogshardError as err:
-            self._fail(identity, request_id, err)
-            return
-        except (KeyError, TypeError, ValueError, ArithmeticError) as err:
-            self._fail(identity, request_id, ProtocolError(f"bad '{message.op}' request: {err!r}"))
-            return
-        except Exception as err:  # a bug or resource exhaustion must not stop the process
-            log.exception("internal error on '%s'", message.op)
-            self._fail(identity, request_id,
-                       HogshardError(f"internal error on '{message.op}': {err!r}"))
-            return
-        if result is not None:
+        result = run_handler(message, self._HANDLERS, "a server",
+                             lambda handler: handler(self, identity, message))
+        if isinstance(result, HogshardError):
+            self._fail(identity, request_id, result)
+        elif result is not None:
             fields, arrays = result
             self._reply(identity, request_id, fields, arrays)
 

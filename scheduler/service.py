@@ -21,12 +21,12 @@ from typing import Any
 
 import zmq
 
+from hogshard.proto.dispatch import run_handler
 from hogshard.proto.errors import (
     ConfigError,
     ConflictError,
     HogshardError,
     ProtocolError,
-    UnknownOpError,
     UnknownTableError,
 )
 from hogshard.proto.transport import bind_router, recv_routed, reply_error, reply_ok
@@ -128,26 +128,11 @@ class Scheduler:
         if isinstance(message, HogshardError):
             self._fail(identity, request_id, message)
             return
-        handler = self._HANDLERS.get(message.op)
-        try:
-            if handler is None:
-                raise UnknownOpError(
-                    f"unknown op {message.op!r} for the scheduler; expected one of "
-                    f"{sorted(self._HANDLERS)}"
-                )
-            result = handler(self, message)
-        except HogshardError as err:
-            self._fail(identity, request_id, err)
-            return
-        except (KeyError, TypeError, ValueError, ArithmeticError) as err:
-            self._fail(identity, request_id, ProtocolError(f"bad '{message.op}' request: {err!r}"))
-            return
-        except Exception as err:  # a bug or resource exhaustion must not stop the process
-            log.exception("internal error on '%s'", message.op)
-            self._fail(identity, request_id,
-                       HogshardError(f"internal error on '{message.op}': {err!r}"))
-            return
-        if callable(result):
+        result = run_handler(message, self._HANDLERS, "the scheduler",
+                             lambda handler: handler(self, message))
+        if isinstance(result, HogshardError):
+            self._fail(identity, request_id, result)
+        elif callable(result):
             self._waiters.append(_Waiter(identity, request_id, result))
         else:
             reply_ok(self._sock, identity, request_id, result)

@@ -1,0 +1,44 @@
+"""Running one request's handler and turning whatever it raises into a typed error.
+
+Shared by every process that serves requests, so a handler bug, a malformed field or resource
+exhaustion becomes an ``ERROR`` reply and never stops the process.
+
+Example::
+
+    outcome = run_handler(message, handlers, "server", lambda h: h(self, identity, message))
+    if isinstance(outcome, HogshardError):
+        reply_error(sock, identity, message.request_id, outcome)
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+from hogshard.proto.errors import HogshardError, ProtocolError, UnknownOpError
+from hogshard.proto.wire import Message
+
+log = logging.getLogger(__name__)
+
+H = TypeVar("H")
+
+
+def run_handler(
+    message: Message, handlers: Mapping[str, H], role: str, invoke: Callable[[H], Any]
+) -> Any:
+    """``invoke(handler)`` for the message's op; its result, or the error to reply with."""
+    handler = handlers.get(message.op)
+    try:
+        if handler is None:
+            raise UnknownOpError(
+                f"unknown op {message.op!r} for {role}; expected one of {sorted(handlers)}"
+            )
+        return invoke(handler)
+    except HogshardError as err:
+        return err
+    except (KeyError, TypeError, ValueError, ArithmeticError) as err:
+        return ProtocolError(f"bad '{message.op}' request: {err!r}")
+    except Exception as err:  # a bug or resource exhaustion must not stop the process
+        log.exception("internal error on '%s'", message.op)
+        return HogshardError(f"internal error on '{message.op}': {err!r}")
