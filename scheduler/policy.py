@@ -27,6 +27,7 @@ Example::
 from __future__ import annotations
 
 import math
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -35,6 +36,8 @@ from hogshard.proto.errors import ConfigError
 
 KNOWN_POLICIES = ("async", "hardsync", "softsync:N", "ssp:S")
 KNOWN_MODIFIERS = ("lr=staleness", "dc=LAMBDA", "maxstale=K")
+#: A plain decimal number (``float()`` alone would also take '1_0', 'nan' or ' 1').
+_DECIMAL = re.compile(r"[0-9]+(\.[0-9]*)?([eE][+-]?[0-9]+)?|\.[0-9]+([eE][+-]?[0-9]+)?")
 
 
 @dataclass(frozen=True)
@@ -51,7 +54,7 @@ class Modifiers:
         if self.lr_staleness:
             parts.append("+lr=staleness")
         if self.dc_lambda:
-            parts.append(f"+dc={self.dc_lambda:g}")
+            parts.append(f"+dc={self.dc_lambda!r}")  # repr: the shortest exact round trip
         if self.max_staleness is not None:
             parts.append(f"+maxstale={self.max_staleness}")
         return "".join(parts)
@@ -158,6 +161,8 @@ def _parse_modifier(text: str, spec: str, found: dict[str, object]) -> None:
         return
     try:
         if key == "dc":
+            if not _DECIMAL.fullmatch(value):
+                raise ValueError
             dc = float(value)
             if not math.isfinite(dc) or dc < 0:
                 raise ValueError

@@ -176,3 +176,77 @@ def test_servers_do_not_count_as_workers() -> None:
     members.register("server", "inproc://s0", now=0.0)  # clock 0, but not a worker
     members.register("worker", "", now=0.0).clock = 8
     assert parse_policy("ssp:0").may_pull(8, members.live_clocks())
+
+
+# ---------------------------------------------------------------------------------------------
+# hardsync, softsync:N and modifiers
+# ---------------------------------------------------------------------------------------------
+
+
+def test_parse_hardsync_and_softsync() -> None:
+    from hogshard.scheduler.policy import HardSyncPolicy, SoftSyncPolicy
+
+    hard = parse_policy(" HardSync ")
+    assert isinstance(hard, HardSyncPolicy) and hard.waits_for_apply and hard.spec == "hardsync"
+    assert hard.group_size(5) == 5 and hard.group_size(0) == 1
+    soft = parse_policy("softsync:4")
+    assert isinstance(soft, SoftSyncPolicy) and soft.n == 4 and not soft.waits_for_apply
+    assert [soft.group_size(lam) for lam in (0, 1, 3, 4, 8, 9)] == [1, 1, 1, 1, 2, 2]
+    assert parse_policy("async").group_size(8) == 1 and parse_policy("ssp:1").group_size(8) == 1
+
+
+@pytest.mark.parametrize(("spec", "canonical"), [
+    ("softsync:4+lr=staleness", "softsync:4+lr=staleness"),
+    ("softsync:4+maxstale=3+lr=staleness", "softsync:4+lr=staleness+maxstale=3"),
+    ("HARDSYNC+DC=0.5", "hardsync+dc=0.5"),
+    ("async+dc=0.1234567", "async+dc=0.1234567"),
+    ("ssp:2+dc=1e-5+maxstale=0", "ssp:2+dc=1e-05+maxstale=0"),
+    ("async+dc=0", "async"),
+    ("async+dc=.25", "async+dc=0.25"),
+])
+def test_modifiers_parse_to_a_canonical_spec_that_round_trips(spec: str, canonical: str) -> None:
+    policy = parse_policy(spec)
+    assert policy.spec == canonical
+    assert parse_policy(policy.spec) == policy
+
+
+def test_modifier_values() -> None:
+    policy = parse_policy("softsync:2+lr=staleness+dc=0.75+maxstale=4")
+    m = policy.modifiers
+    assert (m.lr_staleness, m.dc_lambda, m.max_staleness) == (True, 0.75, 4)
+    assert [m.lr_scale(s) for s in (0, 1, 2, 8)] == [1.0, 1.0, 0.5, 0.125]
+    assert m.accepts(4) and not m.accepts(5)
+    plain = parse_policy("async").modifiers
+    assert plain.lr_scale(100) == 1.0 and plain.accepts(10**9)
+
+
+@FAST
+@given(st.floats(0.0, 1e6, allow_nan=False, allow_infinity=False))
+def test_dc_lambda_round_trips_exactly(lam: float) -> None:
+    policy = parse_policy(f"async+dc={lam!r}")
+    assert policy.modifiers.dc_lambda == lam
+    assert parse_policy(policy.spec) == policy
+
+
+@pytest.mark.parametrize("spec", [
+    "softsync", "softsync:", "softsync:0", "softsync:-2", "softsync:x", "hardsync:2",
+    "async+", "async+lr", "async+lr=1", "async+lr=staleness+lr=staleness", "async+dc",
+    "async+dc=-1", "async+dc=nan", "async+dc=inf", "async+dc=1e400", "async+dc=1_0",
+    "async+dc=+1", "async+maxstale", "async+maxstale=-1", "async+maxstale=1.5", "async+bogus=1",
+    "async+maxstale=1+maxstale=2",
+])
+def test_bad_specs_are_config_errors_naming_the_spec(spec: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_policy(spec)
+    assert repr(spec) in info.value.message
+    assert info.value.code is ErrorCode.MALFORMED
+
+
+def test_bad_modifier_lists_the_accepted_modifiers() -> None:
+    with pytest.raises(ConfigError, match=r"lr=staleness.*dc=LAMBDA.*maxstale=K"):
+        parse_policy("async+speed=11")
+
+
+def test_non_string_spec_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="string"):
+        parse_policy(3)  # type: ignore[arg-type]
