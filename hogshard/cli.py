@@ -73,6 +73,29 @@ def _policy_option(default: str = "async"):
                    "+lr=staleness, +dc=LAMBDA, +maxstale=K")
 
 
+def _metrics_options(command):
+    """``--metrics-port`` (off unless given; 0 picks a free port) and ``--metrics-host``."""
+    command = _option("metrics-host", default="0.0.0.0",
+                      help="interface for the Prometheus /metrics endpoint")(command)
+    return _option("metrics-port", default=None, type=click.IntRange(0, 65535),
+                   help="serve Prometheus metrics on this port (0: any free port; "
+                   "off when unset)")(command)
+
+
+def _start_metrics(service, role: str, port: int | None, host: str) -> None:
+    """Serve the service's metrics from a daemon thread when a port was given."""
+    if port is None:
+        return
+    from hogshard.proto.metrics import MetricsServer
+
+    if role == "scheduler":
+        from hogshard.scheduler.metrics import SchedulerCollector as collector
+    else:
+        from hogshard.ps.metrics import ServerCollector as collector
+    metrics = _or_exit(lambda: MetricsServer(collector(service), port, host))
+    click.echo(f"{role} metrics on {metrics.url}", err=True)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
               envvar=env_name("config"), help="TOML file with a table of defaults per command")
@@ -101,13 +124,16 @@ def main(ctx: click.Context, config_file: str | None, log_level: str) -> None:
          help="seconds of silence after which a member is declared dead")
 @_option("address-file", default=None, type=click.Path(dir_okay=False),
          help="write the bound address here once listening")
+@_metrics_options
 def scheduler(bind: str, policy: str, servers: int, heartbeat_interval: float,
-              heartbeat_timeout: float, address_file: str | None) -> None:
+              heartbeat_timeout: float, address_file: str | None, metrics_port: int | None,
+              metrics_host: str) -> None:
     """Run the scheduler: membership, heartbeats, shard map, consistency policy."""
     from hogshard.scheduler.service import Scheduler
 
     service = _or_exit(lambda: Scheduler(bind, policy, servers, heartbeat_interval,
                                          heartbeat_timeout))
+    _start_metrics(service, "scheduler", metrics_port, metrics_host)
     if address_file:
         tmp = Path(address_file + ".tmp")
         tmp.write_text(service.address)
@@ -122,8 +148,9 @@ def scheduler(bind: str, policy: str, servers: int, heartbeat_interval: float,
 @_option("advertise", default=None, help="address workers should use (default: the bound one)")
 @_option("rank", default=None, type=click.IntRange(min=0), help="rank to ask for")
 @_option("max-message-bytes", default=1 << 31, type=click.IntRange(min=1024))
+@_metrics_options
 def server(scheduler: str, bind: str, advertise: str | None, rank: int | None,
-           max_message_bytes: int) -> None:
+           max_message_bytes: int, metrics_port: int | None, metrics_host: str) -> None:
     """Run one parameter-server shard."""
     from hogshard.tuning import tune_server_process
 
@@ -132,6 +159,7 @@ def server(scheduler: str, bind: str, advertise: str | None, rank: int | None,
 
     service = _or_exit(lambda: ShardServer(scheduler, bind, advertise, rank,
                                            max_message_bytes=max_message_bytes))
+    _start_metrics(service, "server", metrics_port, metrics_host)
     _serve(service)
 
 

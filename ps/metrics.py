@@ -1,0 +1,86 @@
+"""Prometheus metrics of one shard server, read from its live counters on each scrape.
+
+Example::
+
+    server = ShardServer(scheduler_address)
+    metrics = MetricsServer(ServerCollector(server), port=9100)
+    server.serve_forever()
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from hogshard.proto.metrics import snapshot, staleness_histogram
+
+
+def _read(server: Any) -> dict[str, Any]:
+    stats = server.stats
+    return {
+        "wire": stats.to_wire(),
+        "bytes_in_by_codec": dict(getattr(stats, "bytes_in_by_codec", {}) or {}),
+        "pending_pulls": len(server._deferred),
+        "tables": len(server.store.tables),
+        "chunks": sum(len(t.chunks) for t in list(server.store.tables.values())),
+        "policy_version": server.policy_version,
+    }
+
+
+class ServerCollector:
+    """A prometheus_client collector over a :class:`~hogshard.ps.server.ShardServer`.
+
+    Only reads: the serving loop keeps sole ownership of the counters."""
+
+    def __init__(self, server: Any) -> None:
+        self.server = server
+
+    def collect(self) -> Iterator[Metric]:
+        s = snapshot(lambda: _read(self.server))
+        wire = s["wire"]
+        labels = {"node_id": str(getattr(self.server, "node_id", "server-?"))}
+        names, values = list(labels), list(labels.values())
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            family = CounterMetricFamily(name, doc, labels=names)
+            family.add_metric(values, value)
+            return family
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            family = GaugeMetricFamily(name, doc, labels=names)
+            family.add_metric(values, value)
+            return family
+
+        yield counter("hogshard_server_pushes", "gradient pushes applied or queued",
+                      wire["pushes"])
+        yield counter("hogshard_server_pulls", "pulls served", wire["pulls"])
+        yield counter("hogshard_server_updates", "updates applied to the weights",
+                      wire["updates"])
+        yield counter("hogshard_server_deferred_pulls",
+                      "pulls the consistency policy held back", wire["deferred_pulls"])
+        yield counter("hogshard_server_dropped", "pushes dropped (too stale)", wire["dropped"])
+        by_codec = CounterMetricFamily("hogshard_server_bytes_in",
+                                       "payload bytes received in pushes",
+                                       labels=[*names, "codec"])
+        codecs = s["bytes_in_by_codec"] or {"all": wire["bytes_in"]}
+        for codec, nbytes in sorted(codecs.items()):
+            by_codec.add_metric([*values, str(codec)], nbytes)
+        yield by_codec
+        yield counter("hogshard_server_bytes_out", "payload bytes sent in pull replies",
+                      wire["bytes_out"])
+        errors = CounterMetricFamily("hogshard_server_errors", "error replies by code",
+                                     labels=[*names, "code"])
+        for code, count in sorted(wire["errors"].items()):
+            errors.add_metric([*values, str(code)], count)
+        yield errors
+        yield gauge("hogshard_server_pending_pulls", "pulls waiting on the policy now",
+                    s["pending_pulls"])
+        yield gauge("hogshard_server_tables", "dense tables held", s["tables"])
+        yield gauge("hogshard_server_chunks", "dense chunks held", s["chunks"])
+        yield gauge("hogshard_server_policy_version", "consistency policy version in force",
+                    s["policy_version"])
+        yield staleness_histogram("hogshard_server_staleness",
+                                  "staleness of applied pushes, in clocks",
+                                  {int(k): int(v) for k, v in wire["staleness"]}, labels)
