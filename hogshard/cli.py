@@ -245,15 +245,29 @@ def policy_show(scheduler: str, timeout: float) -> None:
 @_option("scheduler", default=DEFAULT_SCHEDULER, help="the scheduler's address")
 @click.option("--json", "as_json", is_flag=True, help="print the raw status as JSON")
 @_option("timeout", default=5.0, type=click.FloatRange(min=0.1))
-def status(scheduler: str, as_json: bool, timeout: float) -> None:
-    """Show members, clocks, the shard map, updates per second and staleness."""
-    from hogshard.status import ClusterView
-
-    reply = _call_scheduler(scheduler, "status", None, timeout)
+@click.option("--watch", "watch_every", default=None, type=click.FloatRange(min=0.1),
+              metavar="SECONDS", help="redraw the table every SECONDS until interrupted")
+@click.option("--count", default=None, type=click.IntRange(min=1),
+              help="with --watch: stop after this many redraws")
+def status(scheduler: str, as_json: bool, timeout: float, watch_every: float | None,
+           count: int | None) -> None:
+    """Show members, clocks, the shard map, updates per second, bytes per second and
+    staleness percentiles (a live table with --watch)."""
     if as_json:
+        reply = _call_scheduler(scheduler, "status", None, timeout)
         click.echo(json.dumps(reply, indent=2, sort_keys=True))
-    else:
-        click.echo("\n".join(ClusterView(reply).table_lines()))
+        return
+    from hogshard.live_status import make_console, status_panel, watch
+
+    console = make_console()
+    if watch_every is None:
+        console.print(status_panel(_call_scheduler(scheduler, "status", None, timeout)))
+        return
+    try:
+        watch(lambda: _call_scheduler(scheduler, "status", None, timeout), watch_every,
+              console, count)
+    except KeyboardInterrupt:
+        pass
 
 
 def _or_exit(build):

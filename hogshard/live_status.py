@@ -1,0 +1,136 @@
+"""The ``hogshard status`` table drawn with rich: members and their state, clocks, the shard map,
+updates/s, bytes/s and staleness percentiles; ``watch`` redraws it every few seconds.
+
+Example::
+
+    from rich.console import Console
+    Console().print(status_panel(channel.call("status").header))
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from hogshard.status import ClusterView
+
+STATE_STYLE = {"alive": "green", "dead": "bold red", "done": "dim"}
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GB"  # pragma: no cover
+
+
+def _detail(member: dict[str, Any]) -> str:
+    if member["role"] == "server":
+        st = member.get("stats") or {}
+        return (f"pushes={st.get('pushes', 0)} pulls={st.get('pulls', 0)} "
+                f"updates={st.get('updates', 0)} deferred={st.get('deferred_pulls', 0)}")
+    progress = member.get("progress") or {}
+    return " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                    for k, v in progress.items())
+
+
+def members_table(view: ClusterView) -> Table:
+    table = Table(title="members", title_justify="left", expand=False)
+    for name, justify in [("member", "left"), ("state", "left"), ("clock", "right"),
+                          ("hb age", "right"), ("updates/s", "right"), ("bytes/s", "right"),
+                          ("address", "left"), ("detail", "left")]:
+        table.add_column(name, justify=justify, no_wrap=name != "detail")
+    for m in sorted(view.members, key=lambda m: (m["role"], m["rank"])):
+        st = m.get("stats") or {}
+        server = m["role"] == "server"
+        table.add_row(
+            m["node_id"], Text(m["state"], style=STATE_STYLE.get(m["state"], "")),
+            str(m["clock"]), f"{m['heartbeat_age']:.1f}s",
+            f"{st.get('updates_per_second', 0):.0f}" if server else "",
+            _bytes(st.get("bytes_per_second", 0)) if server else "",
+            m.get("address") or "", _detail(m),
+        )
+    return table
+
+
+def shard_table(status: dict[str, Any]) -> Table:
+    table = Table(title="shard map", title_justify="left")
+    for name in ("table", "floats", "chunks", "placement (floats per server)", "rule"):
+        table.add_column(name, no_wrap=True)
+    for name, entry in sorted(status.get("tables", {}).items()):
+        per_server: dict[int, int] = {}
+        for _, _, length, server in entry["chunks"]:
+            per_server[server] = per_server.get(server, 0) + length
+        rule = entry["table"].get("rule", {})
+        table.add_row(name, str(entry["table"]["size"]), str(len(entry["chunks"])),
+                      ", ".join(f"server-{r}: {n}" for r, n in sorted(per_server.items())),
+                      rule.get("rule", str(rule)) if isinstance(rule, dict) else str(rule))
+    return table
+
+
+def summary_line(view: ClusterView) -> Text:
+    s = view.status
+    st = view.staleness()
+    servers = view.of_role("server")
+    bytes_per_s = sum((m.get("stats") or {}).get("bytes_per_second", 0.0) for m in servers
+                      if m["state"] == "alive")
+    done, total = view.progress()
+    loss = view.mean_loss()
+    head = [
+        f"policy [bold]{s.get('policy')}[/]", f"epoch {s.get('epoch')}",
+        f"uptime {s.get('uptime', 0):.0f}s",
+        f"servers {len([m for m in servers if m['state'] == 'alive'])}/"
+        f"{s.get('expected_servers')}",
+    ]
+    parts = [
+        f"updates/s [bold]{view.updates_per_second():.0f}[/]", f"bytes/s {_bytes(bytes_per_s)}",
+        f"staleness p50={st['p50']} p99={st['p99']} max={st['max']} (n={st['count']})",
+    ]
+    if total:
+        parts.append(f"steps {done}/{total}")
+    if loss is not None:
+        parts.append(f"loss {loss:.4f}")
+    if s.get("shutdown"):
+        parts.append("[yellow]shutting down[/]")
+    return Text.from_markup("  ".join(head) + "\n" + "  ".join(parts))
+
+
+def status_panel(status: dict[str, Any]) -> RenderableType:
+    """Everything ``hogshard status`` shows, as one rich renderable."""
+    view = ClusterView(status)
+    return Group(summary_line(view), members_table(view), shard_table(status))
+
+
+def make_console() -> Console:
+    """A console that does not cut lines when the output is not a terminal (a pipe, a log)."""
+    console = Console(stderr=False)
+    if not console.is_terminal:
+        console = Console(width=200, no_color=True)
+    return console
+
+
+def watch(fetch: Callable[[], dict[str, Any]], every: float, console: Console,
+          count: int | None = None) -> None:
+    """Redraw ``status_panel(fetch())`` every ``every`` seconds (``count`` times, or until
+    interrupted). Off a terminal each snapshot is printed after the previous one."""
+    shown = 0
+    if not console.is_terminal:
+        while count is None or shown < count:
+            if shown:
+                time.sleep(every)
+            console.print(status_panel(fetch()))
+            shown += 1
+        return
+    with Live(status_panel(fetch()), console=console, auto_refresh=False) as live:
+        shown = 1
+        while count is None or shown < count:
+            time.sleep(every)
+            live.update(status_panel(fetch()), refresh=True)
+            shown += 1
