@@ -81,6 +81,9 @@ class LocalCluster:
     codec: str | None = None
     service_log_level: str = "WARNING"
     startup_timeout: float = 60.0
+    checkpoint_every: float | None = None
+    checkpoint_dir: str | None = None
+    restore: str | None = None
     out: IO[str] = field(default_factory=lambda: sys.stdout)
     _children: list[Child] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -126,13 +129,21 @@ class LocalCluster:
     def _hogshard(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "hogshard", "--log-level", self.service_log_level, *args]
 
+    def _checkpoint_args(self) -> list[str]:
+        args = ["--restore", self.restore] if self.restore else []
+        if self.checkpoint_dir:
+            args += ["--checkpoint-dir", self.checkpoint_dir]
+        if self.checkpoint_every:
+            args += ["--checkpoint-every", str(self.checkpoint_every)]
+        return args
+
     def _start_scheduler(self, workdir: Path) -> str:
         address_file = workdir / "scheduler.address"
         child = self._spawn("scheduler", 0, self._hogshard(
             "scheduler", "--bind", "tcp://127.0.0.1:0", "--address-file", str(address_file),
             "--policy", self.policy, "--servers", str(self.servers),
             "--heartbeat-interval", str(self.heartbeat_interval),
-            "--heartbeat-timeout", str(self.heartbeat_timeout),
+            "--heartbeat-timeout", str(self.heartbeat_timeout), *self._checkpoint_args(),
         ), dict(os.environ))
         deadline = time.monotonic() + self.startup_timeout
         while not address_file.exists():
@@ -156,7 +167,8 @@ class LocalCluster:
                 env = dict(os.environ)
                 for rank in range(self.servers):
                     self._spawn("server", rank, self._hogshard(
-                        "server", "--scheduler", scheduler, "--rank", str(rank)), env)
+                        "server", "--scheduler", scheduler, "--rank", str(rank),
+                        *(["--restore", self.restore] if self.restore else [])), env)
                 threads = max(1, (os.cpu_count() or 1) // self.workers)
                 workers = [
                     self._spawn("worker", rank, list(self.command),

@@ -28,6 +28,7 @@ class ErrorCode(enum.StrEnum):
     NOT_READY = "NOT_READY"
     TIMEOUT = "TIMEOUT"
     INTERNAL = "INTERNAL"
+    BAD_CHECKPOINT = "BAD_CHECKPOINT"
 
 
 class HogshardError(Exception):
@@ -109,6 +110,13 @@ class ConfigError(HogshardError):
     code = ErrorCode.MALFORMED
 
 
+class CheckpointError(HogshardError):
+    """A checkpoint that is missing, partial (no manifest), truncated or fails its checksum,
+    or does not match the job it is restored into."""
+
+    code = ErrorCode.BAD_CHECKPOINT
+
+
 _BY_CODE: dict[ErrorCode, type[HogshardError]] = {
     ErrorCode.MALFORMED: ProtocolError,
     ErrorCode.BAD_VERSION: VersionMismatchError,
@@ -122,6 +130,7 @@ _BY_CODE: dict[ErrorCode, type[HogshardError]] = {
     ErrorCode.UNKNOWN_MEMBER: UnknownMemberError,
     ErrorCode.NOT_READY: NotReadyError,
     ErrorCode.TIMEOUT: RequestTimeoutError,
+    ErrorCode.BAD_CHECKPOINT: CheckpointError,
 }
 
 

@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,6 +29,7 @@ from hogshard.proto.errors import (
     HogshardError,
     ProtocolError,
 )
+from hogshard.proto.manifest import load_manifest, resolve_checkpoint
 from hogshard.proto.transport import (
     ERROR,
     RpcChannel,
@@ -38,6 +40,7 @@ from hogshard.proto.transport import (
 )
 from hogshard.proto.wire import DEFAULT_LIMITS, Limits, Message
 from hogshard.ps.applier import UpdateApplier
+from hogshard.ps.checkpoint import restore_shard, save_shard
 from hogshard.ps.decoding import PayloadDecoder
 from hogshard.ps.dense import DenseStore
 from hogshard.ps.embedding import EmbeddingStore
@@ -69,6 +72,7 @@ class ShardServer:
         limits: Limits = DEFAULT_LIMITS,
         max_message_bytes: int = 1 << 31,
         context: zmq.Context | None = None,
+        restore: str | None = None,
     ) -> None:
         self._own_context = context is None
         self._context = context or zmq.Context()
@@ -87,7 +91,10 @@ class ShardServer:
         self._membership_known = False
         self._pending_switch: tuple[ConsistencyPolicy, int, int] | None = None
         self.policy_version = 0
+        self._checkpoint_report: dict[str, Any] | None = None
         self._register(rank_hint, register_timeout)
+        if restore:
+            self._restore(restore)
         self.applier = UpdateApplier(self.policy, self.stats)
         self.decoder = PayloadDecoder()
         self._snapshots = SnapshotPool()
@@ -145,9 +152,10 @@ class ShardServer:
     def _send_heartbeat(self, now: float) -> None:
         self._heartbeat_due = now + self.heartbeat_interval
         self._heartbeat_sent_at = now
-        self._heartbeat_in_flight = self._scheduler.start(
-            "heartbeat", {"stats": self.stats.to_wire()}
-        )
+        fields: dict[str, Any] = {"stats": self.stats.to_wire()}
+        if self._checkpoint_report is not None:
+            fields["checkpoint"] = self._checkpoint_report
+        self._heartbeat_in_flight = self._scheduler.start("heartbeat", fields)
 
     def _read_scheduler(self) -> None:
         while (reply := self._scheduler.read_reply()) is not None:
@@ -166,6 +174,8 @@ class ShardServer:
                 self.applier.switch(self.policy)
                 self.policy_version, self._pending_switch = 0, None
                 continue
+            if isinstance(reply.get("checkpoint"), dict):
+                self._write_checkpoint(reply.get("checkpoint"))
             if reply.get("shutdown"):
                 log.info("%s: scheduler ended the job", self.node_id)
                 self._stop.set()
@@ -177,6 +187,31 @@ class ShardServer:
                 self._membership_known = True
                 self.applier.complete_groups(self._live_workers)
                 self._release_deferred()
+
+    def _write_checkpoint(self, request: dict[str, Any]) -> None:
+        """Write this shard into the checkpoint the scheduler asked for (once per path); the
+        result rides on the following heartbeats (PROTOCOL.md section 14)."""
+        path = request.get("path")
+        if not isinstance(path, str) or (self._checkpoint_report or {}).get("path") == path:
+            return
+        try:
+            Path(path).mkdir(parents=True, exist_ok=True)
+            files = save_shard(self.store, self.embeddings, self.rank, self._observed_clocks,
+                               Path(path))
+            self._checkpoint_report = {"path": path, "files": files}
+            log.info("%s wrote checkpoint %s", self.node_id, path)
+        except (OSError, HogshardError, ValueError) as err:
+            log.error("%s cannot write checkpoint %s: %r", self.node_id, path, err)
+            self._checkpoint_report = {"path": path, "error": repr(err)}
+        self._heartbeat_due = 0.0  # report at once
+
+    def _restore(self, path: str) -> None:
+        """Load this rank's shard from a verified checkpoint (before serving anything)."""
+        ckpt = resolve_checkpoint(Path(path))
+        manifest = load_manifest(ckpt, verify_ranks={self.rank})
+        self._observed_clocks = restore_shard(self.store, self.embeddings, manifest, self.rank,
+                                              ckpt)
+        log.info("%s restored %s: tables %s", self.node_id, ckpt, sorted(self.store.tables))
 
     def _take_policy(self, spec: Any, version: Any, from_clock: Any) -> None:
         """Schedule a policy change announced by the scheduler; it takes effect at the first

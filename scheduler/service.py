@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import zmq
@@ -29,8 +30,10 @@ from hogshard.proto.errors import (
     ProtocolError,
     UnknownTableError,
 )
+from hogshard.proto.manifest import load_manifest, resolve_checkpoint
 from hogshard.proto.transport import bind_router, recv_routed, reply_error, reply_ok
 from hogshard.proto.wire import Message
+from hogshard.scheduler.checkpointing import CheckpointRounds
 from hogshard.scheduler.membership import MembershipTable
 from hogshard.scheduler.placement import (
     DEFAULT_CHUNK_ELEMS,
@@ -80,6 +83,9 @@ class Scheduler:
         heartbeat_interval: float = 0.5,
         heartbeat_timeout: float = 5.0,
         context: zmq.Context | None = None,
+        checkpoint_every: float | None = None,
+        checkpoint_dir: str | None = None,
+        restore: str | None = None,
     ) -> None:
         self.policy = parse_policy(policy)
         self.policy_version = 0
@@ -96,6 +102,11 @@ class Scheduler:
         self.started_at = time.monotonic()
         self._waiters: list[_Waiter] = []
         self._errors: dict[str, int] = {}
+        self.checkpoints = CheckpointRounds(
+            checkpoint_every, Path(checkpoint_dir) if checkpoint_dir else None)
+        self.restored_clock = 0
+        if restore:
+            self._restore(Path(restore))
         self._stop = threading.Event()
         self._own_context = context is None
         self._context = context or zmq.Context()
@@ -114,6 +125,7 @@ class Scheduler:
                     self._handle_one()
                 if self.members.expire(time.monotonic()):
                     self._log_membership()
+                self._tick_checkpoints(time.monotonic())
                 self._release_waiters()
         finally:
             self._sock.close(0)
@@ -145,7 +157,11 @@ class Scheduler:
     def _release_waiters(self) -> None:
         pending = []
         for waiter in self._waiters:
-            result = waiter.ready()
+            try:
+                result = waiter.ready()
+            except HogshardError as err:
+                self._fail(waiter.identity, waiter.request_id, err)
+                continue
             if result is None:
                 pending.append(waiter)
             else:
@@ -163,7 +179,8 @@ class Scheduler:
 
     def _register(self, msg: Message) -> dict[str, Any]:
         role = msg.get("role")
-        start_clock = self.members.min_live_clock() if role == "worker" else 0
+        start_clock = max(self.members.min_live_clock(), self.restored_clock) \
+            if role == "worker" else 0
         member = self.members.register(
             role, str(msg.get("address", "")), time.monotonic(),
             rank_hint=msg.get("rank_hint"), clock=start_clock,
@@ -200,6 +217,10 @@ class Scheduler:
             member.progress = msg.get("progress")
         reply: dict[str, Any] = {"epoch": self.members.epoch, "shutdown": self.shutting_down}
         if member.role == "server":
+            self.checkpoints.report(member.rank, msg.get("checkpoint"))
+            request = self.checkpoints.request_for(member.rank)
+            if request is not None:
+                reply["checkpoint"] = request
             reply["workers"] = self.members.live_clocks()
             reply.update(policy=self.policy.spec, policy_version=self.policy_version,
                          policy_from_clock=self.policy_from_clock)
@@ -349,6 +370,55 @@ class Scheduler:
             "errors": dict(self._errors),
         }
 
+    # ---- checkpoints (scheduler/checkpointing.py; PROTOCOL.md section 14) --------------------
+
+    def _job_description(self) -> dict[str, Any]:
+        """What the manifest records besides the files: policy, shard map, clocks."""
+        return {
+            "policy": self.policy.spec, "epoch": self.members.epoch,
+            "servers": self.expected_servers,
+            "tables": {name: self._table_view(t) for name, t in self.tables.items()},
+            "clocks": self.members.live_clocks(),
+        }
+
+    def _start_checkpoint(self, parent: Path) -> Any:
+        ranks = sorted(m.rank for m in self.members.live("server"))
+        if ranks != list(range(self.expected_servers)):
+            raise ConflictError(f"live server ranks {ranks}; a checkpoint needs every rank "
+                                f"0..{self.expected_servers - 1}")
+        return self.checkpoints.start(parent, ranks, self._job_description, time.monotonic())
+
+    def _tick_checkpoints(self, now: float) -> None:
+        self.checkpoints.check(now, {m.rank for m in self.members.live("server")})
+        if self.checkpoints.due(now):
+            try:
+                self._start_checkpoint(self.checkpoints.directory)
+            except HogshardError as err:
+                log.warning("periodic checkpoint skipped: %s", err.message)
+
+    def _checkpoint(self, msg: Message) -> Callable[[], dict[str, Any] | None]:
+        directory = msg.get("dir")
+        if not isinstance(directory, str) or not directory:
+            raise ProtocolError("field 'dir' must be a non-empty path string")
+        return self.checkpoints.waiter(self._start_checkpoint(Path(directory)))
+
+    def _restore(self, path: Path) -> None:
+        """Take the shard map, policy and clocks of a checkpoint (every file verified)."""
+        ckpt = resolve_checkpoint(path)
+        manifest = load_manifest(ckpt)
+        if manifest.get("servers") != self.expected_servers:
+            raise ConfigError(f"checkpoint {ckpt} was written by {manifest.get('servers')} "
+                              f"servers; this job expects {self.expected_servers} (--servers "
+                              "must match: the shard map names server ranks)")
+        self.policy = parse_policy(manifest["policy"])
+        for name, view in manifest.get("tables", {}).items():
+            self.tables[name] = _Table(DenseTableSpec(**view["table"]),
+                                       [Chunk.from_wire(c) for c in view["chunks"]], ready=True)
+        self.restored_clock = min(manifest.get("clocks", {}).values(), default=0)
+        self.members.epoch = int(manifest.get("epoch", 0)) + 1
+        log.info("restored %s: tables %s, policy %s, clock %d", ckpt, sorted(self.tables),
+                 self.policy.spec, self.restored_clock)
+
     _HANDLERS: dict[str, Callable[[Scheduler, Message], Any]] = {
         "register": _register,
         "heartbeat": _heartbeat,
@@ -361,4 +431,5 @@ class Scheduler:
         "shutdown": _shutdown,
         "set_policy": _set_policy,
         "status": _status,
+        "checkpoint": _checkpoint,
     }

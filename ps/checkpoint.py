@@ -1,0 +1,128 @@
+"""A shard's part of a checkpoint: dense chunks (weights, optimizer state, versions), the
+worker clocks the shard has seen, and its embedding tables, written into a checkpoint
+directory with atomic writes (see ``proto/manifest.py`` for the directory and manifest).
+
+The shard file ``shard-R.npz`` is a plain numpy ``.npz``: a ``meta`` entry (UTF-8 JSON as
+uint8: tables, rules, chunk ids, offsets, versions, scalar optimizer state, clocks) and one
+array per chunk weight ``t{i}.c{id}.w`` and per array of optimizer state ``t{i}.c{id}.{key}``.
+
+Example::
+
+    entries = save_shard(server.store, server.embeddings, rank=0, clocks={}, ckpt=path)
+    restore_shard(store, embeddings, manifest, rank=0, ckpt=path)     # bit-identical
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hogshard.proto.errors import CheckpointError, HogshardError
+from hogshard.proto.manifest import atomic_write, file_entry
+from hogshard.ps.dense import FLOAT32, DenseChunk, DenseStore, DenseTable
+from hogshard.ps.embedding import EmbeddingStore
+from hogshard.ps.rules import make_rule
+
+SHARD_FORMAT = 1
+
+
+def shard_file(rank: int) -> str:
+    return f"shard-{rank}.npz"
+
+
+def embedding_file(rank: int) -> str:
+    return f"shard-{rank}.emb.npz"
+
+
+def save_shard(store: DenseStore, embeddings: EmbeddingStore, rank: int,
+               clocks: dict[str, int], ckpt: Path) -> list[dict[str, Any]]:
+    """Write this shard's files into ``ckpt``; returns their manifest entries."""
+    arrays: dict[str, np.ndarray] = {}
+    tables = []
+    for i, table in enumerate(store.tables.values()):
+        chunks = []
+        for cid in sorted(table.chunks):
+            chunk = table.chunks[cid]
+            arrays[f"t{i}.c{cid}.w"] = chunk.weights
+            scalars = {}
+            for key, value in chunk.state.items():
+                if isinstance(value, np.ndarray):
+                    arrays[f"t{i}.c{cid}.{key}"] = value
+                else:
+                    scalars[key] = value
+            chunks.append({"id": cid, "offset": chunk.offset, "length": int(chunk.weights.size),
+                           "version": chunk.version, "scalars": scalars})
+        tables.append({"name": table.name, "rule": table.rule_spec, "chunks": chunks})
+    meta = {"format": SHARD_FORMAT, "rank": rank, "tables": tables, "clocks": dict(clocks)}
+    arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+    path = atomic_write(Path(ckpt) / shard_file(rank), lambda f: np.savez(f, **arrays))
+    entries = [file_entry(path, rank=rank, kind="dense")]
+    if embeddings.tables:
+        emb = Path(ckpt) / embedding_file(rank)
+        embeddings.save(emb)  # written through a temporary name and renamed
+        with open(emb, "rb") as f:
+            os.fsync(f.fileno())
+        entries.append(file_entry(emb, rank=rank, kind="embedding"))
+    return entries
+
+
+def _read_meta(data: Any, path: Path) -> dict[str, Any]:
+    meta = json.loads(bytes(data["meta"]).decode())
+    if not isinstance(meta, dict) or meta.get("format") != SHARD_FORMAT:
+        raise CheckpointError(f"{path}: expected shard format {SHARD_FORMAT}")
+    return meta
+
+
+def restore_shard(store: DenseStore, embeddings: EmbeddingStore, manifest: dict[str, Any],
+                  rank: int, ckpt: Path) -> dict[str, int]:
+    """Replace the shard's tables with rank ``rank``'s files of a verified checkpoint;
+    returns the worker clocks it had seen. The manifest must list this rank."""
+    servers = manifest.get("servers")
+    if not isinstance(servers, int) or not 0 <= rank < servers:
+        raise CheckpointError(
+            f"this server has rank {rank} but the checkpoint {ckpt} holds ranks 0..{servers - 1 if isinstance(servers, int) else '?'}; "
+            "restore with the same number of servers and pass --rank"
+        )
+    kinds = {e.get("kind"): e for e in manifest.get("files", []) if e.get("rank") == rank}
+    if "dense" not in kinds:
+        raise CheckpointError(f"the manifest of {ckpt} lists no shard file for rank {rank}")
+    path = Path(ckpt) / kinds["dense"]["file"]
+    tables: dict[str, DenseTable] = {}
+    try:
+        with np.load(path) as data:
+            meta = _read_meta(data, path)
+            if meta.get("rank") != rank:
+                raise CheckpointError(f"{path} holds rank {meta.get('rank')}; expected {rank}")
+            for i, spec in enumerate(meta["tables"]):
+                rule = make_rule(spec["rule"])
+                table = DenseTable(spec["name"], rule, dict(spec["rule"]))
+                for c in spec["chunks"]:
+                    weights = np.array(data[f"t{i}.c{c['id']}.w"], dtype=FLOAT32, copy=True)
+                    if weights.shape != (c["length"],):
+                        raise CheckpointError(f"{path}: chunk {c['id']} of {spec['name']!r} has "
+                                              f"shape {weights.shape}; expected ({c['length']},)")
+                    state = rule.new_state(c["length"])
+                    for key, value in state.items():
+                        if isinstance(value, np.ndarray):
+                            state[key] = np.array(data[f"t{i}.c{c['id']}.{key}"],
+                                                  dtype=value.dtype, copy=True)
+                    state.update(c["scalars"])
+                    table.chunks[c["id"]] = DenseChunk(c["id"], c["offset"], weights, state,
+                                                       c["version"])
+                tables[table.name] = table
+            clocks = {str(k): int(v) for k, v in meta.get("clocks", {}).items()}
+    except CheckpointError:
+        raise
+    except (OSError, KeyError, ValueError, TypeError) as err:
+        raise CheckpointError(f"cannot restore {path}: {err!r}") from None
+    if "embedding" in kinds:
+        try:
+            embeddings.load(Path(ckpt) / kinds["embedding"]["file"])
+        except HogshardError as err:
+            raise CheckpointError(err.message) from None
+    store.tables = tables
+    return clocks

@@ -1,0 +1,147 @@
+"""The scheduler's side of checkpoints: rounds started by the ``checkpoint`` op or a timer,
+carried to the servers on their heartbeat replies, finished by writing the manifest.
+
+A round: the scheduler picks ``PARENT/ckpt-N`` and, in every live server's next heartbeat
+reply, sets ``checkpoint: {"path": ...}``. Each server writes its shard files there (its loop
+stops serving while it writes, so each shard file is a consistent cut of that shard) and
+reports ``checkpoint: {"path", "files"}`` (or ``"error"``) in its following heartbeats. When
+every server of the round has reported, the scheduler writes ``manifest.json`` (the shard map,
+policy, worker clocks and every file's size and SHA-256) and moves ``LATEST``. A round fails if
+a server reports an error, dies, or takes longer than ``timeout`` seconds.
+
+Example::
+
+    rounds = CheckpointRounds(every=60.0, directory=Path("/ckpt"))
+    if rounds.due(now): rounds.start(Path("/ckpt"), ranks=[0, 1], describe=..., now=now)
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hogshard.proto.errors import CheckpointError, ConfigError, ConflictError
+from hogshard.proto.manifest import new_checkpoint_dir, next_sequence, write_manifest
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Round:
+    path: Path
+    ranks: set[int]
+    describe: Callable[[], dict[str, Any]]
+    started: float
+    files: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    error: str | None = None
+    manifest: dict[str, Any] | None = None
+
+
+class CheckpointRounds:
+    """At most one round at a time; ``every`` seconds between periodic rounds (None: off)."""
+
+    def __init__(self, every: float | None = None, directory: Path | None = None,
+                 timeout: float = 300.0) -> None:
+        if every and directory is None:
+            raise ConfigError("--checkpoint-every needs --checkpoint-dir")
+        self.every = every
+        self.directory = directory
+        self.timeout = timeout
+        self.current: Round | None = None
+        self.last: Round | None = None
+        self._next_due = time.monotonic() + every if every else float("inf")
+
+    def due(self, now: float) -> bool:
+        return self.directory is not None and now >= self._next_due and self.current is None
+
+    def start(self, parent: Path, ranks: list[int], describe: Callable[[], dict[str, Any]],
+              now: float) -> Round:
+        if self.current is not None:
+            raise ConflictError(f"a checkpoint into {self.current.path} is in progress; "
+                                "expected one at a time")
+        if not ranks:
+            raise ConflictError("no live server to checkpoint")
+        parent = Path(parent)
+        try:
+            path = new_checkpoint_dir(parent, next_sequence(parent))
+        except OSError as err:
+            raise CheckpointError(f"cannot create a checkpoint in {parent}: {err}") from None
+        self.current = Round(path, set(ranks), describe, now)
+        if self.every:
+            self._next_due = now + self.every
+        log.info("checkpoint %s of servers %s started", path, sorted(ranks))
+        return self.current
+
+    def request_for(self, rank: int) -> dict[str, Any] | None:
+        """What a server's heartbeat reply carries: the round it still has to write."""
+        r = self.current
+        if r is None or rank not in r.ranks or rank in r.files:
+            return None
+        return {"path": str(r.path)}
+
+    def report(self, rank: int, report: Any) -> None:
+        """A server's heartbeat ``checkpoint`` field: its files (or error) for a round."""
+        r = self.current
+        if r is None or not isinstance(report, dict) or report.get("path") != str(r.path):
+            return
+        if rank not in r.ranks or rank in r.files:
+            return
+        if report.get("error"):
+            self._fail(f"server {rank}: {report['error']}")
+            return
+        files = report.get("files")
+        if not isinstance(files, list) or not all(isinstance(f, dict) for f in files):
+            self._fail(f"server {rank} reported no files")
+            return
+        r.files[rank] = files
+        if set(r.files) == r.ranks:
+            self._finish()
+
+    def check(self, now: float, alive_ranks: set[int]) -> None:
+        """Fail the round if a server of it died or it ran past the timeout."""
+        r = self.current
+        if r is None:
+            return
+        lost = sorted(r.ranks - alive_ranks - set(r.files))
+        if lost:
+            self._fail(f"server(s) {lost} died during the checkpoint")
+        elif now - r.started > self.timeout:
+            self._fail(f"servers {sorted(r.ranks - set(r.files))} did not report within "
+                       f"{self.timeout:.0f} s")
+
+    def _finish(self) -> None:
+        r = self.current
+        assert r is not None
+        manifest = {"servers": len(r.ranks), **r.describe(),
+                    "files": [e for rank in sorted(r.files) for e in r.files[rank]]}
+        try:
+            write_manifest(r.path, manifest)
+        except OSError as err:
+            self._fail(f"cannot write the manifest: {err}")
+            return
+        r.manifest = manifest
+        log.info("checkpoint %s complete (%d files)", r.path, len(manifest["files"]))
+        self.last, self.current = r, None
+
+    def _fail(self, why: str) -> None:
+        r = self.current
+        assert r is not None
+        r.error = f"checkpoint {r.path} failed: {why}"
+        log.error("%s", r.error)
+        self.last, self.current = r, None
+
+    def waiter(self, r: Round) -> Callable[[], dict[str, Any] | None]:
+        """For the ``checkpoint`` op: the reply once ``r`` is done; raises if it failed."""
+
+        def ready() -> dict[str, Any] | None:
+            if r.error:
+                raise CheckpointError(r.error)
+            if r.manifest is None:
+                return None
+            return {"path": str(r.path), "files": r.manifest["files"]}
+
+        return ready
