@@ -12,7 +12,6 @@ Example::
 from __future__ import annotations
 
 import json
-import logging
 import os
 import sys
 import tomllib
@@ -55,21 +54,6 @@ def _codec_option():
                    help="gradient compression, e.g. topk:0.01, sign, fp16, powersgd:4, "
                    "qsgd:16, randomk:0.1; options ,min_size=N ,ef=0; per table: "
                    "'topk:0.01;emb=fp16'")
-
-
-def _checkpoint_options(command):
-    """``--checkpoint-every SECONDS`` with ``--checkpoint-dir DIR`` (both or neither)."""
-    command = _option("checkpoint-dir", default=None, type=click.Path(file_okay=False),
-                      help="directory for periodic checkpoints (ckpt-N folders, LATEST)")(command)
-    return _option("checkpoint-every", default=None, type=click.FloatRange(min=0.1),
-                   help="seconds between checkpoints of every shard (needs --checkpoint-dir)"
-                   )(command)
-
-
-def _restore_option(command):
-    return _option("restore", default=None, type=click.Path(exists=True, file_okay=False),
-                   help="resume from this checkpoint (a ckpt-N folder, or its parent: LATEST); "
-                   "the number of servers and their ranks must match")(command)
 
 
 def _check_policy(ctx: click.Context, param: click.Parameter, value: str) -> str:
@@ -116,11 +100,17 @@ def _start_metrics(service, role: str, port: int | None, host: str) -> None:
               envvar=env_name("config"), help="TOML file with a table of defaults per command")
 @_option("log-level", default="INFO",
          type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+@_option("log-format", default="text", type=click.Choice(["text", "logfmt", "json"]),
+         help="one line per event with role and rank: text, logfmt (key=value) or json")
 @click.version_option(package_name="hogshard")
 @click.pass_context
-def main(ctx: click.Context, config_file: str | None, log_level: str) -> None:
+def main(ctx: click.Context, config_file: str | None, log_level: str, log_format: str) -> None:
     """hogshard: a parameter server for asynchronous SGD over ZeroMQ."""
-    logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT, stream=sys.stderr)
+    from hogshard.logs import configure_logging
+
+    ctx.meta["hogshard.log_context"] = configure_logging(
+        log_level, log_format, role=ctx.invoked_subcommand or "cli")
+    os.environ[env_name("log-format")] = log_format  # processes it starts log alike
     if config_file:
         try:
             ctx.default_map = tomllib.loads(Path(config_file).read_text())
@@ -140,18 +130,14 @@ def main(ctx: click.Context, config_file: str | None, log_level: str) -> None:
 @_option("address-file", default=None, type=click.Path(dir_okay=False),
          help="write the bound address here once listening")
 @_metrics_options
-@_checkpoint_options
-@_restore_option
 def scheduler(bind: str, policy: str, servers: int, heartbeat_interval: float,
               heartbeat_timeout: float, address_file: str | None, metrics_port: int | None,
-              metrics_host: str, checkpoint_every: float | None, checkpoint_dir: str | None,
-              restore: str | None) -> None:
+              metrics_host: str) -> None:
     """Run the scheduler: membership, heartbeats, shard map, consistency policy."""
     from hogshard.scheduler.service import Scheduler
 
     service = _or_exit(lambda: Scheduler(bind, policy, servers, heartbeat_interval,
-                                         heartbeat_timeout, checkpoint_every=checkpoint_every,
-                                         checkpoint_dir=checkpoint_dir, restore=restore))
+                                         heartbeat_timeout))
     _start_metrics(service, "scheduler", metrics_port, metrics_host)
     if address_file:
         tmp = Path(address_file + ".tmp")
@@ -168,10 +154,8 @@ def scheduler(bind: str, policy: str, servers: int, heartbeat_interval: float,
 @_option("rank", default=None, type=click.IntRange(min=0), help="rank to ask for")
 @_option("max-message-bytes", default=1 << 31, type=click.IntRange(min=1024))
 @_metrics_options
-@_restore_option
 def server(scheduler: str, bind: str, advertise: str | None, rank: int | None,
-           max_message_bytes: int, metrics_port: int | None, metrics_host: str,
-           restore: str | None) -> None:
+           max_message_bytes: int, metrics_port: int | None, metrics_host: str) -> None:
     """Run one parameter-server shard."""
     from hogshard.tuning import tune_server_process
 
@@ -179,8 +163,7 @@ def server(scheduler: str, bind: str, advertise: str | None, rank: int | None,
     from hogshard.ps.server import ShardServer
 
     service = _or_exit(lambda: ShardServer(scheduler, bind, advertise, rank,
-                                           max_message_bytes=max_message_bytes,
-                                           restore=restore))
+                                           max_message_bytes=max_message_bytes))
     _start_metrics(service, "server", metrics_port, metrics_host)
     _serve(service)
 
@@ -212,21 +195,16 @@ def worker(scheduler: str, rank: int | None, num_workers: int | None, codec: str
 @_codec_option()
 @click.option("--progress/--no-progress", default=True, help="show a progress bar")
 @click.option("--verbose", is_flag=True, help="show the scheduler's and servers' INFO logs")
-@_checkpoint_options
-@_restore_option
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def launch(servers: int, workers: int, policy: str, heartbeat_timeout: float, codec: str | None,
-           progress: bool, verbose: bool, checkpoint_every: float | None,
-           checkpoint_dir: str | None, restore: str | None, command: tuple[str, ...]) -> None:
+           progress: bool, verbose: bool, command: tuple[str, ...]) -> None:
     """Run a whole job on this host: a scheduler, SERVERS servers and WORKERS copies of COMMAND."""
     from hogshard.launcher import LocalCluster
 
     cluster = _or_exit(lambda: LocalCluster(servers, workers, policy, list(command),
                                             heartbeat_timeout=heartbeat_timeout,
                                             progress=progress, codec=codec,
-                                            service_log_level="INFO" if verbose else "WARNING",
-                                            checkpoint_every=checkpoint_every,
-                                            checkpoint_dir=checkpoint_dir, restore=restore))
+                                            service_log_level="INFO" if verbose else "WARNING"))
     code = _or_exit(cluster.run)
     sys.exit(code)
 
@@ -243,19 +221,6 @@ def _call_scheduler(scheduler: str, op: str, fields: dict | None, timeout: float
     finally:
         channel.close()
         context.term()
-
-
-@main.command()
-@_option("scheduler", default=DEFAULT_SCHEDULER, help="the scheduler's address")
-@_option("timeout", default=300.0, type=click.FloatRange(min=0.1))
-@click.argument("directory", type=click.Path(file_okay=False))
-def checkpoint(scheduler: str, timeout: float, directory: str) -> None:
-    """Checkpoint every shard of a running job into DIRECTORY/ckpt-N (atomically; LATEST is
-    moved once the manifest is written). Prints the checkpoint's path."""
-    reply = _call_scheduler(scheduler, "checkpoint", {"dir": str(Path(directory).resolve())},
-                            timeout)
-    total = sum(f["bytes"] for f in reply["files"])
-    click.echo(f"{reply['path']} ({len(reply['files'])} files, {total} bytes)")
 
 
 @main.group()
@@ -320,6 +285,10 @@ def _or_exit(build):
 def _serve(service) -> None:
     import signal
 
+    context = click.get_current_context(silent=True)
+    log_context = context.meta.get("hogshard.log_context") if context else None
+    if log_context is not None and isinstance(getattr(service, "rank", None), int):
+        log_context.rank = service.rank  # every line from now on names e.g. server-3
     signal.signal(signal.SIGTERM, lambda *_: service.stop())
     try:
         service.serve_forever()

@@ -86,7 +86,7 @@ class MetricsServer:
                               "expected a free port (0 picks one)") from None
         self.host = host
         self.port: int = self._server.server_address[1]
-        log.info("metrics on %s", self.url)
+        log.debug("metrics on %s", self.url)
 
     @property
     def url(self) -> str:
