@@ -56,6 +56,21 @@ def _codec_option():
                    "'topk:0.01;emb=fp16'")
 
 
+def _checkpoint_options(command):
+    """``--checkpoint-every SECONDS`` with ``--checkpoint-dir DIR`` (both or neither)."""
+    command = _option("checkpoint-dir", default=None, type=click.Path(file_okay=False),
+                      help="directory for periodic checkpoints (ckpt-N folders, LATEST)")(command)
+    return _option("checkpoint-every", default=None, type=click.FloatRange(min=0.1),
+                   help="seconds between checkpoints of every shard (needs --checkpoint-dir)"
+                   )(command)
+
+
+def _restore_option(command):
+    return _option("restore", default=None, type=click.Path(exists=True, file_okay=False),
+                   help="resume from this checkpoint (a ckpt-N folder, or its parent: LATEST); "
+                   "the number of servers and their ranks must match")(command)
+
+
 def _check_policy(ctx: click.Context, param: click.Parameter, value: str) -> str:
     from hogshard.scheduler.policy import parse_policy
 
@@ -130,14 +145,18 @@ def main(ctx: click.Context, config_file: str | None, log_level: str, log_format
 @_option("address-file", default=None, type=click.Path(dir_okay=False),
          help="write the bound address here once listening")
 @_metrics_options
+@_checkpoint_options
+@_restore_option
 def scheduler(bind: str, policy: str, servers: int, heartbeat_interval: float,
               heartbeat_timeout: float, address_file: str | None, metrics_port: int | None,
-              metrics_host: str) -> None:
+              metrics_host: str, checkpoint_every: float | None, checkpoint_dir: str | None,
+              restore: str | None) -> None:
     """Run the scheduler: membership, heartbeats, shard map, consistency policy."""
     from hogshard.scheduler.service import Scheduler
 
     service = _or_exit(lambda: Scheduler(bind, policy, servers, heartbeat_interval,
-                                         heartbeat_timeout))
+                                         heartbeat_timeout, checkpoint_every=checkpoint_every,
+                                         checkpoint_dir=checkpoint_dir, restore=restore))
     _start_metrics(service, "scheduler", metrics_port, metrics_host)
     if address_file:
         tmp = Path(address_file + ".tmp")
@@ -154,8 +173,10 @@ def scheduler(bind: str, policy: str, servers: int, heartbeat_interval: float,
 @_option("rank", default=None, type=click.IntRange(min=0), help="rank to ask for")
 @_option("max-message-bytes", default=1 << 31, type=click.IntRange(min=1024))
 @_metrics_options
+@_restore_option
 def server(scheduler: str, bind: str, advertise: str | None, rank: int | None,
-           max_message_bytes: int, metrics_port: int | None, metrics_host: str) -> None:
+           max_message_bytes: int, metrics_port: int | None, metrics_host: str,
+           restore: str | None) -> None:
     """Run one parameter-server shard."""
     from hogshard.tuning import tune_server_process
 
@@ -163,7 +184,8 @@ def server(scheduler: str, bind: str, advertise: str | None, rank: int | None,
     from hogshard.ps.server import ShardServer
 
     service = _or_exit(lambda: ShardServer(scheduler, bind, advertise, rank,
-                                           max_message_bytes=max_message_bytes))
+                                           max_message_bytes=max_message_bytes,
+                                           restore=restore))
     _start_metrics(service, "server", metrics_port, metrics_host)
     _serve(service)
 
@@ -195,16 +217,21 @@ def worker(scheduler: str, rank: int | None, num_workers: int | None, codec: str
 @_codec_option()
 @click.option("--progress/--no-progress", default=True, help="show a progress bar")
 @click.option("--verbose", is_flag=True, help="show the scheduler's and servers' INFO logs")
+@_checkpoint_options
+@_restore_option
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def launch(servers: int, workers: int, policy: str, heartbeat_timeout: float, codec: str | None,
-           progress: bool, verbose: bool, command: tuple[str, ...]) -> None:
+           progress: bool, verbose: bool, checkpoint_every: float | None,
+           checkpoint_dir: str | None, restore: str | None, command: tuple[str, ...]) -> None:
     """Run a whole job on this host: a scheduler, SERVERS servers and WORKERS copies of COMMAND."""
     from hogshard.launcher import LocalCluster
 
     cluster = _or_exit(lambda: LocalCluster(servers, workers, policy, list(command),
                                             heartbeat_timeout=heartbeat_timeout,
                                             progress=progress, codec=codec,
-                                            service_log_level="INFO" if verbose else "WARNING"))
+                                            service_log_level="INFO" if verbose else "WARNING",
+                                            checkpoint_every=checkpoint_every,
+                                            checkpoint_dir=checkpoint_dir, restore=restore))
     code = _or_exit(cluster.run)
     sys.exit(code)
 
@@ -221,6 +248,19 @@ def _call_scheduler(scheduler: str, op: str, fields: dict | None, timeout: float
     finally:
         channel.close()
         context.term()
+
+
+@main.command()
+@_option("scheduler", default=DEFAULT_SCHEDULER, help="the scheduler's address")
+@_option("timeout", default=300.0, type=click.FloatRange(min=0.1))
+@click.argument("directory", type=click.Path(file_okay=False))
+def checkpoint(scheduler: str, timeout: float, directory: str) -> None:
+    """Checkpoint every shard of a running job into DIRECTORY/ckpt-N (atomically; LATEST is
+    moved once the manifest is written). Prints the checkpoint's path."""
+    reply = _call_scheduler(scheduler, "checkpoint", {"dir": str(Path(directory).resolve())},
+                            timeout)
+    total = sum(f["bytes"] for f in reply["files"])
+    click.echo(f"{reply['path']} ({len(reply['files'])} files, {total} bytes)")
 
 
 @main.group()
