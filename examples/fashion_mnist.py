@@ -97,6 +97,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--report", type=Path, default=None, help="write a JSON report here (rank 0)")
     p.add_argument("--save-weights", type=Path, default=None,
                    help="save the final flat weights (.npy) here (rank 0)")
+    p.add_argument("--overlap", action="store_true",
+                   help="push gradient buckets during backward (PSOptimizer overlap=True)")
+    p.add_argument("--chunk-elems", type=int, default=1 << 20,
+                   help="floats per table chunk (the unit of placement, push and pull)")
+    p.add_argument("--bucket-bytes", type=int, default=4 << 20,
+                   help="with --overlap: bytes of gradients per early push")
     p.add_argument("--local", action="store_true",
                    help="train in this process with torch.optim (no cluster), as a baseline")
     return p.parse_args(argv)
@@ -140,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
         rank, workers = client.rank, client.settings.num_workers
         policy, servers = client.policy, client.num_servers
         optimizer = PSOptimizer(client, model.named_parameters(), rule=args.rule,
-                                **rule_hyper(args))
+                                chunk_elems=args.chunk_elems, overlap=args.overlap,
+                                bucket_bytes=args.bucket_bytes, **rule_hyper(args))
 
     total = steps_per_run(data, args.epochs, args.batch, rank, workers, args.limit)
     log.info("rank %d of %d: %s, %d steps of batch %d, rule %s lr %g", rank, workers, data.name,

@@ -300,7 +300,7 @@ class ShardServer:
         staleness = self.applier.push(table, chunks, grads, versions, sender, live, known)
         self.stats.pushes += 1
         self.stats.bytes_in += sum(a.nbytes for a in msg.arrays)
-        if clock is not None:
+        if clock is not None and msg.get("partial") is not True:  # more of this step follows
             self._observed_clocks[sender] = max(self._observed_clocks.get(sender, 0), clock + 1)
         if self._deferred:
             self._release_deferred()
@@ -319,6 +319,12 @@ class ShardServer:
         self, identity: bytes, msg: Message
     ) -> tuple[dict[str, Any], list[np.ndarray]] | None:
         self.store.resolve(msg.get("table"), msg.get("chunks"))  # validate before waiting
+        clock, sender = msg.get("clock"), str(msg.get("from"))
+        if type(clock) is int and clock > self._observed_clocks.get(sender, 0):
+            # its pushes of earlier steps came first on this connection: they are all in
+            self._observed_clocks[sender] = clock
+            if self._deferred:
+                self._release_deferred()
         if not self._pull_allowed(msg):
             self.stats.deferred_pulls += 1
             self._deferred.append(_DeferredPull(identity, msg))

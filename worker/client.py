@@ -58,6 +58,16 @@ class DenseTable:
         return cls(DenseTableSpec(**fields["table"]), [Chunk.from_wire(c) for c in fields["chunks"]])
 
 
+def _by_server(table: DenseTable, chunks: Sequence[Chunk] | None) -> dict[int, list[Chunk]]:
+    """``chunks`` (all of the table's by default) grouped by the server that holds them."""
+    if chunks is None:
+        return table.by_server
+    grouped: dict[int, list[Chunk]] = {}
+    for chunk in chunks:
+        grouped.setdefault(chunk.server, []).append(chunk)
+    return grouped
+
+
 class _Heartbeat(threading.Thread):
     """Sends the worker's clock and progress to the scheduler every interval."""
 
@@ -247,13 +257,17 @@ class PSClient:
         grads: np.ndarray,
         clock: int | None = None,
         compressor: Compressor | None = None,
+        chunks: Sequence[Chunk] | None = None,
+        partial: bool = False,
     ) -> Future:
-        """Send a flat float32 gradient for the whole table, each chunk compressed as the
-        ``compressor``'s policy says (with error feedback). ``grads`` must stay unchanged until
-        the future completes (uncompressed slices leave without a copy)."""
+        """Send a flat float32 gradient for the whole table (or only its ``chunks``), each chunk
+        compressed as the ``compressor``'s policy says (with error feedback). ``grads`` must
+        stay unchanged until the future completes (uncompressed slices leave without a copy).
+        ``partial``: more pushes of this ``clock`` follow (the server does not count the step
+        as completed on this one; the pull of the next clock does)."""
         grads = self._check_flat(table, grads, "grads")
-        futures = []
-        for rank, chunks in table.by_server.items():
+        futures, grouped = [], _by_server(table, chunks)
+        for rank, chunks in grouped.items():  # noqa: B020 (grouped is computed first)
             fields: dict[str, Any] = {
                 "table": table.name,
                 "chunks": [c.chunk_id for c in chunks],
@@ -261,6 +275,8 @@ class PSClient:
             }
             if clock is not None:
                 fields["clock"] = clock
+            if partial:
+                fields["partial"] = True
             slices = [grads[c.offset:c.offset + c.length] for c in chunks]
             if compressor is None:
                 arrays = slices
@@ -276,14 +292,16 @@ class PSClient:
             futures.append(self._request(rank, "push", fields, arrays))
         return Future.gather(futures, self._pump)
 
-    def pull(self, table: DenseTable, out: np.ndarray, clock: int | None = None) -> Future:
-        """Fetch the whole table into the flat float32 array ``out`` (written when the future
-        completes). Under SSP the servers answer once the slowest live worker is close enough."""
+    def pull(self, table: DenseTable, out: np.ndarray, clock: int | None = None,
+             chunks: Sequence[Chunk] | None = None) -> Future:
+        """Fetch the whole table (or only its ``chunks``) into the flat float32 array ``out``
+        (written when the future completes). Under SSP the servers answer once the slowest live
+        worker is close enough."""
         out = self._check_flat(table, out, "out")
         if not out.flags.writeable:
             raise ConfigError("pull: 'out' must be writable")
-        futures = []
-        for rank, chunks in table.by_server.items():
+        futures, grouped = [], _by_server(table, chunks)
+        for rank, chunks in grouped.items():  # noqa: B020 (grouped is computed first)
             fields: dict[str, Any] = {"table": table.name, "chunks": [c.chunk_id for c in chunks]}
             if clock is not None:
                 fields["clock"] = clock

@@ -29,6 +29,8 @@ from hogshard.scheduler.placement import DEFAULT_CHUNK_ELEMS
 from hogshard.worker.client import DenseTable, PSClient
 from hogshard.worker.compression import CompressionPolicy, Compressor
 from hogshard.worker.embedding import RemoteEmbeddingBag, push_gradients
+from hogshard.worker.futures import Future
+from hogshard.worker.overlap import DEFAULT_BUCKET_BYTES, GradientBuckets
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +57,9 @@ class PSOptimizer:
     comes from ``HOGSHARD_CODEC``. ``embeddings`` lists ``RemoteEmbeddingBag``s whose row
     gradients are pushed with every step (their tables' own row rules apply them). The worker
     that the scheduler ranks 0 initialises the table with its model's weights; the others start
-    from those weights.
+    from those weights. ``overlap=True`` pushes buckets of about ``bucket_bytes`` (whole chunks,
+    last layers first) from gradient hooks while backward still runs (one backward per step;
+    see :mod:`hogshard.worker.overlap`); it only helps a table of several chunks.
     """
 
     def __init__(
@@ -67,6 +71,8 @@ class PSOptimizer:
         chunk_elems: int = DEFAULT_CHUNK_ELEMS,
         codec: str | None = None,
         embeddings: Sequence[RemoteEmbeddingBag] = (),
+        overlap: bool = False,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         **hyper: Any,
     ) -> None:
         named = [(n, p) for n, p in named_parameters if p.requires_grad]
@@ -94,6 +100,22 @@ class PSOptimizer:
         )
         self.steps = 0
         self.embeddings = list(embeddings)  # RemoteEmbeddingBags pushed with every step
+        self._buckets = (
+            GradientBuckets(self.params, self.table.chunks, self._grads, self._push_early,
+                            bucket_bytes)
+            if overlap else None
+        )
+
+    def _push_early(self, chunks: list[Any]) -> Future:
+        """Push one bucket from a backward hook (more of this step follows)."""
+        client = self.client
+        return client.push(self.table, self._grads, clock=client.clock,
+                           compressor=self.compressor, chunks=chunks, partial=True)
+
+    def _push_rest(self, chunks: list[Any]) -> Future:
+        client = self.client
+        return client.push(self.table, self._grads, clock=client.clock,
+                           compressor=self.compressor, chunks=chunks)
 
     @property
     def clock(self) -> int:
@@ -120,10 +142,13 @@ class PSOptimizer:
     def step(self, closure: Any = None) -> Any:
         """Push this step's gradients, then pull the weights for the next one."""
         loss = closure() if closure is not None else None
-        self._gather_grads()
         client, timeout = self.client, self.client.settings.request_timeout
-        push = client.push(self.table, self._grads, clock=client.clock,
-                           compressor=self.compressor)
+        if self._buckets is not None:  # most buckets left during backward
+            push = Future.gather(self._buckets.finish(self._push_rest), client._pump)
+        else:
+            self._gather_grads()
+            push = client.push(self.table, self._grads, clock=client.clock,
+                               compressor=self.compressor)
         rows = push_gradients(client, self.embeddings, clock=client.clock)
         client.clock += 1
         with torch.no_grad():

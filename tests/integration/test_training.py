@@ -88,7 +88,7 @@ def test_two_servers_three_workers_train(procs, tmp_path: Path, policy: str, dat
 SEQUENTIAL_FLAGS = ["--lr", "0.05", "--limit", "2048", "--epochs", "1"]
 
 
-def _sequential_vs_local(procs, tmp_path: Path, rule: str) -> float:
+def _sequential_vs_local(procs, tmp_path: Path, rule: str, cluster_flags: tuple = ()) -> float:
     """Train through the launcher (1 worker, 2 servers, ssp:0) and locally with torch.optim at
     the same time; return the max abs difference of the final flat weights."""
     cluster_weights, local_weights = tmp_path / "A.npy", tmp_path / "B.npy"
@@ -96,7 +96,7 @@ def _sequential_vs_local(procs, tmp_path: Path, rule: str) -> float:
     local = procs.spawn(f"local-{rule}", [PYTHON, EXAMPLE, "--local", *flags,
                                           "--save-weights", str(local_weights)])
     _launch(procs, f"launch-{rule}", ["--servers", "2", "--workers", "1", "--policy", "ssp:0"],
-            [*flags, "--save-weights", str(cluster_weights)])
+            [*flags, *cluster_flags, "--save-weights", str(cluster_weights)])
     code = local.wait(LAUNCH_TIMEOUT_S)
     assert code == 0, f"the local run exited with {code}\n{local.tail()}"
     a, b = np.load(cluster_weights), np.load(local_weights)
@@ -125,3 +125,13 @@ def test_one_worker_ssp0_momentum_is_sequential_momentum(procs, tmp_path: Path) 
     steps (fixed in fd7021c)."""
     diff = _sequential_vs_local(procs, tmp_path, "momentum")
     assert diff <= 1e-5, f"cluster and local momentum weights differ by {diff:.3g}"
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120, method="signal")
+def test_one_worker_ssp0_sgd_with_overlap_is_sequential_sgd(procs, tmp_path: Path) -> None:
+    """With ``overlap`` (buckets of 2 chunks of 16 KiB pushed from backward hooks, to both
+    servers) one worker under ssp:0 is still exactly sequential SGD."""
+    diff = _sequential_vs_local(procs, tmp_path, "sgd", ("--overlap", "--chunk-elems", "4096",
+                                                         "--bucket-bytes", "32768"))
+    assert diff <= 1e-5, f"cluster (overlap) and local SGD weights differ by {diff:.3g}"

@@ -1,0 +1,146 @@
+"""Pushing gradients while backward still runs: DDP-style buckets over the table's chunks.
+
+The flat table is cut into buckets of whole chunks (about ``bucket_bytes`` each, last layers
+first). A ``post_accumulate_grad`` hook on every parameter copies its gradient into the flat
+gradient buffer; when every parameter that overlaps a bucket has its gradient, the bucket is
+pushed at once (``partial``: the step's pull, sent by ``PSOptimizer.step``, completes the step
+on the servers), while autograd computes the gradients of earlier layers. Nothing is received
+during backward: replies are read in ``step``, after backward, so weights never change under
+autograd.
+
+Example (what ``PSOptimizer(overlap=True)`` does)::
+
+    buckets = GradientBuckets(params, table.chunks, flat_grads, push_bucket, bucket_bytes=4 << 20)
+    loss.backward()          # buckets leave as they fill
+    futures = buckets.finish()  # push what is left (unused parameters count as zero)
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from hogshard.proto.errors import ConfigError
+from hogshard.scheduler.placement import Chunk
+
+DEFAULT_BUCKET_BYTES = 4 << 20
+
+PushBucket = Callable[[list[Chunk]], Any]
+
+
+def make_buckets(chunks: Sequence[Chunk], bucket_bytes: int) -> list[list[Chunk]]:
+    """Consecutive chunks grouped into buckets of at least ``bucket_bytes`` (one chunk at least),
+    ordered from the end of the table (the last layers, whose gradients come first)."""
+    if bucket_bytes <= 0:
+        raise ConfigError(f"bucket_bytes must be > 0, got {bucket_bytes}")
+    ordered = sorted(chunks, key=lambda c: c.offset, reverse=True)
+    buckets: list[list[Chunk]] = []
+    current: list[Chunk] = []
+    size = 0
+    for chunk in ordered:
+        current.append(chunk)
+        size += 4 * chunk.length
+        if size >= bucket_bytes:
+            buckets.append(current)
+            current, size = [], 0
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+class GradientBuckets:
+    """Tracks which buckets are complete during one backward pass and pushes them."""
+
+    def __init__(self, params: Sequence[torch.nn.Parameter], chunks: Sequence[Chunk],
+                 grads: np.ndarray, push: PushBucket,
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
+        self.buckets = make_buckets(chunks, bucket_bytes)
+        self._grads = torch.from_numpy(grads)
+        self._push = push
+        self._ranges: list[tuple[int, int]] = []
+        offset = 0
+        for p in params:
+            self._ranges.append((offset, offset + p.numel()))
+            offset += p.numel()
+        starts = [s for s, _ in self._ranges]
+        # parameter index -> the buckets it overlaps; bucket -> how many parameters it waits on
+        self._param_buckets: list[list[int]] = [[] for _ in params]
+        self._needed: list[int] = []
+        for b, bucket in enumerate(self.buckets):
+            lo = min(c.offset for c in bucket)
+            hi = max(c.offset + c.length for c in bucket)
+            first = max(0, bisect.bisect_right(starts, lo) - 1)
+            count = 0
+            for i in range(first, len(params)):
+                s, e = self._ranges[i]
+                if s >= hi:
+                    break
+                if e > lo and e > s:
+                    self._param_buckets[i].append(b)
+                    count += 1
+            self._needed.append(count)
+        self._handles = [p.register_post_accumulate_grad_hook(self._hook_for(i))
+                         for i, p in enumerate(params)]
+        self._reset()
+
+    def _reset(self) -> None:
+        self._fired = [False] * len(self._ranges)
+        self._remaining = list(self._needed)
+        self._sent = [False] * len(self.buckets)
+        self.futures: list[Any] = []
+
+    def _hook_for(self, index: int) -> Callable[[torch.Tensor], None]:
+        def hook(param: torch.Tensor) -> None:
+            self._on_grad(index, param)
+        return hook
+
+    def _on_grad(self, index: int, param: torch.Tensor) -> None:
+        s, e = self._ranges[index]
+        mine = self._param_buckets[index]
+        if self._fired[index]:  # a second backward before step: accumulation
+            if any(self._sent[b] for b in mine):
+                raise ConfigError(
+                    "PSOptimizer(overlap=True) pushes gradients during backward; call backward "
+                    "once per step, or pass overlap=False to accumulate gradients")
+        if param.grad is not None:
+            self._grads[s:e].copy_(param.grad.reshape(-1))
+        if self._fired[index]:
+            return
+        self._fired[index] = True
+        for b in mine:
+            self._remaining[b] -= 1
+            if self._remaining[b] == 0:
+                self._send(b)
+
+    def _send(self, b: int) -> None:
+        self._sent[b] = True
+        self.futures.append(self._push(self.buckets[b]))
+
+    def finish(self, push_rest: Callable[[list[Chunk]], Any]) -> list[Any]:
+        """After backward: zero the gradients of parameters that got none, send the buckets not
+        sent yet in one ``push_rest`` call, and start the next step. Returns every future."""
+        for i, fired in enumerate(self._fired):
+            if not fired:
+                s, e = self._ranges[i]
+                self._grads[s:e].zero_()
+        rest = [c for b, bucket in enumerate(self.buckets) if not self._sent[b] for c in bucket]
+        futures = self.futures
+        if rest:
+            futures.append(push_rest(rest))
+        self._reset()
+        return futures
+
+    @property
+    def sent_early(self) -> int:
+        """How many buckets of the current step have left during backward."""
+        return sum(self._sent)
+
+    def remove(self) -> None:
+        """Unregister the hooks."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
