@@ -334,3 +334,13 @@ def _serve(service) -> None:
         service.serve_forever()
     except KeyboardInterrupt:
         service.stop()
+
+
+def _add_deployment_commands() -> None:
+    """``hogshard slurm`` and ``hogshard report`` live in their own modules."""
+    from hogshard.slurm import slurm
+
+    main.add_command(slurm)
+
+
+_add_deployment_commands()
