@@ -98,7 +98,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--save-weights", type=Path, default=None,
                    help="save the final flat weights (.npy) here (rank 0)")
     p.add_argument("--overlap", action="store_true",
-                   help="push gradient buckets during backward (PSOptimizer overlap=True)")
+                   help="push gradient buckets during backward (default: when the table "
+                   "fills several buckets)")
     p.add_argument("--chunk-elems", type=int, default=1 << 20,
                    help="floats per table chunk (the unit of placement, push and pull)")
     p.add_argument("--bucket-bytes", type=int, default=4 << 20,
@@ -146,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         rank, workers = client.rank, client.settings.num_workers
         policy, servers = client.policy, client.num_servers
         optimizer = PSOptimizer(client, model.named_parameters(), rule=args.rule,
-                                chunk_elems=args.chunk_elems, overlap=args.overlap,
+                                chunk_elems=args.chunk_elems, overlap=args.overlap or None,
                                 bucket_bytes=args.bucket_bytes, **rule_hyper(args))
 
     total = steps_per_run(data, args.epochs, args.batch, rank, workers, args.limit)
