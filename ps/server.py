@@ -28,8 +28,10 @@ from hogshard.proto.errors import (
     ErrorCode,
     HogshardError,
     ProtocolError,
+    TooLargeError,
 )
 from hogshard.proto.manifest import load_manifest, resolve_checkpoint
+from hogshard.proto.peerlog import PeerErrorLog
 from hogshard.proto.transport import (
     ERROR,
     RpcChannel,
@@ -50,6 +52,10 @@ from hogshard.ps.stats import ServerStats
 from hogshard.scheduler.policy import ConsistencyPolicy, parse_policy
 
 log = logging.getLogger(__name__)
+
+#: Pulls the policy holds back: per connection and in all (more are refused with TOO_LARGE).
+MAX_DEFERRED_PER_PEER = 64
+MAX_DEFERRED = 4096
 
 
 @dataclass
@@ -83,6 +89,7 @@ class ShardServer:
         self.store = DenseStore()
         self.embeddings = EmbeddingStore()
         self.stats = ServerStats()
+        self._error_log = PeerErrorLog(log)
         self._deferred: list[_DeferredPull] = []
         self._observed_clocks: dict[str, int] = {}
         self._live_workers: dict[str, int] = {}
@@ -261,7 +268,7 @@ class ShardServer:
 
     def _fail(self, identity: bytes, request_id: int, err: HogshardError) -> None:
         self.stats.errors[err.code.value] += 1
-        log.warning("%s error reply %s: %s", self.node_id, err.code.value, err.message)
+        self._error_log.record(identity, err.code.value, err.message)
         reply_error(self._sock, identity, request_id, err)
 
     def _init(self, identity: bytes, msg: Message) -> tuple[dict[str, Any], list[np.ndarray]]:
@@ -326,6 +333,12 @@ class ShardServer:
             if self._deferred:
                 self._release_deferred()
         if not self._pull_allowed(msg):
+            mine = sum(1 for d in self._deferred if d.identity == identity)
+            if mine >= MAX_DEFERRED_PER_PEER or len(self._deferred) >= MAX_DEFERRED:
+                raise TooLargeError(
+                    f"{mine} pulls of this connection ({len(self._deferred)} in all) already "
+                    f"wait; expected at most {MAX_DEFERRED_PER_PEER} per peer, {MAX_DEFERRED} "
+                    "in all")
             self.stats.deferred_pulls += 1
             self._deferred.append(_DeferredPull(identity, msg))
             return None

@@ -28,9 +28,11 @@ from hogshard.proto.errors import (
     ConflictError,
     HogshardError,
     ProtocolError,
+    TooLargeError,
     UnknownTableError,
 )
 from hogshard.proto.manifest import load_manifest, resolve_checkpoint
+from hogshard.proto.peerlog import PeerErrorLog
 from hogshard.proto.transport import bind_router, recv_routed, reply_error, reply_ok
 from hogshard.proto.wire import Message
 from hogshard.scheduler.checkpointing import CheckpointRounds
@@ -49,6 +51,9 @@ log = logging.getLogger(__name__)
 MAX_TABLE_ELEMS = 1 << 40
 #: The most chunks one dense table may be cut into.
 MAX_CHUNKS = 1 << 20
+#: Requests that wait (get_table wait, barrier, wait_servers, checkpoint): per peer and in all.
+MAX_WAITERS_PER_PEER = 64
+MAX_WAITERS = 4096
 
 
 def _positive_int(value: Any, name: str, maximum: int) -> int:
@@ -102,6 +107,7 @@ class Scheduler:
         self.started_at = time.monotonic()
         self._waiters: list[_Waiter] = []
         self._errors: dict[str, int] = {}
+        self._error_log = PeerErrorLog(log)
         self.checkpoints = CheckpointRounds(
             checkpoint_every, Path(checkpoint_dir) if checkpoint_dir else None)
         self.restored_clock = 0
@@ -145,13 +151,19 @@ class Scheduler:
         if isinstance(result, HogshardError):
             self._fail(identity, request_id, result)
         elif callable(result):
-            self._waiters.append(_Waiter(identity, request_id, result))
+            mine = sum(1 for w in self._waiters if w.identity == identity)
+            if mine >= MAX_WAITERS_PER_PEER or len(self._waiters) >= MAX_WAITERS:
+                self._fail(identity, request_id, TooLargeError(
+                    f"{mine} requests of this peer ({len(self._waiters)} in all) already wait; "
+                    f"expected at most {MAX_WAITERS_PER_PEER} per peer, {MAX_WAITERS} in all"))
+            else:
+                self._waiters.append(_Waiter(identity, request_id, result))
         else:
             reply_ok(self._sock, identity, request_id, result)
 
     def _fail(self, identity: bytes, request_id: int, err: HogshardError) -> None:
         self._errors[err.code.value] = self._errors.get(err.code.value, 0) + 1
-        log.warning("error reply %s: %s", err.code.value, err.message)
+        self._error_log.record(identity, err.code.value, err.message)
         reply_error(self._sock, identity, request_id, err)
 
     def _release_waiters(self) -> None:
