@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     total = steps_per_run(data, args.epochs, args.batch, rank, workers, args.limit)
     log.info("rank %d of %d: %s, %d steps of batch %d, rule %s lr %g", rank, workers, data.name,
              total, args.batch, args.rule, args.lr)
-    started, seen, ema = time.monotonic(), 0, None
+    started, seen, ema, done = time.monotonic(), 0, None, 0
     for step, (x, y) in enumerate(batches(data, args.epochs, args.batch, args.seed, rank,
                                           workers, args.limit)):
         optimizer.zero_grad()
@@ -161,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         loss.backward()
         optimizer.step()
         seen += len(y)
+        done += 1
         ema = loss.item() if ema is None else 0.95 * ema + 0.05 * loss.item()
         if client is not None:
             client.set_progress(done=step + 1, total=total, loss=ema)
@@ -168,6 +169,10 @@ def main(argv: list[str] | None = None) -> int:
     log.info("rank %d finished %d samples in %.1f s (%.0f samples/s), loss %.3f", rank, seen,
              wall, seen / wall, ema or 0.0)
 
+    compressor = getattr(optimizer, "compressor", None)
+    codec = compressor.policy.spec() if compressor is not None else "none"
+    # Gradient bytes this worker put on the wire per step (array frames only, headers not counted).
+    bytes_per_step = client.bytes_pushed / done if client is not None and done else None
     if client is not None:
         client.barrier("trained")
         optimizer.pull()
@@ -183,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
             "samples_per_second": samples_per_second, "workers": workers, "servers": servers,
             "policy": policy, "dataset": data.name, "epochs": args.epochs, "batch": args.batch,
             "rule": args.rule, "lr": args.lr, "final_loss": ema,
+            "codec": codec, "steps": done, "parameters": flat_weights(model).size,
+            "bytes_pushed_per_step": bytes_per_step,
         }
         if args.report:
             args.report.write_text(json.dumps(report, indent=2))

@@ -6,6 +6,7 @@
 | fp16   | values ``<f2``                            | 2                 |
 | bf16   | upper halves of the float32s, ``<u2``     | 2                 |
 | sign   | packed sign bits ``|u1``, scale ``<f4[1]`` | 1/8 (+4 a slice)  |
+| sign:B | packed sign bits, scales ``<f4[ceil(n/B)]`` | 1/8 + 4/B        |
 
 Example::
 
@@ -24,17 +25,20 @@ import numpy as np
 
 from hogshard.proto.codecs.base import (
     F32,
+    MAX_SLICE,
     Codec,
     Encoded,
     byte_lookup,
     check_grad,
+    check_int,
     check_size,
     expect_array,
     expect_payload,
     expect_scale,
+    parse_int,
     scale_buffer,
 )
-from hogshard.proto.errors import DtypeError
+from hogshard.proto.errors import ConfigError, DtypeError, ProtocolError
 
 #: _SIGN_BITS[b, j]: whether bit j (most significant first, as np.packbits) of byte b is set.
 _SIGN_BITS = ((np.arange(256)[:, None] >> (7 - np.arange(8))) & 1).astype(np.bool_)
@@ -141,33 +145,73 @@ class BF16Codec(Codec):
 
 
 class SignCodec(Codec):
-    """1-bit sign with one scale (EF-SignSGD): decodes to ``scale * sign(g)``, scale = mean |g|.
+    """1-bit sign with scales (EF-SignSGD): decodes to ``scale * sign(g)``, scale = mean |g|.
 
+    ``sign`` keeps one scale for the whole slice; ``sign:BLOCK`` keeps one per block of BLOCK
+    elements (``<f4[ceil(n / BLOCK)]``), which follows layers of very different gradient
+    magnitude when one slice spans several of them, at ``32 / BLOCK`` more bits per element.
     Zeros (and -0.0 as negative) get a sign too. Use with error feedback: the scaled sign is
     biased, and the residual carries what it loses.
 
     Example::
 
         >>> import numpy as np
-        >>> codec = SignCodec()
-        >>> codec.nbytes_for(1_000_000)
-        125004
+        >>> SignCodec().nbytes_for(1_000_000), SignCodec(1024).nbytes_for(1_000_000)
+        (125004, 128908)
+        >>> codec = SignCodec(2)
+        >>> codec.decode(codec.encode(np.array([1, -3, 0.5, 0.5], dtype=np.float32)), 4).tolist()
+        [2.0, -2.0, 0.5, 0.5]
     """
 
     name: ClassVar[str] = "sign"
     lossless: ClassVar[bool] = False
 
+    def __init__(self, block: int = 0) -> None:
+        check_int(self.name, "block", block, 0, MAX_SLICE)
+        self.block = block
+
+    @classmethod
+    def from_args(cls, args: list[str]) -> Codec:
+        if not args:
+            return cls()
+        if len(args) != 1 or not args[0]:
+            raise ConfigError(f"codec spec {'sign:' + ':'.join(args)!r} is malformed; "
+                              "expected 'sign' or 'sign:BLOCK'")
+        return cls(parse_int(cls.name, "block", args[0], 1, MAX_SLICE))
+
+    def spec(self) -> str:
+        return f"{self.name}:{self.block}" if self.block else self.name
+
+    def _blocks(self, size: int) -> int:
+        return -(-size // self.block) if self.block else 1
+
     def encode(self, grad: np.ndarray, state: dict[str, Any] | None = None, seed: int = 0) -> Encoded:
         grad = check_grad(grad)
-        scale = float(np.abs(grad).mean(dtype=np.float64)) if grad.size else 0.0
-        return Encoded({}, [np.packbits(np.signbit(grad)), scale_buffer(scale)])
+        bits = np.packbits(np.signbit(grad))
+        if not self.block:
+            scale = float(np.abs(grad).mean(dtype=np.float64)) if grad.size else 0.0
+            return Encoded({}, [bits, scale_buffer(scale)])
+        starts = np.arange(0, grad.size, self.block)
+        sums = np.add.reduceat(np.abs(grad), starts, dtype=np.float64) if grad.size else starts
+        counts = np.minimum(self.block, grad.size - starts)
+        return Encoded({}, [bits, (sums / counts).astype(F32)])
 
     def decode(self, encoded: Encoded, size: int) -> np.ndarray:
         size = check_size(self.name, size)
         _, (packed, scale_buf) = expect_payload(self.name, encoded, 2)
         expect_array(self.name, "packed sign bits", packed, "|u1", ((size + 7) // 8,))
-        scale = expect_scale(self.name, "scale", scale_buf)
-        return byte_lookup(np.where(_SIGN_BITS, -scale, scale), packed, size)
+        if not self.block:
+            scale = expect_scale(self.name, "scale", scale_buf)
+            return byte_lookup(np.where(_SIGN_BITS, -scale, scale), packed, size)
+        scales = expect_array(self.name, "scales", scale_buf, "<f4", (self._blocks(size),))
+        if not np.all(np.isfinite(scales) & (scales >= 0)):
+            raise ProtocolError(f"{self.name}: every scale must be a finite non-negative float32")
+        out = byte_lookup(np.where(_SIGN_BITS, np.float32(-1), np.float32(1)), packed, size)
+        full = size // self.block
+        out[: full * self.block].reshape(full, self.block)[...] *= scales[:full, None]
+        if full < scales.size:
+            out[full * self.block :] *= scales[full]
+        return out
 
     def nbytes_for(self, size: int) -> int:
-        return (size + 7) // 8 + 4
+        return (size + 7) // 8 + 4 * self._blocks(size)

@@ -35,7 +35,7 @@ FAST = settings(deadline=None, max_examples=60, suppress_health_check=[HealthChe
 FUZZ = settings(deadline=None, max_examples=300, suppress_health_check=[HealthCheck.too_slow])
 
 SPECS = [
-    "none", "fp16", "bf16", "sign", "topk:0.01", "topk:0.3", "topk:1.0", "randomk:0.25",
+    "none", "fp16", "bf16", "sign", "sign:7", "sign:256", "topk:0.01", "topk:0.3", "topk:1.0", "randomk:0.25",
     "randomk:0.5:biased", "qsgd:1", "qsgd:5", "qsgd:127", "qsgd:1000", "powersgd:1", "powersgd:4",
 ]
 
@@ -93,6 +93,7 @@ def test_specs_are_canonicalised(spec: str, canonical: str) -> None:
     ("qsgd:0", "[1, 32767]"), ("qsgd:1.5", "not an integer"), ("qsgd:x", "not an integer"),
     ("qsgd:40000", "[1, 32767]"), ("powersgd:0", "rank"), ("powersgd:-2", "rank"),
     ("none:1", "expected 'none'"), ("fp16:2", "expected 'fp16'"), ("sign:", "malformed"),
+    ("sign:0", "block"), ("sign:4:4", "malformed"),
 ])
 def test_bad_specs_say_what_is_wrong(spec: str, words: str) -> None:
     with pytest.raises(ConfigError) as info:
@@ -222,6 +223,20 @@ def test_bf16_special_values() -> None:
     assert out[0] == np.inf and out[1] == -np.inf and np.isnan(out[2]) and np.isnan(out[3])
     assert out[4] == 0.0 and np.signbit(out[4]) and out[5] == np.inf
     assert out[6] == 1.0 and out[7] == 1.0 + 4 * 2**-8  # ties go to the even neighbour
+
+
+@FAST
+@given(grads, st.integers(1, 64))
+def test_block_sign_decodes_to_each_blocks_mean_magnitude(grad: np.ndarray, block: int) -> None:
+    codec = make_codec(f"sign:{block}")
+    enc = codec.encode(grad)
+    assert enc.nbytes == codec.nbytes_for(grad.size) == (grad.size + 7) // 8 + 4 * -(-grad.size // block)
+    expected = np.empty_like(grad)
+    for start in range(0, grad.size, block):
+        part = grad[start:start + block]
+        scale = np.float32(np.abs(part).mean(dtype=np.float64))
+        expected[start:start + block] = np.where(np.signbit(part), -scale, scale)
+    np.testing.assert_allclose(codec.decode(enc, grad.size), expected, rtol=1e-6)
 
 
 @FAST
@@ -446,6 +461,9 @@ CORRUPT: list[tuple[str, Any, type[Exception]]] = [
     ("sign", lambda e: with_buffer(e, 1, np.array([-1.0], "<f4")), ProtocolError),
     ("sign", lambda e: with_buffer(e, 1, np.array([1.0, 2.0], "<f4")), ShapeError),
     ("sign", lambda e: Encoded({}, e.buffers[:1]), ProtocolError),
+    ("sign:8", lambda e: with_buffer(e, 1, e.buffers[1][:-1]), ShapeError),
+    ("sign:8", lambda e: with_buffer(e, 1, np.array([1.0, np.nan, 1.0], "<f4")), ProtocolError),
+    ("sign:8", lambda e: with_buffer(e, 1, np.array([1.0, -1.0, 1.0], "<f4")), ProtocolError),
     ("topk:0.2", lambda e: with_meta(e, k=-1), ProtocolError),
     ("topk:0.2", lambda e: with_meta(e, k=21), ProtocolError),
     ("topk:0.2", lambda e: with_meta(e, k=4.0), ProtocolError),
