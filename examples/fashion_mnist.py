@@ -83,6 +83,20 @@ def accuracy(model: nn.Module, x: np.ndarray, y: np.ndarray) -> float:
     return correct / len(y)
 
 
+def sample(client, seconds: float, step: int, loss: float, logits: torch.Tensor,
+           y: torch.Tensor) -> list[float]:
+    """One ``history`` row: [seconds, step, loss, batch accuracy, staleness mean, p99] (the
+    job's staleness, from the scheduler's status; zeros without a cluster)."""
+    batch_accuracy = float((logits.argmax(1) == y).float().mean())
+    mean = p99 = 0.0
+    if client is not None:
+        from hogshard.status import ClusterView
+
+        st = ClusterView(client.status()).staleness()
+        mean, p99 = float(st["mean"]), float(st["p99"])
+    return [round(seconds, 3), step, loss, batch_accuracy, mean, p99]
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data", type=Path, default=None,
@@ -95,6 +109,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--limit", type=int, default=None, help="use only the first N training images")
     p.add_argument("--report", type=Path, default=None, help="write a JSON report here (rank 0)")
+    p.add_argument("--sample-every", type=float, default=1.0,
+                   help="seconds between the report's history samples (loss, accuracy, staleness)")
     p.add_argument("--save-weights", type=Path, default=None,
                    help="save the final flat weights (.npy) here (rank 0)")
     p.add_argument("--overlap", action="store_true",
@@ -154,15 +170,20 @@ def main(argv: list[str] | None = None) -> int:
     log.info("rank %d of %d: %s, %d steps of batch %d, rule %s lr %g", rank, workers, data.name,
              total, args.batch, args.rule, args.lr)
     started, seen, ema, done = time.monotonic(), 0, None, 0
+    history, sampled_at = [], -float("inf")  # rank 0's samples for `hogshard report`
     for step, (x, y) in enumerate(batches(data, args.epochs, args.batch, args.seed, rank,
                                           workers, args.limit)):
         optimizer.zero_grad()
-        loss = F.cross_entropy(model(x), y)
+        logits = model(x)
+        loss = F.cross_entropy(logits, y)
         loss.backward()
         optimizer.step()
         seen += len(y)
         done += 1
         ema = loss.item() if ema is None else 0.95 * ema + 0.05 * loss.item()
+        if rank == 0 and time.monotonic() - started - sampled_at >= args.sample_every:
+            sampled_at = time.monotonic() - started
+            history.append(sample(client, sampled_at, step + 1, ema, logits.detach(), y))
         if client is not None:
             client.set_progress(done=step + 1, total=total, loss=ema)
     wall = time.monotonic() - started
@@ -188,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
             "samples_per_second": samples_per_second, "workers": workers, "servers": servers,
             "policy": policy, "dataset": data.name, "epochs": args.epochs, "batch": args.batch,
             "rule": args.rule, "lr": args.lr, "final_loss": ema,
+            "history_columns": ["seconds", "step", "loss", "batch_accuracy", "staleness_mean",
+                                "staleness_p99"],
+            "history": history,
             "codec": codec, "steps": done, "parameters": flat_weights(model).size,
             "bytes_pushed_per_step": bytes_per_step,
         }

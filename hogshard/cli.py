@@ -338,9 +338,11 @@ def _serve(service) -> None:
 
 def _add_deployment_commands() -> None:
     """``hogshard slurm`` and ``hogshard report`` live in their own modules."""
+    from hogshard.report import report
     from hogshard.slurm import slurm
 
     main.add_command(slurm)
+    main.add_command(report)
 
 
 _add_deployment_commands()

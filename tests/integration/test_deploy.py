@@ -341,4 +341,5 @@ def test_compose_services_train_as_local_processes(procs, tmp_path: Path) -> Non
     report = json.loads((checkpoints / "report.json").read_text())
     assert report["workers"] == workers and report["servers"] == 2, report
     assert report["final_loss"] is not None
+    assert report["history"] and len(report["history"][0]) == len(report["history_columns"])
     assert all(p.alive() for p in [scheduler, *servers]), procs.report()
