@@ -30,7 +30,7 @@ from hogshard.worker.client import DenseTable, PSClient
 from hogshard.worker.compression import CompressionPolicy, Compressor
 from hogshard.worker.embedding import RemoteEmbeddingBag, push_gradients
 from hogshard.worker.futures import Future
-from hogshard.worker.overlap import DEFAULT_BUCKET_BYTES, GradientBuckets
+from hogshard.worker.overlap import DEFAULT_BUCKET_BYTES, GradientBuckets, make_buckets
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,8 @@ class PSOptimizer:
     that the scheduler ranks 0 initialises the table with its model's weights; the others start
     from those weights. ``overlap=True`` pushes buckets of about ``bucket_bytes`` (whole chunks,
     last layers first) from gradient hooks while backward still runs (one backward per step;
-    see :mod:`hogshard.worker.overlap`); it only helps a table of several chunks.
+    see :mod:`hogshard.worker.overlap`); by default (``None``) it is on when the table fills
+    more than one bucket (1.5x faster steps measured on a 34 MB MLP, benchmarks/overlap.py).
     """
 
     def __init__(
@@ -71,7 +72,7 @@ class PSOptimizer:
         chunk_elems: int = DEFAULT_CHUNK_ELEMS,
         codec: str | None = None,
         embeddings: Sequence[RemoteEmbeddingBag] = (),
-        overlap: bool = False,
+        overlap: bool | None = None,
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         **hyper: Any,
     ) -> None:
@@ -100,6 +101,8 @@ class PSOptimizer:
         )
         self.steps = 0
         self.embeddings = list(embeddings)  # RemoteEmbeddingBags pushed with every step
+        if overlap is None:  # by default where it can help: the table fills several buckets
+            overlap = len(make_buckets(self.table.chunks, bucket_bytes)) > 1
         self._buckets = (
             GradientBuckets(self.params, self.table.chunks, self._grads, self._push_early,
                             bucket_bytes)

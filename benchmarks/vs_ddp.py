@@ -1,0 +1,227 @@
+"""Time to reach a test accuracy on Fashion-MNIST with 4 workers: hogshard (async, ssp:2,
+softsync:2+lr=staleness) against torch DistributedDataParallel over gloo, then with one worker
+slowed to a third of the others' speed (it sleeps twice its own compute time after each step).
+
+Same model (``SmallCNN`` of examples/fashion_mnist.py), per-worker batch, optimizer (Adam, lr
+constant) and data sharding in both. Rank 0 evaluates on a fixed test subset every ``--every``
+of its steps; the evaluation time is taken off the clock. hogshard: ``hogshard launch --servers 1
+--workers 4 --policy P``, the update rule runs on the server, and a worker that reaches the
+target writes a stop file that every worker checks each step. DDP: 4 processes, rank 0
+broadcasts the stop flag after each evaluation. One torch thread per process.
+
+    .venv/bin/python benchmarks/vs_ddp.py --quick          # target 0.75, no straggler runs
+    .venv/bin/python benchmarks/vs_ddp.py --json /tmp/vs_ddp.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+POLICIES = ("async", "ssp:2", "softsync:2+lr=staleness")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="target 0.75, no straggler runs")
+    p.add_argument("--target", type=float, default=None, help="test accuracy to reach (0.85)")
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--every", type=int, default=20, help="rank 0 evaluates every N steps")
+    p.add_argument("--test-subset", type=int, default=2000)
+    p.add_argument("--max-seconds", type=float, default=None, help="per run (300; 120 quick)")
+    p.add_argument("--policies", default=",".join(POLICIES))
+    p.add_argument("--no-straggler", action="store_true")
+    p.add_argument("--json", type=Path, default=None)
+    # internal: one worker of a run
+    p.add_argument("--role", choices=["hogshard", "ddp"], default=None, help=argparse.SUPPRESS)
+    p.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--straggler", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--out", type=Path, default=None, help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+# ---- one worker ------------------------------------------------------------------------------
+
+
+def worker(args: argparse.Namespace) -> int:
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+
+    sys.path.insert(0, str(REPO / "examples"))
+    from fashion_mnist import SmallCNN, accuracy, batch_order
+
+    from hogshard.datasets import load_image_dataset
+
+    torch.set_num_threads(1)
+    data = load_image_dataset(None)
+    torch.manual_seed(0)
+    model = SmallCNN(data.train_x.shape[-1], data.num_classes)
+    test_x, test_y = data.test_x[:args.test_subset], data.test_y[:args.test_subset]
+    stop_file = args.out.parent / "stop"
+    client = None
+    if args.role == "hogshard":
+        from hogshard import PSClient, PSOptimizer
+
+        client = PSClient.from_env()
+        rank, workers = client.rank, client.settings.num_workers
+        opt = PSOptimizer(client, model.named_parameters(), rule="adam", lr=args.lr)
+    else:
+        import torch.distributed as dist
+
+        rank, workers = args.rank, args.workers
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=rank,
+                                world_size=workers)
+        model = torch.nn.parallel.DistributedDataParallel(model)
+        opt = torch.optim.Adam(model.parameters(), lr=args.lr, foreach=False)
+    straggler = args.straggler and rank == workers - 1
+    curve: list[tuple[float, int, float]] = []
+    off_clock, step, reached = 0.0, 0, None
+    n = len(data.train_y)
+    started = time.monotonic()
+    epoch = 0
+    while reached is None:
+        order = batch_order(n, epoch, 0, rank, workers)
+        epoch += 1
+        for s in range(0, len(order) - args.batch + 1, args.batch):
+            t0 = time.monotonic()
+            index = order[s:s + args.batch]
+            x, y = torch.from_numpy(data.train_x[index]), torch.from_numpy(data.train_y[index])
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+            step += 1
+            if straggler:
+                time.sleep(2 * (time.monotonic() - t0))
+            elapsed = time.monotonic() - started - off_clock
+            stop = False
+            if rank == 0 and step % args.every == 0:
+                t1 = time.monotonic()
+                acc = accuracy(model.module if args.role == "ddp" else model, test_x, test_y)
+                off_clock += time.monotonic() - t1
+                curve.append((elapsed, step, acc))
+                if acc >= args.target or elapsed > args.max_seconds:
+                    reached = elapsed if acc >= args.target else None
+                    stop = True
+                    stop_file.touch()
+            if args.role == "ddp":
+                if step % args.every == 0:
+                    flag = torch.tensor([1 if stop else 0])
+                    torch.distributed.broadcast(flag, 0)
+                    stop = bool(flag.item())
+            else:
+                stop = stop or stop_file.exists()
+            if stop:
+                break
+        if stop:
+            break
+    if rank == 0:
+        args.out.write_text(json.dumps({"seconds_to_target": reached, "steps": step,
+                                        "curve": curve}))
+    if client is not None:
+        client.close()
+    else:
+        import torch.distributed as dist
+        dist.destroy_process_group()
+    del np
+    return 0
+
+
+# ---- the runs --------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run(argvs: list[list[str]], timeout: float) -> None:
+    env = {**os.environ, "HOGSHARD_TORCH_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen(a, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for a in argvs]
+    try:
+        for proc in procs:
+            out, _ = proc.communicate(timeout=timeout)
+            if proc.returncode != 0:
+                raise RuntimeError(f"{proc.args} exited with {proc.returncode}:\n{out[-3000:]}")
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+
+
+def one_run(args: argparse.Namespace, system: str, straggler: bool) -> dict:
+    run_dir = Path(tempfile.mkdtemp(prefix="hogshard-vsddp-"))
+    out = run_dir / "rank0.json"
+    common = ["--target", str(args.target), "--batch", str(args.batch), "--lr", str(args.lr),
+              "--every", str(args.every), "--test-subset", str(args.test_subset),
+              "--max-seconds", str(args.max_seconds), "--workers", str(args.workers),
+              "--out", str(out), *(["--straggler"] if straggler else [])]
+    me = [sys.executable, str(Path(__file__).resolve())]
+    started = time.monotonic()
+    if system == "ddp":
+        port = _free_port()
+        _run([[*me, "--role", "ddp", "--rank", str(r), "--port", str(port), *common]
+              for r in range(args.workers)], args.max_seconds * 3 + 120)
+    else:
+        _run([[sys.executable, "-m", "hogshard", "launch", "--servers", "1", "--workers",
+               str(args.workers), "--policy", system, "--no-progress", "--", *me, "--role",
+               "hogshard", *common]], args.max_seconds * 3 + 120)
+    result = json.loads(out.read_text())
+    final = result["curve"][-1] if result["curve"] else (None, None, None)
+    return {"system": "ddp/gloo" if system == "ddp" else f"hogshard {system}",
+            "straggler": straggler, "seconds_to_target": result["seconds_to_target"],
+            "rank0_steps": result["steps"], "final_accuracy": final[2],
+            "run_seconds": time.monotonic() - started, "curve": result["curve"]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    args.target = args.target or (0.75 if args.quick else 0.85)
+    args.max_seconds = args.max_seconds or (120.0 if args.quick else 300.0)
+    if args.role is not None:
+        return worker(args)
+    load_before = os.getloadavg()
+    systems = ["ddp", *[p for p in args.policies.split(",") if p]]
+    rows = []
+    for straggler in ([False] if args.quick or args.no_straggler else [False, True]):
+        for system in systems:
+            rows.append(one_run(args, system, straggler))
+            r = rows[-1]
+            print(f"  {r['system']:<34} straggler={straggler!s:<5} -> "
+                  f"{r['seconds_to_target']} s", flush=True)
+    load_after = os.getloadavg()
+    print(f"\ntime to {args.target:.2f} test accuracy ({args.test_subset} test images), "
+          f"{args.workers} workers, batch {args.batch}, Adam lr {args.lr}; {os.cpu_count()} "
+          f"cores; load {load_before[0]:.2f} -> {load_after[0]:.2f}")
+    print(f"{'system':<34} {'straggler':>9} {'s to target':>11} {'vs ddp':>7} {'rank0 steps':>11} "
+          f"{'last acc':>8}")
+    for r in rows:
+        ddp = next(d for d in rows if d["system"] == "ddp/gloo" and d["straggler"] == r["straggler"])
+        t, td = r["seconds_to_target"], ddp["seconds_to_target"]
+        ratio = f"{t / td:.2f}" if t is not None and td else "-"
+        shown = f"{t:.1f}" if t is not None else f">{args.max_seconds:.0f}"
+        print(f"{r['system']:<34} {r['straggler']!s:>9} {shown:>11} {ratio:>7} "
+              f"{r['rank0_steps']:>11} {r['final_accuracy'] or 0:8.3f}")
+    if args.json:
+        args.json.write_text(json.dumps({"target": args.target, "workers": args.workers,
+                                         "loadavg": [load_before, load_after], "rows": rows},
+                                        indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
