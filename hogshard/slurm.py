@@ -8,6 +8,10 @@ the job through the same CLI code paths as a hand-started cluster:
 * tasks 1 .. servers-1 run one server each (data port ``--port + 1 + SLURM_LOCALID``);
 * the other tasks run ``hogshard worker`` with rank ``SLURM_PROCID - servers``.
 
+The processes inherit the environment: set ``HOGSHARD_KEYS`` (a folder from ``hogshard keys
+generate``, on a shared file system) to encrypt the job's links, or ``HOGSHARD_INSECURE=1`` to
+allow plain TCP, which servers and the scheduler otherwise refuse on a non-loopback address.
+
 Example::
 
     >>> expand_nodelist("node[01-03,05],gpu7")
@@ -172,10 +176,13 @@ def _end_when_workers_done(scheduler: str, workers: int, join_timeout: float,
     job (``shutdown``). Returns 0 if every worker left cleanly."""
     import zmq
 
+    from hogshard.proto.security import load_security
     from hogshard.proto.transport import RpcChannel
 
     context = zmq.Context()
-    channel = RpcChannel(context, scheduler, sender="slurm")
+    # The same keys as the processes it started (HOGSHARD_KEYS), or plain TCP.
+    security = load_security(os.environ.get(env_name("keys")) or None)
+    channel = RpcChannel(context, scheduler, sender="slurm", security=security)
     started = time.monotonic()
     try:
         while True:

@@ -64,7 +64,10 @@ class ServerCollector:
         by_codec = CounterMetricFamily("hogshard_server_bytes_in",
                                        "payload bytes received in pushes",
                                        labels=[*names, "codec"])
-        codecs = s["bytes_in_by_codec"] or {"all": wire["bytes_in"]}
+        codecs = dict(s["bytes_in_by_codec"])
+        other = wire["bytes_in"] - sum(codecs.values())  # embedding rows, not by codec
+        if other > 0 or not codecs:
+            codecs["other"] = max(0, other)
         for codec, nbytes in sorted(codecs.items()):
             by_codec.add_metric([*values, str(codec)], nbytes)
         yield by_codec

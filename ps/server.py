@@ -306,7 +306,7 @@ class ShardServer:
             self._heartbeat_due = min(self._heartbeat_due, self._heartbeat_sent_at + 0.05)
         staleness = self.applier.push(table, chunks, grads, versions, sender, live, known)
         self.stats.pushes += 1
-        self.stats.bytes_in += sum(a.nbytes for a in msg.arrays)
+        self.stats.record_push_bytes(msg.arrays, msg.get("codecs"))
         if clock is not None and msg.get("partial") is not True:  # more of this step follows
             self._observed_clocks[sender] = max(self._observed_clocks.get(sender, 0), clock + 1)
         if self._deferred:

@@ -68,6 +68,21 @@ class ServerStats:
     dropped: int = 0
     errors: Counter[str] = field(default_factory=Counter)
     staleness: Counter[int] = field(default_factory=Counter)
+    bytes_in_by_codec: Counter[str] = field(default_factory=Counter)
+
+    def record_push_bytes(self, arrays: list[Any], codecs: Any = None) -> None:
+        """Count a dense push's payload in ``bytes_in`` and per codec name (``none`` when
+        uncompressed); ``codecs`` is the push's validated ``[spec, meta, frames]`` list."""
+        total = sum(a.nbytes for a in arrays)
+        self.bytes_in += total
+        if not codecs:
+            self.bytes_in_by_codec["none"] += total
+            return
+        cursor = 0
+        for spec, _, count in codecs:
+            name = str(spec).split(":", 1)[0].strip().lower()
+            self.bytes_in_by_codec[name] += sum(a.nbytes for a in arrays[cursor:cursor + count])
+            cursor += count
 
     def record_staleness(self, staleness: int) -> None:
         self.staleness[staleness_bucket(staleness)] += 1

@@ -34,9 +34,8 @@ DOCKER = REPO / "docker"
 COMPOSE = DOCKER / "docker-compose.yml"
 CURVE_OVERLAY = DOCKER / "docker-compose.curve.yml"
 K8S = sorted((DOCKER / "k8s").glob("*.yaml"))
-#: Read by the example's container command or reserved for CURVE keys (issue 8).
-EXTRA_ENV = {"HOGSHARD_EXAMPLE_ARGS", "HOGSHARD_TORCH_THREADS", "HOGSHARD_CURVE_SECRET_KEY_FILE",
-             "HOGSHARD_CURVE_SERVER_KEY_FILE"}
+#: Read by the example's container command and by the example itself.
+EXTRA_ENV = {"HOGSHARD_EXAMPLE_ARGS", "HOGSHARD_TORCH_THREADS"}
 
 _DURATION = {"type": "string", "pattern": r"^(\d+(ms|s|m|h))+$"}
 _STRINGS = {"type": "array", "items": {"type": "string"}, "minItems": 1}
@@ -52,7 +51,8 @@ SERVICE_SCHEMA = {
         "command": _STRINGS,
         "environment": {"type": "object",
                         "additionalProperties": {"type": ["string", "number", "null"]}},
-        "ports": {"type": "array", "items": {"type": "string", "pattern": r"^\d+(:\d+)?$"}},
+        "ports": {"type": "array", "items": {"type": "string",
+                                             "pattern": r"^([0-9.]+:)?\d+(:\d+)?$"}},
         "volumes": {"type": "array", "items": {"type": "string", "pattern": r"^[^:]+:/[^:]*$"}},
         "secrets": {"type": "array", "items": {"type": "string"}},
         "depends_on": {"type": "object", "additionalProperties": {
@@ -142,12 +142,10 @@ def test_compose_passes_docker_compose_config(tmp_path: Path) -> None:
         pytest.skip("no `docker compose` on this machine; the schema test below covers it")
     keys = tmp_path / "keys"
     keys.mkdir()
-    (keys / "secret.key").write_text("x")
-    (keys / "public.key").write_text("x")
     for files in ([COMPOSE], [COMPOSE, CURVE_OVERLAY]):
         argv = ["docker", "compose", *sum((["-f", str(f)] for f in files), []), "config", "-q"]
         done = subprocess.run(argv, capture_output=True, text=True, timeout=30,
-                              env={**os.environ, "HOGSHARD_CURVE_KEYS": str(keys)})
+                              env={**os.environ, "HOGSHARD_KEYS_DIR": str(keys)})
         assert done.returncode == 0, done.stderr
 
 

@@ -76,6 +76,8 @@ def test_metrics_move_with_work(procs, zmq_ctx) -> None:
         bytes_in = sum(v for (name, _), v in after.items()
                        if name == "hogshard_server_bytes_in_total")
         assert bytes_in >= steps * 256 * 4
+        assert value(after, "hogshard_server_bytes_in_total", node_id="server-0",
+                     codec="none") == steps * 256 * 4
         assert value(after, "hogshard_server_staleness_count", node_id="server-0") == steps
         assert value(after, "hogshard_server_pending_pulls", node_id="server-0") == 0
         errors = [v for (name, _), v in after.items() if name == "hogshard_server_errors_total"]

@@ -38,7 +38,7 @@ def test_slurm_environment_brings_up_a_job(procs) -> None:
     for procid in range(3):
         env = {"SLURM_PROCID": str(procid), "SLURM_NTASKS": "3", "SLURM_NODELIST": "127.0.0.1",
                "SLURM_NODEID": "0", "SLURM_LOCALID": str(procid),
-               "SLURMD_NODENAME": "127.0.0.1"}
+               "SLURMD_NODENAME": "127.0.0.1", "HOGSHARD_INSECURE": "1"}
         tasks.append(procs.hogshard(
             f"task{procid}", "slurm", "--servers", "1", "--port", str(port),
             "--heartbeat-timeout", "3", "--join-timeout", "60", "--",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from hogshard.proto.metrics import snapshot, staleness_histogram
@@ -43,3 +44,12 @@ def test_snapshot_retries_a_concurrent_change() -> None:
     assert snapshot(flaky) == 7 and len(calls) == 3
     with pytest.raises(RuntimeError):
         snapshot(lambda: (_ for _ in ()).throw(RuntimeError("always")), attempts=2)
+
+
+def test_push_bytes_by_codec() -> None:
+    stats = ServerStats()
+    stats.record_push_bytes([np.zeros(10, np.float32)])
+    frames = [np.zeros(4, np.float16), np.zeros(3, np.int32), np.zeros(3, np.float32)]
+    stats.record_push_bytes(frames, [["fp16", {}, 1], ["topk:0.01", {}, 2]])
+    assert stats.bytes_in == 40 + 8 + 12 + 12
+    assert dict(stats.bytes_in_by_codec) == {"none": 40, "fp16": 8, "topk": 24}
