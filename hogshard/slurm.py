@@ -262,9 +262,12 @@ def run_task(plan: TaskPlan, command: Sequence[str], policy: str, heartbeat_time
 def slurm(servers: int, port: int, policy: str, heartbeat_timeout: float, join_timeout: float,
           codec: str | None, command: tuple[str, ...]) -> None:
     """Run this SLURM task's part of a job: ``srun hogshard slurm --servers 2 -- CMD``."""
+    from hogshard.proto.security import load_security
+
     try:
         task = SlurmTask.from_env()
         plan = plan_task(task, servers, port)
+        load_security(os.environ.get(env_name("keys")) or None)  # a bad folder fails here
     except HogshardError as err:
         raise click.ClickException(err.message) from None
     log.info("task %d/%d on %s: %s (scheduler %s)", task.procid, task.ntasks, task.nodename,
