@@ -93,6 +93,9 @@ class ShardServer:
         self._deferred: list[_DeferredPull] = []
         self._observed_clocks: dict[str, int] = {}
         self._live_workers: dict[str, int] = {}
+        # Workers heard from directly but not yet listed by a heartbeat reply, with the time
+        # first heard: they count as live until a reply to a later heartbeat leaves them out.
+        self._newcomers: dict[str, float] = {}
         self._stop = threading.Event()
         self._scheduler = RpcChannel(self._context, scheduler, sender="server-?")
         self._membership_known = False
@@ -192,7 +195,10 @@ class ShardServer:
             if isinstance(workers, dict):
                 self._live_workers = workers
                 self._membership_known = True
-                self.applier.complete_groups(self._live_workers)
+                asked_at = self._heartbeat_sent_at
+                self._newcomers = {w: t for w, t in self._newcomers.items()
+                                   if w not in workers and t >= asked_at}
+                self.applier.complete_groups(self._live_set())
                 self._release_deferred()
 
     def _write_checkpoint(self, request: dict[str, Any]) -> None:
@@ -281,8 +287,21 @@ class ShardServer:
         self.store.init(msg.get("table"), msg.get("rule"), [tuple(e) for e in layout], msg.arrays)
         return {}, []
 
+    def _note_sender(self, sender: str) -> bool:
+        """Whether the scheduler has listed ``sender`` as live; if not, it becomes a newcomer
+        and the next heartbeat is brought forward (at most every 50 ms) to learn about it."""
+        if self._membership_known and sender in self._live_workers:
+            return True
+        self._newcomers.setdefault(sender, time.monotonic())
+        self._heartbeat_due = min(self._heartbeat_due, self._heartbeat_sent_at + 0.05)
+        return False
+
+    def _live_set(self) -> set[str]:
+        return set(self._live_workers) | set(self._newcomers)
+
     def _live_clocks(self, requester: str, clock: int) -> dict[str, int]:
-        clocks = {w: max(c, self._observed_clocks.get(w, 0)) for w, c in self._live_workers.items()}
+        clocks = {w: max(self._live_workers.get(w, 0), self._observed_clocks.get(w, 0))
+                  for w in self._live_set()}
         clocks[requester] = max(clocks.get(requester, 0), clock)
         return clocks
 
@@ -298,12 +317,8 @@ class ShardServer:
         sender = str(msg.get("from"))
         clock = msg.get("clock") if isinstance(msg.get("clock"), int) else None
         self._maybe_switch(clock)
-        live = set(self._live_workers)
-        known = self._membership_known and sender in live
-        if not known:
-            live.add(sender)
-            # Ask the scheduler who is live before closing a group (at most every 50 ms).
-            self._heartbeat_due = min(self._heartbeat_due, self._heartbeat_sent_at + 0.05)
+        known = self._note_sender(sender)
+        live = self._live_set()
         staleness = self.applier.push(table, chunks, grads, versions, sender, live, known)
         self.stats.pushes += 1
         self.stats.record_push_bytes(msg.arrays, msg.get("codecs"))
@@ -325,6 +340,8 @@ class ShardServer:
     def _pull(
         self, identity: bytes, msg: Message
     ) -> tuple[dict[str, Any], list[np.ndarray]] | None:
+        if isinstance(msg.get("clock"), int):
+            self._note_sender(str(msg.get("from")))
         self.store.resolve(msg.get("table"), msg.get("chunks"))  # validate before waiting
         clock, sender = msg.get("clock"), str(msg.get("from"))
         if type(clock) is int and clock > self._observed_clocks.get(sender, 0):
