@@ -395,6 +395,7 @@ def gate_server(spec: str, live: dict[str, int], observed: dict[str, int] | None
     server.applier = UpdateApplier(server.policy, server.stats)
     server._live_workers = dict(live)
     server._observed_clocks = dict(observed or {})
+    server._newcomers = {}
     return server
 
 
@@ -440,3 +441,13 @@ def test_hardsync_gate_holds_a_worker_with_a_gradient_in_the_open_step() -> None
     rig.push("worker-0", 1.0, ["worker-0", "worker-1"])
     assert not server._pull_allowed(pull("worker-0", 1))
     assert server._pull_allowed(pull("worker-1", 1))
+
+
+def test_ssp_gate_counts_a_newcomer_until_a_later_heartbeat_leaves_it_out() -> None:
+    server = gate_server("ssp:0", {"worker-0": 3})
+    server._membership_known, server._heartbeat_due, server._heartbeat_sent_at = True, 9e9, 0.0
+    assert not server._note_sender("worker-1")  # heard from before the scheduler listed it
+    assert not server._pull_allowed(pull("worker-0", 3))  # held back by the newcomer at clock 0
+    assert server._heartbeat_due < 9e9  # and the next heartbeat is brought forward
+    server._newcomers = {w: t for w, t in server._newcomers.items() if t >= 1e9}  # a later reply
+    assert server._pull_allowed(pull("worker-0", 3))
