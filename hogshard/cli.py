@@ -71,6 +71,28 @@ def _restore_option(command):
                    "the number of servers and their ranks must match")(command)
 
 
+def _keys_option(command):
+    """``--keys DIR``: CURVE-encrypt and authenticate every socket (PROTOCOL.md section 2)."""
+    return _option("keys", default=None, type=click.Path(exists=True, file_okay=False),
+                   help="CURVE keys folder (`hogshard keys generate DIR`): every socket is "
+                   "encrypted and only authorised clients connect")(command)
+
+
+def _insecure_option(command):
+    return _option("insecure", is_flag=True, default=False,
+                   help="allow plain TCP (no --keys) on an address other hosts can reach")(command)
+
+
+def _security(keys: str | None, bind: str | None = None, insecure: bool = False):
+    """The process's CURVE keys (None: plain TCP); refuses a plain non-loopback bind."""
+    from hogshard.proto.security import check_plain_bind, load_security
+
+    security = _or_exit(lambda: load_security(keys))
+    if bind is not None:
+        _or_exit(lambda: check_plain_bind(bind, security, insecure))
+    return security
+
+
 def _check_policy(ctx: click.Context, param: click.Parameter, value: str) -> str:
     from hogshard.scheduler.policy import parse_policy
 
@@ -147,16 +169,20 @@ def main(ctx: click.Context, config_file: str | None, log_level: str, log_format
 @_metrics_options
 @_checkpoint_options
 @_restore_option
+@_keys_option
+@_insecure_option
 def scheduler(bind: str, policy: str, servers: int, heartbeat_interval: float,
               heartbeat_timeout: float, address_file: str | None, metrics_port: int | None,
               metrics_host: str, checkpoint_every: float | None, checkpoint_dir: str | None,
-              restore: str | None) -> None:
+              restore: str | None, keys: str | None, insecure: bool) -> None:
     """Run the scheduler: membership, heartbeats, shard map, consistency policy."""
     from hogshard.scheduler.service import Scheduler
 
+    security = _security(keys, bind, insecure)
     service = _or_exit(lambda: Scheduler(bind, policy, servers, heartbeat_interval,
                                          heartbeat_timeout, checkpoint_every=checkpoint_every,
-                                         checkpoint_dir=checkpoint_dir, restore=restore))
+                                         checkpoint_dir=checkpoint_dir, restore=restore,
+                                         security=security))
     _start_metrics(service, "scheduler", metrics_port, metrics_host)
     if address_file:
         tmp = Path(address_file + ".tmp")
@@ -174,18 +200,21 @@ def scheduler(bind: str, policy: str, servers: int, heartbeat_interval: float,
 @_option("max-message-bytes", default=1 << 31, type=click.IntRange(min=1024))
 @_metrics_options
 @_restore_option
+@_keys_option
+@_insecure_option
 def server(scheduler: str, bind: str, advertise: str | None, rank: int | None,
            max_message_bytes: int, metrics_port: int | None, metrics_host: str,
-           restore: str | None) -> None:
+           restore: str | None, keys: str | None, insecure: bool) -> None:
     """Run one parameter-server shard."""
     from hogshard.tuning import tune_server_process
 
     tune_server_process()
     from hogshard.ps.server import ShardServer
 
+    security = _security(keys, bind, insecure)
     service = _or_exit(lambda: ShardServer(scheduler, bind, advertise, rank,
                                            max_message_bytes=max_message_bytes,
-                                           restore=restore))
+                                           restore=restore, security=security))
     _start_metrics(service, "server", metrics_port, metrics_host)
     _serve(service)
 
@@ -196,13 +225,15 @@ def server(scheduler: str, bind: str, advertise: str | None, rank: int | None,
 @_option("num-workers", default=None, type=click.IntRange(min=1),
          help="workers in the job, for sharding data")
 @_codec_option()
+@_keys_option
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def worker(scheduler: str, rank: int | None, num_workers: int | None, codec: str | None,
-           command: tuple[str, ...]) -> None:
+           keys: str | None, command: tuple[str, ...]) -> None:
     """Run COMMAND as a worker of the job (it calls PSClient.from_env())."""
     from hogshard.launcher import worker_environment
 
-    env = worker_environment(scheduler, rank, num_workers, codec=codec)
+    _security(keys)  # refuse a bad keys folder here, before the command starts
+    env = worker_environment(scheduler, rank, num_workers, codec=codec, keys=keys)
     try:
         os.execvpe(command[0], list(command), env)
     except OSError as err:
@@ -219,10 +250,12 @@ def worker(scheduler: str, rank: int | None, num_workers: int | None, codec: str
 @click.option("--verbose", is_flag=True, help="show the scheduler's and servers' INFO logs")
 @_checkpoint_options
 @_restore_option
+@_keys_option
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def launch(servers: int, workers: int, policy: str, heartbeat_timeout: float, codec: str | None,
            progress: bool, verbose: bool, checkpoint_every: float | None,
-           checkpoint_dir: str | None, restore: str | None, command: tuple[str, ...]) -> None:
+           checkpoint_dir: str | None, restore: str | None, keys: str | None,
+           command: tuple[str, ...]) -> None:
     """Run a whole job on this host: a scheduler, SERVERS servers and WORKERS copies of COMMAND."""
     from hogshard.launcher import LocalCluster
 
@@ -231,18 +264,21 @@ def launch(servers: int, workers: int, policy: str, heartbeat_timeout: float, co
                                             progress=progress, codec=codec,
                                             service_log_level="INFO" if verbose else "WARNING",
                                             checkpoint_every=checkpoint_every,
-                                            checkpoint_dir=checkpoint_dir, restore=restore))
+                                            checkpoint_dir=checkpoint_dir, restore=restore,
+                                            keys=keys))
     code = _or_exit(cluster.run)
     sys.exit(code)
 
 
-def _call_scheduler(scheduler: str, op: str, fields: dict | None, timeout: float) -> dict:
+def _call_scheduler(scheduler: str, op: str, fields: dict | None, timeout: float,
+                    keys: str | None = None) -> dict:
     import zmq
 
     from hogshard.proto.transport import RpcChannel
 
+    security = _security(keys)
     context = zmq.Context()
-    channel = RpcChannel(context, scheduler, sender=op)
+    channel = RpcChannel(context, scheduler, sender=op, security=security)
     try:
         return _or_exit(lambda: channel.call(op, fields, timeout=timeout)).header
     finally:
@@ -253,12 +289,13 @@ def _call_scheduler(scheduler: str, op: str, fields: dict | None, timeout: float
 @main.command()
 @_option("scheduler", default=DEFAULT_SCHEDULER, help="the scheduler's address")
 @_option("timeout", default=300.0, type=click.FloatRange(min=0.1))
+@_keys_option
 @click.argument("directory", type=click.Path(file_okay=False))
-def checkpoint(scheduler: str, timeout: float, directory: str) -> None:
+def checkpoint(scheduler: str, timeout: float, keys: str | None, directory: str) -> None:
     """Checkpoint every shard of a running job into DIRECTORY/ckpt-N (atomically; LATEST is
     moved once the manifest is written). Prints the checkpoint's path."""
     reply = _call_scheduler(scheduler, "checkpoint", {"dir": str(Path(directory).resolve())},
-                            timeout)
+                            timeout, keys)
     total = sum(f["bytes"] for f in reply["files"])
     click.echo(f"{reply['path']} ({len(reply['files'])} files, {total} bytes)")
 
@@ -271,19 +308,21 @@ def policy() -> None:
 @policy.command("set")
 @_option("scheduler", default=DEFAULT_SCHEDULER, help="the scheduler's address")
 @_option("timeout", default=5.0, type=click.FloatRange(min=0.1))
+@_keys_option
 @click.argument("spec", callback=_check_policy)
-def policy_set(scheduler: str, timeout: float, spec: str) -> None:
+def policy_set(scheduler: str, timeout: float, keys: str | None, spec: str) -> None:
     """Switch the running job to policy SPEC; every server switches at the same clock."""
-    reply = _call_scheduler(scheduler, "set_policy", {"policy": spec}, timeout)
+    reply = _call_scheduler(scheduler, "set_policy", {"policy": spec}, timeout, keys)
     click.echo(f"policy {reply['policy']} from clock {reply['from_clock']}")
 
 
 @policy.command("show")
 @_option("scheduler", default=DEFAULT_SCHEDULER, help="the scheduler's address")
 @_option("timeout", default=5.0, type=click.FloatRange(min=0.1))
-def policy_show(scheduler: str, timeout: float) -> None:
+@_keys_option
+def policy_show(scheduler: str, timeout: float, keys: str | None) -> None:
     """Print the job's current policy."""
-    click.echo(_call_scheduler(scheduler, "status", None, timeout)["policy"])
+    click.echo(_call_scheduler(scheduler, "status", None, timeout, keys)["policy"])
 
 
 @main.command()
@@ -294,25 +333,45 @@ def policy_show(scheduler: str, timeout: float) -> None:
               metavar="SECONDS", help="redraw the table every SECONDS until interrupted")
 @click.option("--count", default=None, type=click.IntRange(min=1),
               help="with --watch: stop after this many redraws")
+@_keys_option
 def status(scheduler: str, as_json: bool, timeout: float, watch_every: float | None,
-           count: int | None) -> None:
+           count: int | None, keys: str | None) -> None:
     """Show members, clocks, the shard map, updates per second, bytes per second and
     staleness percentiles (a live table with --watch)."""
     if as_json:
-        reply = _call_scheduler(scheduler, "status", None, timeout)
+        reply = _call_scheduler(scheduler, "status", None, timeout, keys)
         click.echo(json.dumps(reply, indent=2, sort_keys=True))
         return
     from hogshard.live_status import make_console, status_panel, watch
 
     console = make_console()
     if watch_every is None:
-        console.print(status_panel(_call_scheduler(scheduler, "status", None, timeout)))
+        console.print(status_panel(_call_scheduler(scheduler, "status", None, timeout, keys)))
         return
     try:
-        watch(lambda: _call_scheduler(scheduler, "status", None, timeout), watch_every,
+        watch(lambda: _call_scheduler(scheduler, "status", None, timeout, keys), watch_every,
               console, count)
     except KeyboardInterrupt:
         pass
+
+
+@main.group()
+def keys() -> None:
+    """CURVE keys: encryption and authentication of every socket of a cluster."""
+
+
+@keys.command("generate")
+@click.option("--client", "clients", multiple=True, default=("client",), show_default=True,
+              help="client keypair name (repeat for several; each NAME.key is authorised)")
+@click.argument("directory", type=click.Path(file_okay=False))
+def keys_generate(clients: tuple[str, ...], directory: str) -> None:
+    """Write a cluster's server keypair and client keypair(s) into DIRECTORY (mode 0600):
+    give DIRECTORY to every process with --keys (HOGSHARD_KEYS); workers and CLI calls need
+    only server.key, their client .key_secret and nothing else."""
+    from hogshard.proto.security import generate_keys
+
+    for path in _or_exit(lambda: generate_keys(directory, clients)):
+        click.echo(str(path))
 
 
 def _or_exit(build):

@@ -29,6 +29,7 @@ import zmq
 
 from hogshard.proto.config import env_name
 from hogshard.proto.errors import ConfigError, HogshardError, RequestTimeoutError
+from hogshard.proto.security import load_security
 from hogshard.proto.transport import RpcChannel
 from hogshard.status import ClusterView
 
@@ -38,6 +39,7 @@ log = logging.getLogger(__name__)
 def worker_environment(
     scheduler: str, rank: int | None = None, num_workers: int | None = None,
     threads: int | None = None, base: dict[str, str] | None = None, codec: str | None = None,
+    keys: str | None = None,
 ) -> dict[str, str]:
     """The environment a worker command runs in (what ``PSClient.from_env`` reads)."""
     env = dict(os.environ if base is None else base)
@@ -48,6 +50,8 @@ def worker_environment(
         env[env_name("num_workers")] = str(num_workers)
     if codec:
         env[env_name("codec")] = codec
+    if keys:
+        env[env_name("keys")] = str(Path(keys).resolve())
     if threads is not None:
         for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", env_name("torch_threads")):
             env.setdefault(var, str(threads))
@@ -84,6 +88,7 @@ class LocalCluster:
     checkpoint_every: float | None = None
     checkpoint_dir: str | None = None
     restore: str | None = None
+    keys: str | None = None
     out: IO[str] = field(default_factory=lambda: sys.stdout)
     _children: list[Child] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -97,6 +102,7 @@ class LocalCluster:
             )
         if not self.command:
             raise ConfigError("no worker command given; expected: hogshard launch ... -- CMD ...")
+        load_security(self.keys)  # a bad keys folder is refused before anything starts
 
     # ---- output -----------------------------------------------------------------------------
 
@@ -129,6 +135,9 @@ class LocalCluster:
     def _hogshard(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "hogshard", "--log-level", self.service_log_level, *args]
 
+    def _keys_args(self) -> list[str]:
+        return ["--keys", str(Path(self.keys).resolve())] if self.keys else []
+
     def _checkpoint_args(self) -> list[str]:
         args = ["--restore", self.restore] if self.restore else []
         if self.checkpoint_dir:
@@ -144,6 +153,7 @@ class LocalCluster:
             "--policy", self.policy, "--servers", str(self.servers),
             "--heartbeat-interval", str(self.heartbeat_interval),
             "--heartbeat-timeout", str(self.heartbeat_timeout), *self._checkpoint_args(),
+            *self._keys_args(),
         ), dict(os.environ))
         deadline = time.monotonic() + self.startup_timeout
         while not address_file.exists():
@@ -164,16 +174,19 @@ class LocalCluster:
                 scheduler = self._start_scheduler(Path(workdir))
                 self._emit(f"[launch] scheduler at {scheduler}; {self.servers} servers, "
                            f"{self.workers} workers, policy {self.policy}")
+                self._emit(f"[launch] CURVE on: keys from {self.keys}" if self.keys else
+                           "[launch] no --keys: plain TCP on 127.0.0.1 (loopback only)")
                 env = dict(os.environ)
                 for rank in range(self.servers):
                     self._spawn("server", rank, self._hogshard(
                         "server", "--scheduler", scheduler, "--rank", str(rank),
+                        *self._keys_args(),
                         *(["--restore", self.restore] if self.restore else [])), env)
                 threads = max(1, (os.cpu_count() or 1) // self.workers)
                 workers = [
                     self._spawn("worker", rank, list(self.command),
                                 worker_environment(scheduler, rank, self.workers, threads,
-                                                   codec=self.codec))
+                                                   codec=self.codec, keys=self.keys))
                     for rank in range(self.workers)
                 ]
                 return self._supervise(scheduler, workers)
@@ -185,7 +198,8 @@ class LocalCluster:
 
     def _supervise(self, scheduler: str, workers: list[Child]) -> int:
         context = zmq.Context()
-        channel = RpcChannel(context, scheduler, sender="launcher")
+        channel = RpcChannel(context, scheduler, sender="launcher",
+                             security=load_security(self.keys))
         view = ClusterView({})
         try:
             self._open_bar()

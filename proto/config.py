@@ -54,7 +54,8 @@ class ClientSettings:
     ``request_timeout``: seconds to wait for any data-plane reply (a pull may wait under SSP);
     ``connect_timeout``: seconds to wait for the scheduler and for every server to register;
     ``num_workers``: how many workers the job was started with (for sharding the data);
-    ``codec``: the gradient compression policy, e.g. ``topk:0.01,min_size=4096`` (none if unset).
+    ``codec``: the gradient compression policy, e.g. ``topk:0.01,min_size=4096`` (none if unset);
+    ``keys``: a CURVE keys folder (``hogshard keys generate DIR``; plain TCP if unset).
     """
 
     scheduler: str = DEFAULT_SCHEDULER
@@ -63,6 +64,7 @@ class ClientSettings:
     request_timeout: float = 300.0
     connect_timeout: float = 60.0
     codec: str | None = None
+    keys: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("request_timeout", "connect_timeout"):

@@ -17,7 +17,7 @@ import itertools
 import logging
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import zmq
@@ -29,6 +29,9 @@ from hogshard.proto.errors import (
     error_from_reply,
 )
 from hogshard.proto.wire import DEFAULT_LIMITS, PROTOCOL_VERSION, Limits, Message, decode, encode
+
+if TYPE_CHECKING:
+    from hogshard.proto.security import Security
 
 log = logging.getLogger(__name__)
 
@@ -43,9 +46,13 @@ def normalise_endpoint(address: str) -> str:
     return address
 
 
-def bind_router(context: zmq.Context, address: str, hwm: int = 10_000) -> tuple[zmq.Socket, str]:
-    """A ROUTER bound at ``address``; returns it and the endpoint it actually bound."""
+def bind_router(context: zmq.Context, address: str, hwm: int = 10_000,
+                security: Security | None = None) -> tuple[zmq.Socket, str]:
+    """A ROUTER bound at ``address``; returns it and the endpoint it actually bound. With
+    ``security`` it is a CURVE server admitting only authorised client keys."""
     sock = context.socket(zmq.ROUTER)
+    if security is not None:
+        security.secure_server(sock, context)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
     sock.setsockopt(zmq.SNDHWM, hwm)
@@ -55,10 +62,14 @@ def bind_router(context: zmq.Context, address: str, hwm: int = 10_000) -> tuple[
     return sock, endpoint.replace("tcp://0.0.0.0:", "tcp://127.0.0.1:")
 
 
-def connect_dealer(context: zmq.Context, address: str, identity: str | None = None) -> zmq.Socket:
-    """A DEALER connected to ``address`` (many requests may be in flight on it)."""
+def connect_dealer(context: zmq.Context, address: str, identity: str | None = None,
+                   security: Security | None = None) -> zmq.Socket:
+    """A DEALER connected to ``address`` (many requests may be in flight on it); a CURVE
+    client of the cluster's server key with ``security``."""
     sock = context.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
+    if security is not None:
+        security.secure_client(sock)
     if identity:
         sock.setsockopt(zmq.IDENTITY, identity.encode())
     sock.connect(address)
@@ -155,10 +166,11 @@ class RpcChannel:
         reply = channel.call("status", timeout=5.0)
     """
 
-    def __init__(self, context: zmq.Context, address: str, sender: str) -> None:
+    def __init__(self, context: zmq.Context, address: str, sender: str,
+                 security: Security | None = None) -> None:
         self.address = address
         self.sender = sender
-        self._sock = connect_dealer(context, address)
+        self._sock = connect_dealer(context, address, security=security)
         self._sock.setsockopt(zmq.SNDHWM, 64)
         self._ids = itertools.count(1)
 

@@ -32,6 +32,7 @@ from hogshard.proto.errors import (
 )
 from hogshard.proto.manifest import load_manifest, resolve_checkpoint
 from hogshard.proto.peerlog import PeerErrorLog
+from hogshard.proto.security import Security
 from hogshard.proto.transport import (
     ERROR,
     RpcChannel,
@@ -79,10 +80,12 @@ class ShardServer:
         max_message_bytes: int = 1 << 31,
         context: zmq.Context | None = None,
         restore: str | None = None,
+        security: Security | None = None,
     ) -> None:
         self._own_context = context is None
         self._context = context or zmq.Context()
-        self._sock, bound = bind_router(self._context, bind)
+        self._security = security
+        self._sock, bound = bind_router(self._context, bind, security=security)
         self._sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
         self.address = advertise or bound
         self.limits = limits
@@ -97,7 +100,8 @@ class ShardServer:
         # first heard: they count as live until a reply to a later heartbeat leaves them out.
         self._newcomers: dict[str, float] = {}
         self._stop = threading.Event()
-        self._scheduler = RpcChannel(self._context, scheduler, sender="server-?")
+        self._scheduler = RpcChannel(self._context, scheduler, sender="server-?",
+                                     security=security)
         self._membership_known = False
         self._pending_switch: tuple[ConsistencyPolicy, int, int] | None = None
         self.policy_version = 0
@@ -155,6 +159,8 @@ class ShardServer:
         self._sock.close(0)
         self._scheduler.close()
         if self._own_context:
+            if self._security is not None:
+                self._security.stop(self._context)
             self._context.term()
 
     # ---- control plane ----------------------------------------------------------------------

@@ -33,6 +33,7 @@ from hogshard.proto.errors import (
 )
 from hogshard.proto.manifest import load_manifest, resolve_checkpoint
 from hogshard.proto.peerlog import PeerErrorLog
+from hogshard.proto.security import Security
 from hogshard.proto.transport import bind_router, recv_routed, reply_error, reply_ok
 from hogshard.proto.wire import Message
 from hogshard.scheduler.checkpointing import CheckpointRounds
@@ -91,6 +92,7 @@ class Scheduler:
         checkpoint_every: float | None = None,
         checkpoint_dir: str | None = None,
         restore: str | None = None,
+        security: Security | None = None,
     ) -> None:
         self.policy = parse_policy(policy)
         self.policy_version = 0
@@ -116,7 +118,8 @@ class Scheduler:
         self._stop = threading.Event()
         self._own_context = context is None
         self._context = context or zmq.Context()
-        self._sock, self.address = bind_router(self._context, bind)
+        self._security = security
+        self._sock, self.address = bind_router(self._context, bind, security=security)
         log.info("scheduler listening on %s policy=%s servers=%d",
                  self.address, self.policy.spec, expected_servers)
 
@@ -136,6 +139,8 @@ class Scheduler:
         finally:
             self._sock.close(0)
             if self._own_context:
+                if self._security is not None:
+                    self._security.stop(self._context)
                 self._context.term()
 
     def stop(self) -> None:

@@ -26,6 +26,7 @@ import zmq
 
 from hogshard.proto.config import ClientSettings
 from hogshard.proto.errors import ConfigError, HogshardError, UnknownMemberError
+from hogshard.proto.security import load_security
 from hogshard.proto.transport import ERROR, RpcChannel, connect_dealer, request_header, send
 from hogshard.proto.wire import decode
 from hogshard.ps.rules import make_rule
@@ -74,7 +75,8 @@ class _Heartbeat(threading.Thread):
     def __init__(self, client: PSClient, context: zmq.Context, interval: float) -> None:
         super().__init__(name=f"hogshard-heartbeat-{client.node_id}", daemon=True)
         self._client = client
-        self._channel = RpcChannel(context, client.settings.scheduler, client.node_id)
+        self._channel = RpcChannel(context, client.settings.scheduler, client.node_id,
+                                   security=client.security)
         self._interval = interval
         self.stopped = threading.Event()
 
@@ -114,7 +116,9 @@ class PSClient:
         self.clock = 0
         self.bytes_pushed = 0
         self.progress: dict[str, Any] = {}
-        self._control = RpcChannel(self._context, self.settings.scheduler, sender="worker-?")
+        self.security = load_security(self.settings.keys)
+        self._control = RpcChannel(self._context, self.settings.scheduler, sender="worker-?",
+                                   security=self.security)
         self._ids = itertools.count(1)
         self._book = RequestBook()
         self._closed = False
@@ -128,7 +132,8 @@ class PSClient:
         self._heartbeat.start()
         servers = self._control.call("wait_servers", timeout=self.settings.connect_timeout)
         self._servers = {
-            s["rank"]: connect_dealer(self._context, s["address"]) for s in servers.get("servers")
+            s["rank"]: connect_dealer(self._context, s["address"], security=self.security)
+            for s in servers.get("servers")
         }
         self._poller = zmq.Poller()
         self._socket_rank: dict[zmq.Socket, int] = {}

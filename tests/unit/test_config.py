@@ -51,9 +51,11 @@ def test_every_field_is_read() -> None:
         "HOGSHARD_REQUEST_TIMEOUT": "12.5",
         "HOGSHARD_CONNECT_TIMEOUT": "7",
         "HOGSHARD_CODEC": "topk:0.01",
+        "HOGSHARD_KEYS": "/etc/hogshard/keys",
     }
     settings = ClientSettings.from_env(env)
-    assert settings == ClientSettings("tcp://10.0.0.1:7000", 3, 8, 12.5, 7.0, "topk:0.01")
+    assert settings == ClientSettings("tcp://10.0.0.1:7000", 3, 8, 12.5, 7.0, "topk:0.01",
+                                      "/etc/hogshard/keys")
     assert type(settings.rank) is int and type(settings.num_workers) is int
     assert type(settings.request_timeout) is float and type(settings.connect_timeout) is float
     # every field has a variable

@@ -1,0 +1,204 @@
+"""CURVE authentication and encryption for every hogshard socket (ZeroMQ's CurveZMQ + ZAP).
+
+A cluster has one **server keypair**, shared by every socket that binds (the scheduler's and
+the servers' ROUTERs), and one or more **client keypairs** for the sockets that connect
+(workers, the servers' link to the scheduler, the CLI's status/policy/checkpoint calls, the
+launcher). A binding ROUTER is a CURVE server whose ZAP handler (a
+``zmq.auth.thread.ThreadAuthenticator`` on its context) admits only the public keys found in the
+keys folder's ``authorized/`` directory; a peer without such a key never completes the
+handshake, so it receives nothing at all.
+
+Layout written by ``hogshard keys generate DIR`` (ZeroMQ certificate files, mode 0600)::
+
+    DIR/server.key               server public key (every process)
+    DIR/server.key_secret        server secret key (scheduler and servers only)
+    DIR/client.key_secret        a client keypair (servers, workers, CLI)
+    DIR/authorized/client.key    public keys allowed to connect (one file per client)
+
+Example::
+
+    >>> import tempfile
+    >>> keys = tempfile.mkdtemp()
+    >>> _ = generate_keys(keys)
+    >>> security = Security.from_dir(keys)
+    >>> len(security.server_public)
+    40
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from hogshard.proto.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+SERVER = "server"
+CLIENT = "client"
+AUTHORIZED = "authorized"
+
+
+def generate_keys(directory: str | os.PathLike[str],
+                  clients: Sequence[str] = (CLIENT,)) -> list[Path]:
+    """Write a cluster's server keypair and one keypair per client name into ``directory``
+    (created with mode 0700, every file 0600). Refuses to overwrite existing keys.
+
+    Example: ``generate_keys("keys")`` -> ``[keys/server.key, keys/server.key_secret, ...]``
+    """
+    import zmq.auth
+
+    root = Path(directory)
+    if (root / f"{SERVER}.key_secret").exists():
+        raise ConfigError(f"{root} already holds a server key; expected an empty or new "
+                          "folder (remove the old keys first)")
+    for name in clients:
+        if not name or "/" in name or name == SERVER or name.startswith("."):
+            raise ConfigError(f"client name {name!r}: expected a plain file name, not "
+                              f"{SERVER!r}")
+    old_umask = os.umask(0o077)  # no other user may read a key, not even briefly
+    try:
+        (root / AUTHORIZED).mkdir(parents=True, exist_ok=True)
+        os.chmod(root, 0o700)
+        written = [Path(p) for p in zmq.auth.create_certificates(root, SERVER)]
+        for name in clients:
+            public, secret = (Path(p) for p in zmq.auth.create_certificates(root, name))
+            authorised = root / AUTHORIZED / public.name
+            shutil.move(public, authorised)
+            written += [authorised, secret]
+    finally:
+        os.umask(old_umask)
+    for path in written:
+        os.chmod(path, 0o600)
+    return written
+
+
+def _load(path: Path, what: str) -> tuple[bytes, bytes | None]:
+    import zmq.auth
+
+    if not path.is_file():
+        raise ConfigError(f"no {what} at {path}; expected the files of "
+                          "`hogshard keys generate DIR` (see --keys)")
+    try:
+        public, secret = zmq.auth.load_certificate(path)
+    except (ValueError, OSError) as err:
+        raise ConfigError(f"{path} is not a ZeroMQ certificate ({what}): {err}") from None
+    if public is None or len(public) != 40:
+        raise ConfigError(f"{path} holds no 40-character Z85 public key ({what})")
+    return public, secret
+
+
+class Security:
+    """The CURVE keys of one process and the ZAP authenticators it started (one per ZeroMQ
+    context that has a binding socket). ``stop(context)`` before terminating a context.
+
+    Example::
+
+        security = Security.from_dir("keys")
+        router, address = bind_router(ctx, "tcp://0.0.0.0:7000", security=security)
+        dealer = connect_dealer(ctx, address, security=security)
+    """
+
+    def __init__(self, directory: Path, server_public: bytes, server_secret: bytes | None,
+                 client_public: bytes, client_secret: bytes) -> None:
+        self.directory = directory
+        self.server_public = server_public
+        self.server_secret = server_secret
+        self.client_public = client_public
+        self.client_secret = client_secret
+        self.authorized = directory / AUTHORIZED
+        self._authenticators: dict[int, Any] = {}
+
+    @classmethod
+    def from_dir(cls, directory: str | os.PathLike[str], client: str = CLIENT) -> Security:
+        """The keys in ``directory`` (the server secret is optional: only binding roles need
+        it; the client keypair ``CLIENT.key_secret`` is required)."""
+        root = Path(directory)
+        if not root.is_dir():
+            raise ConfigError(f"keys folder {root} does not exist; create one with "
+                              "`hogshard keys generate DIR`")
+        server_public, _ = _load(root / f"{SERVER}.key", "server public key")
+        server_secret = None
+        if (root / f"{SERVER}.key_secret").exists():
+            public, server_secret = _load(root / f"{SERVER}.key_secret", "server secret key")
+            if public != server_public:
+                raise ConfigError(f"{root}: server.key and server.key_secret do not match")
+        client_public, client_secret = _load(root / f"{client}.key_secret", "client keypair")
+        if client_secret is None:
+            raise ConfigError(f"{root / (client + '.key_secret')} holds no secret key")
+        return cls(root, server_public, server_secret, client_public, client_secret)
+
+    def secure_server(self, sock: zmq.Socket, context: zmq.Context) -> None:
+        """Make ``sock`` (before it binds) a CURVE server admitting only authorised clients."""
+        if self.server_secret is None:
+            raise ConfigError(f"{self.directory} has no server.key_secret; a process that "
+                              "binds (scheduler, server) needs the cluster's server secret key")
+        if not self.authorized.is_dir() or not any(self.authorized.glob("*.key")):
+            raise ConfigError(f"{self.authorized} lists no client public keys (*.key); no "
+                              "one could connect")
+        self._authenticator(context)
+        sock.setsockopt(zmq.CURVE_SERVER, 1)
+        sock.setsockopt(zmq.CURVE_PUBLICKEY, self.server_public)
+        sock.setsockopt(zmq.CURVE_SECRETKEY, self.server_secret)
+
+    def secure_client(self, sock: zmq.Socket) -> None:
+        """Make ``sock`` (before it connects) a CURVE client of the cluster's server key."""
+        sock.setsockopt(zmq.CURVE_SERVERKEY, self.server_public)
+        sock.setsockopt(zmq.CURVE_PUBLICKEY, self.client_public)
+        sock.setsockopt(zmq.CURVE_SECRETKEY, self.client_secret)
+
+    def _authenticator(self, context: zmq.Context) -> None:
+        if id(context) in self._authenticators:
+            return
+        from zmq.auth.thread import ThreadAuthenticator
+
+        auth = ThreadAuthenticator(context, log=logging.getLogger(__name__ + ".zap"))
+        auth.start()
+        auth.configure_curve(domain="*", location=str(self.authorized))
+        self._authenticators[id(context)] = auth
+        log.info("CURVE on: clients admitted from %s", self.authorized)
+
+    def stop(self, context: zmq.Context) -> None:
+        """Stop the authenticator of ``context`` (its sockets block ``context.term()``)."""
+        auth = self._authenticators.pop(id(context), None)
+        if auth is not None:
+            auth.stop()
+
+
+def load_security(keys: str | os.PathLike[str] | None) -> Security | None:
+    """``Security.from_dir(keys)``, or None (plain TCP) when no keys folder is configured."""
+    return Security.from_dir(keys) if keys else None
+
+
+def is_local_endpoint(address: str) -> bool:
+    """Whether ``address`` binds only this host: ipc://, inproc:// or a loopback tcp host."""
+    if not address.startswith("tcp://"):
+        return address.startswith(("ipc://", "inproc://"))
+    host = address[len("tcp://"):].rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # '*', an interface name or a DNS name: reachable from elsewhere
+
+
+def check_plain_bind(address: str, security: Security | None, insecure: bool) -> None:
+    """Refuse plain TCP reachable from other hosts unless ``insecure`` was asked for.
+
+    >>> check_plain_bind("tcp://127.0.0.1:7000", None, insecure=False)
+    >>> check_plain_bind("tcp://0.0.0.0:7000", None, insecure=True)
+    """
+    if security is not None or insecure or is_local_endpoint(address):
+        return
+    raise ConfigError(
+        f"refusing to bind {address} without CURVE keys: anyone who can reach it could read "
+        "and change the model. Pass --keys DIR (HOGSHARD_KEYS; create them with `hogshard "
+        "keys generate DIR`) or --insecure (HOGSHARD_INSECURE=1) to allow plain TCP")
