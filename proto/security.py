@@ -13,7 +13,11 @@ Layout written by ``hogshard keys generate DIR`` (ZeroMQ certificate files, mode
     DIR/server.key               server public key (every process)
     DIR/server.key_secret        server secret key (scheduler and servers only)
     DIR/client.key_secret        a client keypair (servers, workers, CLI)
+    DIR/client.key               its public key
     DIR/authorized/client.key    public keys allowed to connect (one file per client)
+
+A folder without ``authorized/`` (e.g. a Kubernetes Secret made with ``--from-file=DIR``, which
+keeps only top-level files) admits the public keys ``DIR/*.key`` instead.
 
 Example::
 
@@ -71,8 +75,8 @@ def generate_keys(directory: str | os.PathLike[str],
         for name in clients:
             public, secret = (Path(p) for p in zmq.auth.create_certificates(root, name))
             authorised = root / AUTHORIZED / public.name
-            shutil.move(public, authorised)
-            written += [authorised, secret]
+            shutil.copyfile(public, authorised)
+            written += [public, authorised, secret]
     finally:
         os.umask(old_umask)
     for path in written:
@@ -114,6 +118,8 @@ class Security:
         self.client_public = client_public
         self.client_secret = client_secret
         self.authorized = directory / AUTHORIZED
+        if not self.authorized.is_dir():  # a flattened copy of the folder (k8s Secret)
+            self.authorized = directory
         self._authenticators: dict[int, Any] = {}
 
     @classmethod

@@ -29,7 +29,8 @@ def test_keys_generate_writes_every_file_0600(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     written = [Path(line) for line in result.output.split()]
     assert {p.relative_to(keys).as_posix() for p in written} == {
-        "server.key", "server.key_secret", "client.key_secret", "authorized/client.key"}
+        "server.key", "server.key_secret", "client.key", "client.key_secret",
+        "authorized/client.key"}
     for path in written:
         assert mode(path) == 0o600, path
     assert mode(keys) == 0o700
@@ -62,6 +63,17 @@ def test_a_client_folder_needs_no_server_secret(tmp_path: Path) -> None:
     assert security.server_secret is None
     with pytest.raises(ConfigError, match="server secret"):
         security.secure_server(None, None)  # type: ignore[arg-type]
+
+
+def test_a_flattened_folder_admits_its_top_level_public_keys(tmp_path: Path) -> None:
+    generate_keys(tmp_path / "k")
+    flat = tmp_path / "secret"  # what `kubectl create secret --from-file=k/` mounts
+    flat.mkdir()
+    for path in (tmp_path / "k").glob("*.key*"):
+        (flat / path.name).write_bytes(path.read_bytes())
+    security = Security.from_dir(flat)
+    assert security.authorized == flat
+    assert any(security.client_public.decode() in p.read_text() for p in flat.glob("*.key"))
 
 
 def test_missing_or_broken_keys_are_refused(tmp_path: Path) -> None:
