@@ -106,6 +106,7 @@ class ShardServer:
         self._pending_switch: tuple[ConsistencyPolicy, int, int] | None = None
         self.policy_version = 0
         self._checkpoint_report: dict[str, Any] | None = None
+        self._table_sizes: dict[str, tuple[int, int]] = {}  # name -> (size, chunk_elems)
         self._register(rank_hint, register_timeout)
         if restore:
             self._restore(restore)
@@ -117,17 +118,33 @@ class ShardServer:
         self._heartbeat_in_flight: int | None = None
 
     def _register(self, rank_hint: int | None, timeout: float) -> None:
-        reply = self._scheduler.call(
-            "register",
-            {"role": "server", "address": self.address, "rank_hint": rank_hint},
-            timeout=timeout,
-        )
+        fields: dict[str, Any] = {"role": "server", "address": self.address,
+                                  "rank_hint": rank_hint}
+        tables = self._table_report()
+        if tables:  # a restarted scheduler relearns the shard map from these
+            fields["tables"] = tables
+        reply = self._scheduler.call("register", fields, timeout=timeout)
         self.node_id: str = reply.get("node_id")
         self.rank: int = reply.get("rank")
         self.policy: ConsistencyPolicy = parse_policy(reply.get("policy"))
         self.heartbeat_interval: float = reply.get("heartbeat_interval")
         self._scheduler.sender = self.node_id
         log.info("%s serving on %s policy=%s", self.node_id, self.address, self.policy.spec)
+
+    def _table_report(self) -> dict[str, Any]:
+        """The dense tables held here, for ``register`` (PROTOCOL.md): spec and own chunks."""
+        report = {}
+        for name, table in self.store.tables.items():
+            if name not in self._table_sizes:
+                continue  # initialised by a client that did not send the size
+            size, chunk_elems = self._table_sizes[name]
+            report[name] = {
+                "table": {"name": name, "size": size, "chunk_elems": chunk_elems,
+                          "rule": table.rule_spec},
+                "chunks": [[c.chunk_id, c.offset, c.weights.size]
+                           for c in table.chunks.values()],
+            }
+        return report
 
     # ---- loop -------------------------------------------------------------------------------
 
@@ -230,6 +247,9 @@ class ShardServer:
         manifest = load_manifest(ckpt, verify_ranks={self.rank})
         self._observed_clocks = restore_shard(self.store, self.embeddings, manifest, self.rank,
                                               ckpt)
+        for name, view in manifest.get("tables", {}).items():
+            spec = view.get("table", {})
+            self._table_sizes[name] = (int(spec.get("size", 0)), int(spec.get("chunk_elems", 0)))
         log.info("%s restored %s: tables %s", self.node_id, ckpt, sorted(self.store.tables))
 
     def _take_policy(self, spec: Any, version: Any, from_clock: Any) -> None:
@@ -291,6 +311,9 @@ class ShardServer:
         ):
             raise ProtocolError("field 'layout' must list [chunk_id, offset, length] triples")
         self.store.init(msg.get("table"), msg.get("rule"), [tuple(e) for e in layout], msg.arrays)
+        size, chunk_elems = msg.get("size"), msg.get("chunk_elems")
+        if type(size) is int and type(chunk_elems) is int and size > 0 and chunk_elems > 0:
+            self._table_sizes.setdefault(msg.get("table"), (size, chunk_elems))
         return {}, []
 
     def _note_sender(self, sender: str) -> bool:

@@ -45,6 +45,7 @@ from hogshard.scheduler.placement import (
     plan_dense_table,
 )
 from hogshard.scheduler.policy import parse_policy
+from hogshard.scheduler.recovery import merge_chunks, parse_table_report
 
 log = logging.getLogger(__name__)
 
@@ -198,10 +199,15 @@ class Scheduler:
         role = msg.get("role")
         start_clock = max(self.members.min_live_clock(), self.restored_clock) \
             if role == "worker" else 0
+        if role == "worker" and type(msg.get("clock")) is int and msg.get("clock") >= 0:
+            start_clock = msg.get("clock")  # a worker rejoining a restarted scheduler
+        reported = parse_table_report(msg.get("tables")) \
+            if role == "server" and msg.get("tables") is not None else {}
         member = self.members.register(
             role, str(msg.get("address", "")), time.monotonic(),
             rank_hint=msg.get("rank_hint"), clock=start_clock,
         )
+        self._adopt_tables(member.rank, reported)
         self._log_membership()
         return {
             "node_id": member.node_id,
@@ -212,6 +218,28 @@ class Scheduler:
             "heartbeat_timeout": self.members.heartbeat_timeout,
             "epoch": self.members.epoch,
         }
+
+    def _adopt_tables(self, rank: int, reported: dict[str, Any]) -> None:
+        """Relearn the shard map from a registering server's tables (scheduler restart;
+        scheduler/recovery.py). Tables this scheduler already knows as ready are kept."""
+        for name, (spec, layout) in reported.items():
+            table = self.tables.get(name)
+            if table is None:
+                table = self.tables[name] = _Table(spec, [])
+            elif (table.spec.size, table.spec.rule) != (spec.size, spec.rule):
+                log.error("server %d reports table %s as %s; the scheduler has %s", rank, name,
+                          spec.to_wire(), table.spec.to_wire())
+                continue
+            if table.ready and any(c.server == rank for c in table.chunks):
+                continue
+            try:
+                table.chunks, table.ready = merge_chunks(table.spec, table.chunks, rank, layout)
+            except HogshardError as err:
+                log.error("server %d: %s", rank, err.message)
+                continue
+            self.members.epoch += 1
+            log.info("table %s: server %d reported %d chunks%s", name, rank, len(layout),
+                     "; shard map complete" if table.ready else "")
 
     def _heartbeat(self, msg: Message) -> dict[str, Any]:
         member = self.members.touch(msg.get("from", ""), time.monotonic())

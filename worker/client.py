@@ -33,6 +33,7 @@ from hogshard.ps.rules import make_rule
 from hogshard.scheduler.placement import DEFAULT_CHUNK_ELEMS, Chunk, DenseTableSpec
 from hogshard.worker import sparse
 from hogshard.worker.compression import Compressor, message_seed
+from hogshard.worker.control import call_across_restarts
 from hogshard.worker.futures import Future, PendingRequest, RequestBook
 
 log = logging.getLogger(__name__)
@@ -114,6 +115,7 @@ class PSClient:
         self._own_context = context is None
         self._context = context or zmq.Context()
         self.clock = 0
+        self.generation = 0  # registrations since the first (a scheduler restart adds one)
         self.bytes_pushed = 0
         self.progress: dict[str, Any] = {}
         self.security = load_security(self.settings.keys)
@@ -162,7 +164,8 @@ class PSClient:
         """Called by the heartbeat thread when the scheduler no longer knows this worker."""
         try:
             reply = channel.call(
-                "register", {"role": "worker", "rank_hint": self.rank}, timeout=5.0
+                "register", {"role": "worker", "rank_hint": self.rank, "clock": self.clock},
+                timeout=5.0,
             )
         except HogshardError as err:
             log.warning("re-registration failed: %s", err.message)
@@ -170,6 +173,7 @@ class PSClient:
         self.node_id = reply.get("node_id")
         self.rank = reply.get("rank")
         self._control.sender = self.node_id
+        self.generation += 1
 
     # ---- tables -----------------------------------------------------------------------------
 
@@ -209,7 +213,8 @@ class PSClient:
         futures = []
         for rank, chunks in table.by_server.items():
             fields = {
-                "table": name, "rule": spec.rule,
+                "table": name, "rule": spec.rule, "size": spec.size,
+                "chunk_elems": table.spec.chunk_elems,
                 "layout": [[c.chunk_id, c.offset, c.length] for c in chunks],
             }
             arrays = [init[c.offset:c.offset + c.length] for c in chunks]
@@ -349,9 +354,10 @@ class PSClient:
     # ---- control plane ----------------------------------------------------------------------
 
     def barrier(self, name: str, timeout: float | None = None) -> None:
-        """Wait until every live worker has reached the barrier ``name``."""
-        self._control.call("barrier", {"name": name},
-                           timeout=timeout or self.settings.request_timeout)
+        """Wait until every live worker has reached the barrier ``name`` (sent again to a
+        restarted scheduler once this worker has re-registered)."""
+        call_across_restarts(self._control, "barrier", {"name": name},
+                             timeout or self.settings.request_timeout, lambda: self.generation)
 
     def set_progress(self, **fields: Any) -> None:
         """Progress shown by ``hogshard status`` and the launcher (e.g. done, total, loss)."""
@@ -369,7 +375,11 @@ class PSClient:
         self._heartbeat.join(timeout=10.0)  # no heartbeat may arrive after the leave
         if leave:
             try:
-                self._control.call("leave", {"clock": self.clock}, timeout=5.0)
+                try:
+                    self._control.call("leave", {"clock": self.clock}, timeout=5.0)
+                except UnknownMemberError:  # a restarted scheduler: rejoin to leave cleanly
+                    self.reregister(self._control)
+                    self._control.call("leave", {"clock": self.clock}, timeout=5.0)
             except HogshardError as err:
                 log.warning("leave failed: %s", err.message)
         for sock in self._servers.values():

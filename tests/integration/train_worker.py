@@ -35,6 +35,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--step-delay", type=float, default=0.0,
                    help="seconds to pause after each step (paces a worker, and under SSP the "
                    "whole job)")
+    p.add_argument("--barrier", default=None,
+                   help="after the last step, wait at this barrier (prints 'at barrier')")
     p.add_argument("--join-timeout", type=float, default=60.0,
                    help="seconds to wait for every worker to register")
     return p.parse_args(argv)
@@ -83,6 +85,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.step_delay:
             time.sleep(args.step_delay)
     print(f"done clock {client.clock}", flush=True)
+    if args.barrier:
+        print(f"at barrier {args.barrier}", flush=True)
+        client.barrier(args.barrier, timeout=60.0)
+        print(f"passed barrier {args.barrier}", flush=True)
     client.close()
     return 0
 
