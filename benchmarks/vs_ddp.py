@@ -9,7 +9,7 @@ of its steps; the evaluation time is taken off the clock. hogshard: ``hogshard l
 target writes a stop file that every worker checks each step. DDP: 4 processes, rank 0
 broadcasts the stop flag after each evaluation. One torch thread per process.
 
-    .venv/bin/python benchmarks/vs_ddp.py --quick          # target 0.75, no straggler runs
+    .venv/bin/python benchmarks/vs_ddp.py --quick          # target 0.75, DDP and async only
     .venv/bin/python benchmarks/vs_ddp.py --json /tmp/vs_ddp.json
 """
 
@@ -31,7 +31,8 @@ POLICIES = ("async", "ssp:2", "softsync:2+lr=staleness")
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="target 0.75, no straggler runs")
+    p.add_argument("--quick", action="store_true",
+                   help="target 0.75, DDP and async only, no straggler runs")
     p.add_argument("--target", type=float, default=None, help="test accuracy to reach (0.85)")
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--batch", type=int, default=64)
@@ -39,7 +40,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--every", type=int, default=20, help="rank 0 evaluates every N steps")
     p.add_argument("--test-subset", type=int, default=2000)
     p.add_argument("--max-seconds", type=float, default=None, help="per run (300; 120 quick)")
-    p.add_argument("--policies", default=",".join(POLICIES))
+    p.add_argument("--policies", default=None, help=f"comma list ({','.join(POLICIES)})")
     p.add_argument("--no-straggler", action="store_true")
     p.add_argument("--json", type=Path, default=None)
     # internal: one worker of a run
@@ -195,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.role is not None:
         return worker(args)
     load_before = os.getloadavg()
-    systems = ["ddp", *[p for p in args.policies.split(",") if p]]
+    policies = args.policies or ("async" if args.quick else ",".join(POLICIES))
+    systems = ["ddp", *[p for p in policies.split(",") if p]]
     rows = []
     for straggler in ([False] if args.quick or args.no_straggler else [False, True]):
         for system in systems:
