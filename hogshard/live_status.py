@@ -116,21 +116,42 @@ def make_console() -> Console:
     return console
 
 
+def _panel_or_error(fetch: Callable[[], dict[str, Any]], last_ok: float) -> RenderableType:
+    """The panel, or a line saying the scheduler did not answer (the watch goes on)."""
+    try:
+        return status_panel(fetch())
+    except Exception as err:  # a restarting scheduler must not end the watch
+        message = getattr(err, "message", None) or str(err)
+        return Text(f"scheduler unreachable ({time.monotonic() - last_ok:.0f}s since the last "
+                    f"answer): {message}", style="bold red")
+
+
 def watch(fetch: Callable[[], dict[str, Any]], every: float, console: Console,
           count: int | None = None) -> None:
     """Redraw ``status_panel(fetch())`` every ``every`` seconds (``count`` times, or until
-    interrupted). Off a terminal each snapshot is printed after the previous one."""
-    shown = 0
+    interrupted); the first fetch must succeed, later failures are shown and retried. Off a
+    terminal each snapshot is printed after the previous one."""
+    first = status_panel(fetch())
+    last_ok = time.monotonic()
+
+    def next_panel() -> RenderableType:
+        nonlocal last_ok
+        panel = _panel_or_error(fetch, last_ok)
+        if not isinstance(panel, Text):
+            last_ok = time.monotonic()
+        return panel
+
     if not console.is_terminal:
-        while count is None or shown < count:
-            if shown:
-                time.sleep(every)
-            console.print(status_panel(fetch()))
-            shown += 1
-        return
-    with Live(status_panel(fetch()), console=console, auto_refresh=False) as live:
+        console.print(first)
         shown = 1
         while count is None or shown < count:
             time.sleep(every)
-            live.update(status_panel(fetch()), refresh=True)
+            console.print(next_panel())
+            shown += 1
+        return
+    with Live(first, console=console, auto_refresh=False) as live:
+        shown = 1
+        while count is None or shown < count:
+            time.sleep(every)
+            live.update(next_panel(), refresh=True)
             shown += 1
