@@ -58,6 +58,11 @@ class CheckpointRounds:
     def due(self, now: float) -> bool:
         return self.directory is not None and now >= self._next_due and self.current is None
 
+    def postpone(self, now: float) -> None:
+        """The next periodic checkpoint is due one interval from ``now``."""
+        if self.every:
+            self._next_due = now + self.every
+
     def start(self, parent: Path, ranks: list[int], describe: Callable[[], dict[str, Any]],
               now: float) -> Round:
         if self.current is not None:

@@ -435,10 +435,12 @@ class Scheduler:
 
     def _tick_checkpoints(self, now: float) -> None:
         self.checkpoints.check(now, {m.rank for m in self.members.live("server")})
-        if self.checkpoints.due(now):
+        if self.checkpoints.due(now) and self.tables:  # nothing to save before a table exists
             try:
                 self._start_checkpoint(self.checkpoints.directory)
             except HogshardError as err:
+                # try again one interval later rather than on every tick
+                self.checkpoints.postpone(now)
                 log.warning("periodic checkpoint skipped: %s", err.message)
 
     def _checkpoint(self, msg: Message) -> Callable[[], dict[str, Any] | None]:
