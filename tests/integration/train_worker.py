@@ -54,7 +54,8 @@ def wait_for_workers(client: PSClient, expected: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while True:
         members = client.status()["members"]
-        alive = [m for m in members if m["role"] == "worker" and m["state"] == "alive"]
+        # "done": a fast worker may finish and leave before a slow one polls
+        alive = [m for m in members if m["role"] == "worker" and m["state"] in ("alive", "done")]
         if len(alive) >= expected:
             return
         if time.monotonic() > deadline:
