@@ -83,7 +83,7 @@ class UpdateApplier:
                 grad = self._compensate(table.name, chunk, grad, sender)
             scale = modifiers.lr_scale(staleness)
             if group_size == 1 and not self.policy.waits_for_apply:
-                table.rule.apply(chunk.weights, grad, chunk.state, scale)
+                table.rule.apply(chunk.writable(), grad, chunk.state, scale)
                 chunk.version += 1
                 self.stats.updates += 1
                 continue
@@ -138,7 +138,7 @@ class UpdateApplier:
         if group.total is None or not group.contributors:
             return
         group.total *= np.float32(1.0 / len(group.contributors))
-        table.rule.apply(chunk.weights, group.total, chunk.state, 1.0)
+        table.rule.apply(chunk.writable(), group.total, chunk.state, 1.0)
         chunk.version += 1
         self.stats.updates += 1
         group.contributors.clear()

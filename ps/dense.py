@@ -43,6 +43,18 @@ class DenseChunk:
     weights: np.ndarray
     state: dict[str, Any]
     version: int = 0
+    #: The ZeroMQ tracker of the last pull reply that carried ``weights`` without a copy.
+    in_flight: Any = None
+
+    def writable(self) -> np.ndarray:
+        """The weights, safe to update in place. Pull replies send the live buffer without a
+        copy; if one is still leaving when an update comes, the weights move to a fresh buffer
+        first (copy on write) and the reply keeps the old one."""
+        if self.in_flight is not None:
+            if not self.in_flight.done:
+                self.weights = self.weights.copy()
+            self.in_flight = None
+        return self.weights
 
 
 @dataclass
@@ -192,6 +204,6 @@ class DenseStore:
         staleness = []
         for chunk, grad, pulled in zip(chunks, grads, pulled_versions, strict=True):
             staleness.append(max(0, chunk.version - pulled))
-            table.rule.apply(chunk.weights, grad, chunk.state, lr_scale)
+            table.rule.apply(chunk.writable(), grad, chunk.state, lr_scale)
             chunk.version += 1
         return staleness

@@ -48,7 +48,6 @@ from hogshard.ps.decoding import PayloadDecoder
 from hogshard.ps.dense import DenseStore
 from hogshard.ps.embedding import EmbeddingStore
 from hogshard.ps.embedding_ops import HANDLERS as EMBEDDING_HANDLERS
-from hogshard.ps.snapshots import SnapshotPool
 from hogshard.ps.stats import ServerStats
 from hogshard.scheduler.policy import ConsistencyPolicy, parse_policy
 
@@ -112,7 +111,6 @@ class ShardServer:
             self._restore(restore)
         self.applier = UpdateApplier(self.policy, self.stats)
         self.decoder = PayloadDecoder()
-        self._snapshots = SnapshotPool()
         self._heartbeat_due = 0.0
         self._heartbeat_sent_at = 0.0
         self._heartbeat_in_flight: int | None = None
@@ -290,13 +288,7 @@ class ShardServer:
             self._fail(identity, request_id, result)
         elif result is not None:
             fields, arrays = result
-            self._reply(identity, request_id, fields, arrays)
-
-    def _reply(self, identity: bytes, request_id: int, fields: dict[str, Any],
-               arrays: list[np.ndarray]) -> None:
-        tracker = reply_ok(self._sock, identity, request_id, fields, arrays, track=bool(arrays))
-        if arrays:
-            self._snapshots.sent(arrays, tracker)
+            reply_ok(self._sock, identity, request_id, fields, arrays)
 
     def _fail(self, identity: bytes, request_id: int, err: HogshardError) -> None:
         self.stats.errors[err.code.value] += 1
@@ -388,9 +380,12 @@ class ShardServer:
             self.stats.deferred_pulls += 1
             self._deferred.append(_DeferredPull(identity, msg))
             return None
-        return self._serve_pull(msg)
+        self._send_pull(identity, msg)
+        return None
 
-    def _serve_pull(self, msg: Message) -> tuple[dict[str, Any], list[np.ndarray]]:
+    def _send_pull(self, identity: bytes, msg: Message) -> None:
+        """Reply to a pull with the chunks' live weights, without a copy; the next update of a
+        chunk whose reply is still leaving copies the weights first (DenseChunk.writable)."""
         table, chunks = self.store.resolve(msg.get("table"), msg.get("chunks"))
         sender = str(msg.get("from"))
         if self.policy.modifiers.dc_lambda:  # the applier keeps what each worker read
@@ -398,10 +393,14 @@ class ShardServer:
             for chunk, array in zip(chunks, arrays, strict=True):
                 self.applier.remember_pull(sender, table.name, chunk.chunk_id, array)
         else:
-            arrays = [self._snapshots.take((table.name, c.chunk_id), c.weights) for c in chunks]
+            arrays = [chunk.weights for chunk in chunks]
+        fields = {"versions": [chunk.version for chunk in chunks]}
+        tracker = reply_ok(self._sock, identity, msg.request_id, fields, arrays, track=True)
+        if not self.policy.modifiers.dc_lambda:
+            for chunk in chunks:
+                chunk.in_flight = tracker
         self.stats.pulls += 1
         self.stats.bytes_out += sum(a.nbytes for a in arrays)
-        return {"versions": [chunk.version for chunk in chunks]}, arrays
 
     def _release_deferred(self) -> None:
         waiting, self._deferred = self._deferred, []
@@ -410,11 +409,9 @@ class ShardServer:
                 self._deferred.append(pull)
                 continue
             try:
-                fields, arrays = self._serve_pull(pull.message)
+                self._send_pull(pull.identity, pull.message)
             except HogshardError as err:
                 self._fail(pull.identity, pull.message.request_id, err)
-                continue
-            self._reply(pull.identity, pull.message.request_id, fields, arrays)
 
     def _stats(self, identity: bytes, msg: Message) -> tuple[dict[str, Any], list[np.ndarray]]:
         return {

@@ -375,3 +375,26 @@ def test_validate_push_returns_table_and_chunks(store: DenseStore) -> None:
     assert table is store.table("model")
     assert [c.chunk_id for c in chunks] == [2, 0]
     assert_unchanged(store, before)
+
+
+class _Tracker:
+    """Stands in for a zmq.MessageTracker."""
+
+    def __init__(self, done: bool) -> None:
+        self.done = done
+
+
+@pytest.mark.parametrize("sending", [True, False])
+def test_update_copies_weights_still_leaving_in_a_reply(store: DenseStore, sending: bool) -> None:
+    """Copy on write: a pull reply carries the live buffer; an update while it is still being
+    sent moves the weights to a fresh buffer and leaves the reply's bytes as they were."""
+    chunk = store.table("model").chunks[0]
+    sent = chunk.weights
+    before = sent.copy()
+    chunk.in_flight = _Tracker(done=not sending)
+    store.push("model", [0], [f32(*([1.0] * sent.size))], [0])
+    assert (chunk.weights is not sent) is sending
+    if sending:
+        np.testing.assert_array_equal(sent, before)
+    assert not np.array_equal(chunk.weights, before)
+    assert chunk.in_flight is None
