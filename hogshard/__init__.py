@@ -15,9 +15,10 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from hogshard.worker.client import PSClient
+    from hogshard.worker.embedding import RemoteEmbeddingBag
     from hogshard.worker.optimizer import PSOptimizer
 
-__all__ = ["PSClient", "PSOptimizer", "__version__"]
+__all__ = ["PSClient", "PSOptimizer", "RemoteEmbeddingBag", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
@@ -30,4 +31,8 @@ def __getattr__(name: str) -> Any:
         from hogshard.worker.optimizer import PSOptimizer
 
         return PSOptimizer
+    if name == "RemoteEmbeddingBag":
+        from hogshard.worker.embedding import RemoteEmbeddingBag
+
+        return RemoteEmbeddingBag
     raise AttributeError(f"module 'hogshard' has no attribute {name!r}")
