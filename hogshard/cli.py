@@ -198,13 +198,16 @@ def scheduler(bind: str, policy: str, servers: int, heartbeat_interval: float,
 @_option("advertise", default=None, help="address workers should use (default: the bound one)")
 @_option("rank", default=None, type=click.IntRange(min=0), help="rank to ask for")
 @_option("max-message-bytes", default=1 << 31, type=click.IntRange(min=1024))
+@click.option("--check-finite/--no-check-finite", default=True, show_default=True,
+              envvar=env_name("check-finite"), show_envvar=True,
+              help="refuse pushes whose gradients hold NaN or Inf (one read of each gradient)")
 @_metrics_options
 @_restore_option
 @_keys_option
 @_insecure_option
 def server(scheduler: str, bind: str, advertise: str | None, rank: int | None,
-           max_message_bytes: int, metrics_port: int | None, metrics_host: str,
-           restore: str | None, keys: str | None, insecure: bool) -> None:
+           max_message_bytes: int, check_finite: bool, metrics_port: int | None,
+           metrics_host: str, restore: str | None, keys: str | None, insecure: bool) -> None:
     """Run one parameter-server shard."""
     from hogshard.tuning import tune_server_process
 
@@ -214,7 +217,8 @@ def server(scheduler: str, bind: str, advertise: str | None, rank: int | None,
     security = _security(keys, bind, insecure)
     service = _or_exit(lambda: ShardServer(scheduler, bind, advertise, rank,
                                            max_message_bytes=max_message_bytes,
-                                           restore=restore, security=security))
+                                           restore=restore, security=security,
+                                           check_finite=check_finite))
     _start_metrics(service, "server", metrics_port, metrics_host)
     _serve(service)
 

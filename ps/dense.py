@@ -97,10 +97,12 @@ def check_arrays(
 
 
 class DenseStore:
-    """All dense tables held by one server."""
+    """All dense tables held by one server. With ``check_finite`` (the default) a push whose
+    gradient holds NaN or Inf is refused; that costs one read of the gradient."""
 
-    def __init__(self) -> None:
+    def __init__(self, check_finite: bool = True) -> None:
         self.tables: dict[str, DenseTable] = {}
+        self.check_finite = check_finite
 
     def table(self, name: Any) -> DenseTable:
         table = self.tables.get(name) if isinstance(name, str) else None
@@ -177,7 +179,7 @@ class DenseStore:
         check_arrays(table.name, chunks, grads)
         for chunk, grad in zip(chunks, grads, strict=True):
             # one BLAS pass: NaN or Inf anywhere makes the sum of squares non-finite
-            if grad.size and not np.isfinite(np.dot(grad, grad)):
+            if self.check_finite and grad.size and not np.isfinite(np.dot(grad, grad)):
                 raise ProtocolError(
                     f"table {table.name!r} chunk {chunk.chunk_id}: the gradient holds NaN or "
                     "Inf (or overflows); expected finite values"

@@ -80,6 +80,7 @@ class ShardServer:
         context: zmq.Context | None = None,
         restore: str | None = None,
         security: Security | None = None,
+        check_finite: bool = True,
     ) -> None:
         self._own_context = context is None
         self._context = context or zmq.Context()
@@ -88,7 +89,7 @@ class ShardServer:
         self._sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
         self.address = advertise or bound
         self.limits = limits
-        self.store = DenseStore()
+        self.store = DenseStore(check_finite)
         self.embeddings = EmbeddingStore()
         self.stats = ServerStats()
         self._error_log = PeerErrorLog(log)

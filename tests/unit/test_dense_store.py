@@ -398,3 +398,10 @@ def test_update_copies_weights_still_leaving_in_a_reply(store: DenseStore, sendi
         np.testing.assert_array_equal(sent, before)
     assert not np.array_equal(chunk.weights, before)
     assert chunk.in_flight is None
+
+
+def test_finite_check_can_be_turned_off() -> None:
+    store = DenseStore(check_finite=False)
+    store.init("t", SGD, [(0, 0, 1)], [f32(1)])
+    store.push("t", [0], [f32(np.nan)], [0])
+    assert np.isnan(store.table("t").chunks[0].weights[0])
