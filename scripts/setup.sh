@@ -16,7 +16,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/python -m pip install --quiet --upgrade pip 2>/dev/null || true
   if ! .venv/bin/python -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION')" 2>/dev/null; then
     echo "installing torch==${TORCH_VERSION} (CPU build)..." >&2
-    .venv/bin/python -m pip install --quiet "torch==${TORCH_VERSION}" 2>&1 | grep -v '^WARNING: Location' >&2 || true
+    .venv/bin/python -m pip install --quiet "torch==${TORCH_VERSION}" numpy 2>&1 | grep -v '^WARNING: Location' >&2 || true
     .venv/bin/python -c "import torch" || {
       echo "could not install torch==${TORCH_VERSION}; install a CPU build of torch into .venv by hand" >&2
       exit 1
