@@ -23,6 +23,7 @@ Usage::
 
     .venv/bin/python benchmarks/pushpull.py --quick
     .venv/bin/python benchmarks/pushpull.py --pipeline 4 --json /tmp/pushpull.json
+    .venv/bin/python benchmarks/pushpull.py --workers 2 --servers 2 --big  # pushpull_scale.py
 """
 
 from __future__ import annotations
@@ -423,6 +424,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--server-env", type=_parse_env, action="append", metavar="KEY=VALUE",
                         help="extra environment for the shard server only (repeatable), e.g. "
                              "MALLOC_TRIM_THRESHOLD_=1073741824")
+    parser.add_argument("--workers", type=int, default=0, metavar="W",
+                        help="scale mode (pushpull_scale.py): W worker processes push+pull one "
+                             "shared table through --servers S at once, beside raw pyzmq with "
+                             "W clients and S ROUTERs; replaces the single-server sweep")
+    parser.add_argument("--servers", type=int, default=0, metavar="S",
+                        help="servers (and raw ROUTERs) for --workers (default 1)")
+    parser.add_argument("--table-size", type=_parse_size, default=16 * MIB, metavar="SIZE",
+                        help="table size for --workers (default 16m)")
+    parser.add_argument("--big", action="store_true",
+                        help="scale mode: step time of a 100 M-parameter (400 MB) table, 1 worker "
+                             "and 2 servers, against raw pyzmq (10 M with --quick)")
+    parser.add_argument("--big-params", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--raw-server", metavar="ADDRESS_FILE", help=argparse.SUPPRESS)
     parser.add_argument("--raw-max-bytes", type=int, default=64 * MIB, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -431,6 +444,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if any(s % 4 for s in args.sizes or ()):
         parser.error("sizes must be multiples of 4 bytes (float32 tables)")
+    if args.table_size % 4 or min(args.workers, args.servers) < 0:
+        parser.error("--table-size must be a multiple of 4 bytes; --workers/--servers >= 1")
     blas = (f"server BLAS threads capped at {args.server_blas_threads}"
             if args.server_blas_threads else "server BLAS threads: inherited")
     if args.server_env:
@@ -438,10 +453,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"pushpull: python {sys.version.split()[0]}, pyzmq {zmq.__version__}, "
           f"libzmq {zmq.zmq_version()}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}; "
           f"{blas}; MB = 1e6 bytes; medians")
-    print(HEADER, flush=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so finally/atexit reap children
     t0 = time.perf_counter()
-    rows = run(args)
+    if args.workers or args.servers or args.big:
+        from pushpull_scale import run_scale  # this script's folder is on sys.path
+
+        with tempfile.TemporaryDirectory(prefix="hogshard-pushpull-scale-") as tmp:
+            rows = run_scale(args, Path(tmp))
+    else:
+        print(HEADER, flush=True)
+        rows = run(args)
     print(f"done in {time.perf_counter() - t0:.1f} s; target: hogshard >= "
           f"{TARGET_RATIO:.0%} of raw from {fmt_size(TARGET_FROM)} up")
     if args.json:
