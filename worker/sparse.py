@@ -74,6 +74,36 @@ def _check_ids(handle: EmbeddingHandle, ids: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(ids)
 
 
+def _plan(
+    client: PSClient,
+    tables: Sequence[EmbeddingHandle],
+    ids: Sequence[np.ndarray],
+    arrays: Sequence[np.ndarray],
+    op: str,
+    what: str,
+    noun: str,
+) -> list[tuple[np.ndarray, np.ndarray, dict[int, np.ndarray]]]:
+    """Per table: its checked ids, the (len x dim) float32 array that goes with them, and the
+    positions of the ids each server owns."""
+    if not (len(tables) == len(ids) == len(arrays)):
+        raise ConfigError(f"{op} needs one id array and one {noun} per table")
+    plans = []
+    for handle, table_ids, array in zip(tables, ids, arrays, strict=True):
+        table_ids = _check_ids(handle, table_ids)
+        if array.dtype != FLOAT32 or array.shape != (table_ids.size, handle.dim):
+            raise ConfigError(f"table {handle.name!r}: {what} must be float32 of shape "
+                              f"({table_ids.size}, {handle.dim})")
+        plans.append((table_ids, array, dict(_split(client, table_ids))))
+    return plans
+
+
+def _fields(tables: Sequence[EmbeddingHandle], clock: int | None) -> dict[str, Any]:
+    fields: dict[str, Any] = {"tables": [h.name for h in tables]}
+    if clock is not None:
+        fields["clock"] = clock
+    return fields
+
+
 def pull_rows(
     client: PSClient,
     tables: Sequence[EmbeddingHandle],
@@ -83,20 +113,10 @@ def pull_rows(
 ) -> Future:
     """Fetch the rows of ``ids[t]`` of every table into ``outs[t]`` (float32, len x dim),
     written when the future completes. One request per server for all the tables."""
-    if not (len(tables) == len(ids) == len(outs)):
-        raise ConfigError("pull_rows needs one id array and one output per table")
-    plans = []
-    for handle, table_ids, out in zip(tables, ids, outs, strict=True):
-        table_ids = _check_ids(handle, table_ids)
-        if out.dtype != FLOAT32 or out.shape != (table_ids.size, handle.dim):
-            raise ConfigError(f"table {handle.name!r}: out must be float32 of shape "
-                              f"({table_ids.size}, {handle.dim})")
-        plans.append((table_ids, out, dict(_split(client, table_ids))))
+    plans = _plan(client, tables, ids, outs, "pull_rows", "out", "output")
     futures = []
     for rank in sorted(client._servers):
-        fields: dict[str, Any] = {"tables": [h.name for h in tables]}
-        if clock is not None:
-            fields["clock"] = clock
+        fields = _fields(tables, clock)
         arrays = [table_ids[split[rank]] for table_ids, _, split in plans]
 
         def land(message: Any, rank: int = rank) -> None:
@@ -116,20 +136,10 @@ def push_rows(
 ) -> Future:
     """Send the row gradients ``grads[t]`` (float32, len x dim) of ``ids[t]`` for every table.
     Sum duplicate ids first (the server sums them too, but that costs a sort there)."""
-    if not (len(tables) == len(ids) == len(grads)):
-        raise ConfigError("push_rows needs one id array and one gradient array per table")
-    plans = []
-    for handle, table_ids, table_grads in zip(tables, ids, grads, strict=True):
-        table_ids = _check_ids(handle, table_ids)
-        if table_grads.dtype != FLOAT32 or table_grads.shape != (table_ids.size, handle.dim):
-            raise ConfigError(f"table {handle.name!r}: grads must be float32 of shape "
-                              f"({table_ids.size}, {handle.dim})")
-        plans.append((table_ids, table_grads, dict(_split(client, table_ids))))
+    plans = _plan(client, tables, ids, grads, "push_rows", "grads", "gradient array")
     futures = []
     for rank in sorted(client._servers):
-        fields: dict[str, Any] = {"tables": [h.name for h in tables]}
-        if clock is not None:
-            fields["clock"] = clock
+        fields = _fields(tables, clock)
         arrays = []
         for table_ids, table_grads, split in plans:
             arrays += [table_ids[split[rank]], table_grads[split[rank]]]
