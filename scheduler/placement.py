@@ -51,6 +51,16 @@ class DenseTableSpec:
         return asdict(self)
 
 
+@dataclass
+class PlacedTable:
+    """A declared table as the scheduler keeps it: its spec, its placed chunks, and whether
+    its initialising worker has filled it."""
+
+    spec: DenseTableSpec
+    chunks: list[Chunk]
+    ready: bool = False
+
+
 def plan_dense_table(size: int, chunk_elems: int, num_servers: int) -> list[Chunk]:
     """Cut ``size`` elements into chunks of ``chunk_elems`` and place them largest first,
     each on the server holding the fewest bytes so far (ties go to the lowest rank)."""

@@ -31,17 +31,18 @@ from hogshard.proto.errors import (
     TooLargeError,
     UnknownTableError,
 )
-from hogshard.proto.manifest import load_manifest, resolve_checkpoint
 from hogshard.proto.peerlog import PeerErrorLog
 from hogshard.proto.security import Security
 from hogshard.proto.transport import bind_router, recv_routed, reply_error, reply_ok
 from hogshard.proto.wire import Message
+from hogshard.scheduler.checkpoint_ops import CheckpointOps
 from hogshard.scheduler.checkpointing import CheckpointRounds
 from hogshard.scheduler.membership import MembershipTable
 from hogshard.scheduler.placement import (
     DEFAULT_CHUNK_ELEMS,
     Chunk,
     DenseTableSpec,
+    PlacedTable,
     plan_dense_table,
 )
 from hogshard.scheduler.policy import parse_policy
@@ -71,14 +72,7 @@ class _Waiter:
     ready: Callable[[], dict[str, Any] | None]
 
 
-@dataclass
-class _Table:
-    spec: DenseTableSpec
-    chunks: list[Chunk]
-    ready: bool = False
-
-
-class Scheduler:
+class Scheduler(CheckpointOps):
     """The control plane of one job. Not thread-safe: run ``serve_forever`` in one thread and
     stop it with ``stop()`` from any thread."""
 
@@ -103,7 +97,7 @@ class Scheduler:
         self.expected_servers = expected_servers
         self.heartbeat_interval = heartbeat_interval
         self.members = MembershipTable(heartbeat_timeout)
-        self.tables: dict[str, _Table] = {}
+        self.tables: dict[str, PlacedTable] = {}
         self.barriers: dict[str, set[str]] = {}
         self.released_barriers: set[str] = set()
         self.shutting_down = False
@@ -225,7 +219,7 @@ class Scheduler:
         for name, (spec, layout) in reported.items():
             table = self.tables.get(name)
             if table is None:
-                table = self.tables[name] = _Table(spec, [])
+                table = self.tables[name] = PlacedTable(spec, [])
             elif (table.spec.size, table.spec.rule) != (spec.size, spec.rule):
                 log.error("server %d reports table %s as %s; the scheduler has %s", rank, name,
                           spec.to_wire(), table.spec.to_wire())
@@ -316,12 +310,12 @@ class Scheduler:
             chunks = plan_dense_table(spec.size, spec.chunk_elems, len(servers))
             ranks = [m.rank for m in servers]
             chunks = [Chunk(c.chunk_id, c.offset, c.length, ranks[c.server]) for c in chunks]
-            self.tables[spec.name] = existing = _Table(spec, chunks)
+            self.tables[spec.name] = existing = PlacedTable(spec, chunks)
             self.members.epoch += 1
             log.info("table %s: %d elements in %d chunks", spec.name, spec.size, len(chunks))
         return self._table_view(existing)
 
-    def _table_view(self, table: _Table) -> dict[str, Any]:
+    def _table_view(self, table: PlacedTable) -> dict[str, Any]:
         return {
             "table": table.spec.to_wire(),
             "chunks": [c.to_wire() for c in table.chunks],
@@ -329,7 +323,7 @@ class Scheduler:
             "epoch": self.members.epoch,
         }
 
-    def _lookup(self, name: Any) -> _Table:
+    def _lookup(self, name: Any) -> PlacedTable:
         table = self.tables.get(str(name))
         if table is None:
             raise UnknownTableError(
@@ -415,57 +409,6 @@ class Scheduler:
             "errors": dict(self._errors),
         }
 
-    # ---- checkpoints (scheduler/checkpointing.py; PROTOCOL.md section 14) --------------------
-
-    def _job_description(self) -> dict[str, Any]:
-        """What the manifest records besides the files: policy, shard map, clocks."""
-        return {
-            "policy": self.policy.spec, "epoch": self.members.epoch,
-            "servers": self.expected_servers,
-            "tables": {name: self._table_view(t) for name, t in self.tables.items()},
-            "clocks": self.members.live_clocks(),
-        }
-
-    def _start_checkpoint(self, parent: Path) -> Any:
-        ranks = sorted(m.rank for m in self.members.live("server"))
-        if ranks != list(range(self.expected_servers)):
-            raise ConflictError(f"live server ranks {ranks}; a checkpoint needs every rank "
-                                f"0..{self.expected_servers - 1}")
-        return self.checkpoints.start(parent, ranks, self._job_description, time.monotonic())
-
-    def _tick_checkpoints(self, now: float) -> None:
-        self.checkpoints.check(now, {m.rank for m in self.members.live("server")})
-        if self.checkpoints.due(now) and self.tables:  # nothing to save before a table exists
-            try:
-                self._start_checkpoint(self.checkpoints.directory)
-            except HogshardError as err:
-                # try again one interval later rather than on every tick
-                self.checkpoints.postpone(now)
-                log.warning("periodic checkpoint skipped: %s", err.message)
-
-    def _checkpoint(self, msg: Message) -> Callable[[], dict[str, Any] | None]:
-        directory = msg.get("dir")
-        if not isinstance(directory, str) or not directory:
-            raise ProtocolError("field 'dir' must be a non-empty path string")
-        return self.checkpoints.waiter(self._start_checkpoint(Path(directory)))
-
-    def _restore(self, path: Path) -> None:
-        """Take the shard map, policy and clocks of a checkpoint (every file verified)."""
-        ckpt = resolve_checkpoint(path)
-        manifest = load_manifest(ckpt)
-        if manifest.get("servers") != self.expected_servers:
-            raise ConfigError(f"checkpoint {ckpt} was written by {manifest.get('servers')} "
-                              f"servers; this job expects {self.expected_servers} (--servers "
-                              "must match: the shard map names server ranks)")
-        self.policy = parse_policy(manifest["policy"])
-        for name, view in manifest.get("tables", {}).items():
-            self.tables[name] = _Table(DenseTableSpec(**view["table"]),
-                                       [Chunk.from_wire(c) for c in view["chunks"]], ready=True)
-        self.restored_clock = min(manifest.get("clocks", {}).values(), default=0)
-        self.members.epoch = int(manifest.get("epoch", 0)) + 1
-        log.info("restored %s: tables %s, policy %s, clock %d", ckpt, sorted(self.tables),
-                 self.policy.spec, self.restored_clock)
-
     _HANDLERS: dict[str, Callable[[Scheduler, Message], Any]] = {
         "register": _register,
         "heartbeat": _heartbeat,
@@ -478,5 +421,5 @@ class Scheduler:
         "shutdown": _shutdown,
         "set_policy": _set_policy,
         "status": _status,
-        "checkpoint": _checkpoint,
+        "checkpoint": CheckpointOps._checkpoint,
     }
