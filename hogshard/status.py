@@ -3,7 +3,7 @@
 Example::
 
     view = ClusterView(channel.call("status").header)
-    print("\\n".join(view.table_lines()))
+    print(view.postfix())
 """
 
 from __future__ import annotations
@@ -69,35 +69,3 @@ class ClusterView:
             f"staleness: n={st['count']} mean={st['mean']:.2f} p50={st['p50']} p99={st['p99']} "
             f"max={st['max']}",
         ]
-
-    def table_lines(self) -> list[str]:
-        s = self.status
-        lines = [
-            f"policy {s.get('policy')}  epoch {s.get('epoch')}  uptime {s.get('uptime', 0):.0f}s"
-            f"  servers expected {s.get('expected_servers')}",
-            "",
-            f"{'member':<12}{'state':<7}{'clock':>7}{'hb age':>8}  {'detail'}",
-        ]
-        for m in sorted(self.members, key=lambda m: (m["role"], m["rank"])):
-            if m["role"] == "server":
-                st = m.get("stats", {})
-                detail = (f"{m['address']} pushes={st.get('pushes', 0)} pulls={st.get('pulls', 0)} "
-                          f"updates/s={st.get('updates_per_second', 0):.0f}")
-            else:
-                p = m.get("progress") or {}
-                detail = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                                  for k, v in p.items())
-            lines.append(f"{m['node_id']:<12}{m['state']:<7}{m['clock']:>7}"
-                         f"{m['heartbeat_age']:>7.1f}s  {detail}")
-        lines.append("")
-        for name, table in s.get("tables", {}).items():
-            per_server: dict[int, int] = {}
-            for _, _, length, server in table["chunks"]:
-                per_server[server] = per_server.get(server, 0) + length
-            placement = ", ".join(f"server-{r}: {n}" for r, n in sorted(per_server.items()))
-            lines.append(f"table {name}: {table['table']['size']} floats in "
-                         f"{len(table['chunks'])} chunks ({placement}) rule={table['table']['rule']}")
-        st = self.staleness()
-        lines.append(f"updates/s {self.updates_per_second():.0f}   staleness n={st['count']} "
-                     f"mean={st['mean']:.2f} p50={st['p50']} p99={st['p99']} max={st['max']}")
-        return lines

@@ -32,6 +32,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from hogshard.proto.errors import ConfigError
+from hogshard.ps.rules import build_from_spec
 
 #: state name -> (shape after the row axis given dim, dtype)
 StateLayout = dict[str, tuple[tuple[int, ...], str]]
@@ -153,10 +154,4 @@ ROW_RULES: dict[str, type[RowRule]] = {c.name: c for c in (RowSGD, RowWiseAdagra
 
 def make_row_rule(spec: Mapping[str, Any]) -> RowRule:
     """Build a row rule from ``{"rule": NAME, ...params}``; omitted parameters take defaults."""
-    if not isinstance(spec, Mapping):
-        raise ConfigError(f"row rule spec must be a map with a 'rule' key, got {spec!r}")
-    name = spec.get("rule")
-    cls = ROW_RULES.get(name) if isinstance(name, str) else None
-    if cls is None:
-        raise ConfigError(f"unknown row rule {name!r}; expected one of {sorted(ROW_RULES)}")
-    return cls(**{str(k): v for k, v in spec.items() if k != "rule"})
+    return build_from_spec(ROW_RULES, spec, "row rule")

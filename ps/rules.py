@@ -261,10 +261,15 @@ def make_rule(spec: Mapping[str, Any]) -> UpdateRule:
         >>> w.tolist(), state["step"]
         ([0.0, 0.0], 1)
     """
+    return build_from_spec(RULES, spec, "update rule")
+
+
+def build_from_spec(registry: Mapping[str, Any], spec: Any, kind: str) -> Any:
+    """``registry[spec["rule"]](**other keys)``, or ConfigError naming the known rules."""
     if not isinstance(spec, Mapping):
-        raise ConfigError(f"rule spec must be a mapping with a 'rule' key, got {spec!r}")
+        raise ConfigError(f"{kind} spec must be a mapping with a 'rule' key, got {spec!r}")
     name = spec.get("rule")
-    cls = RULES.get(name) if isinstance(name, str) else None
+    cls = registry.get(name) if isinstance(name, str) else None
     if cls is None:
-        raise ConfigError(f"unknown update rule {name!r}; expected one of {sorted(RULES)}")
+        raise ConfigError(f"unknown {kind} {name!r}; expected one of {sorted(registry)}")
     return cls(**{str(k): v for k, v in spec.items() if k != "rule"})
