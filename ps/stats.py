@@ -66,6 +66,9 @@ class ServerStats:
     bytes_out: int = 0
     deferred_pulls: int = 0
     dropped: int = 0
+    #: Updates applied as a backup (forwarded by a primary), and retried pushes not re-applied.
+    replicated: int = 0
+    duplicates: int = 0
     errors: Counter[str] = field(default_factory=Counter)
     staleness: Counter[int] = field(default_factory=Counter)
     bytes_in_by_codec: Counter[str] = field(default_factory=Counter)
@@ -95,6 +98,7 @@ class ServerStats:
             "pushes": self.pushes, "pulls": self.pulls, "updates": self.updates,
             "bytes_in": self.bytes_in, "bytes_out": self.bytes_out,
             "deferred_pulls": self.deferred_pulls, "dropped": self.dropped,
+            "replicated": self.replicated, "duplicates": self.duplicates,
             "errors": dict(self.errors),
             "staleness": sorted([int(k), v] for k, v in self.staleness.items()),
         }
