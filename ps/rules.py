@@ -54,17 +54,23 @@ def _check(weights: np.ndarray, grad: np.ndarray) -> None:
         raise ShapeError(f"expected 1-D weights and grad of equal length, got {weights.shape} and {grad.shape}")
 
 
+def _axpy(y: np.ndarray, x: np.ndarray, a: float, tmp: np.ndarray) -> None:
+    """y += a * x in place, in one pass and one rounding (BLAS saxpy) like torch's
+    ``add_(x, alpha=a)``; two numpy passes through ``tmp`` (which may be ``x`` itself when ``x``
+    is scratch) where saxpy is unavailable."""
+    if y.size == 0:
+        return
+    if _SAXPY is not None and y.flags.c_contiguous and x.flags.c_contiguous:
+        z = _SAXPY(x, y, a=a)
+        if not np.shares_memory(z, y):
+            y[...] = z
+        return
+    y += np.multiply(x, a, out=tmp)
+
+
 def _descend(weights: np.ndarray, direction: np.ndarray, lr: float, tmp: np.ndarray) -> None:
-    """weights -= lr * direction, fused in one rounding (BLAS saxpy) like torch's
-    ``add_(d, alpha=-lr)``; two numpy passes where saxpy is unavailable."""
-    if weights.size == 0:
-        return
-    if _SAXPY is not None and weights.flags.c_contiguous and direction.flags.c_contiguous:
-        z = _SAXPY(direction, weights, a=-lr)
-        if not np.shares_memory(z, weights):
-            weights[...] = z
-        return
-    weights -= np.multiply(direction, lr, out=tmp)
+    """weights -= lr * direction (see :func:`_axpy`)."""
+    _axpy(weights, direction, -lr, tmp)
 
 
 def _with_decay(weights: np.ndarray, grad: np.ndarray, wd: float, tmp: np.ndarray) -> np.ndarray:
@@ -179,10 +185,13 @@ class Momentum(UpdateRule):
                 np.copyto(buf, d)
             else:
                 buf *= mu
-                # with dampening, nesterov is off: d (possibly in tmp) is not needed afterwards
-                buf += d if self.dampening == 0 else np.multiply(d, 1.0 - self.dampening, out=tmp)
-            if self.nesterov:
-                d = np.add(np.multiply(buf, mu, out=tmp2), d, out=tmp2)
+                if self.dampening == 0:
+                    buf += d
+                else:  # nesterov is off: d (possibly in tmp) is not needed afterwards
+                    _axpy(buf, d, 1.0 - self.dampening, tmp)
+            if self.nesterov:  # w -= lr * (d + mu * buf), as two saxpy passes over w
+                _descend(weights, d, lr, tmp2)
+                d, lr = buf, lr * mu
             else:
                 d = buf
         state["step"] += 1
@@ -205,11 +214,12 @@ class Adagrad(UpdateRule):
         state["step"] = step = state["step"] + 1
         d = _with_decay(weights, grad, self.weight_decay, tmp)
         clr = self.lr / (1 + (step - 1) * self.lr_decay) * lr_scale
-        state["sum"] += np.multiply(d, d, out=std)
-        np.sqrt(state["sum"], out=std)
+        total = state["sum"]  # sum += d * d; w -= clr * d / (sqrt(sum) + eps)
+        total += np.square(d, out=std)
+        np.sqrt(total, out=std)
         std += self.eps
         np.divide(d, std, out=std)
-        weights -= np.multiply(std, clr, out=std)
+        _descend(weights, std, clr, std)
 
 
 class Adam(UpdateRule):
@@ -229,21 +239,19 @@ class Adam(UpdateRule):
         tmp, tmp2 = _scratch(weights.size, 2)
         state["step"] = step = state["step"] + 1
         d = _with_decay(weights, grad, self.weight_decay, tmp)
-        np.subtract(d, m, out=tmp2)  # m.lerp_(d, 1 - b1), in the two forms of torch's lerp kernel
-        if b1 > 0.5:
-            m += np.multiply(tmp2, 1.0 - b1, out=tmp2)
-        else:
-            np.subtract(d, np.multiply(tmp2, b1, out=tmp2), out=m)
-        v *= b2  # v = v * b2 + ((1 - b2) * d) * d
-        v += np.multiply(np.multiply(d, 1.0 - b2, out=tmp2), d, out=tmp2)
+        m *= b1  # m.lerp_(d, 1 - b1), as b1 * m + (1 - b1) * d
+        _axpy(m, d, 1.0 - b1, tmp2)
+        v *= b2  # v.mul_(b2).addcmul_(d, d, value=1 - b2)
+        _axpy(v, np.square(d, out=tmp2), 1.0 - b2, tmp2)
         if self.amsgrad:
             v = np.maximum(state["max_exp_avg_sq"], v, out=state["max_exp_avg_sq"])
+        # torch: w -= lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps); multiplying the denominator
+        # by sqrt(bc2) and the step by the same saves a pass
+        bc2_sqrt = math.sqrt(1 - b2**step)
         np.sqrt(v, out=tmp2)
-        tmp2 /= (1 - b2**step) ** 0.5
-        tmp2 += self.eps
+        tmp2 += self.eps * bc2_sqrt
         np.divide(m, tmp2, out=tmp2)
-        weights -= np.multiply(tmp2, self.lr / (1 - b1**step) * lr_scale, out=tmp2)
-
+        _descend(weights, tmp2, self.lr / (1 - b1**step) * bc2_sqrt * lr_scale, tmp2)
 
 RULES: dict[str, type[UpdateRule]] = {cls.name: cls for cls in (SGD, Momentum, Adagrad, Adam)}
 

@@ -98,6 +98,37 @@ def test_matches_torch_interleaved_chunks(spec: dict) -> None:
 
 
 @pytest.mark.parametrize("spec", CASES, ids=_ids)
+def test_matches_torch_without_blas(monkeypatch, spec: dict) -> None:
+    """The numpy fallback of every fused saxpy step (no scipy BLAS) gives torch's result too."""
+    monkeypatch.setattr(rules, "_SAXPY", None)
+    w0, grads = _sequence(4, 700)
+    rule = make_rule(spec)
+    w, state = w0.copy(), rule.new_state(w0.size)
+    for g in grads:
+        g = g.copy()
+        g.setflags(write=False)
+        rule.apply(w, g, state)
+    assert np.max(np.abs(w - _torch_run(spec, w0, grads))) <= TOL
+
+
+@pytest.mark.parametrize("spec", [{"rule": "adam", "lr": 1e-2, "eps": 1e-6},
+                                  {"rule": "adam", "lr": 1e-2, "amsgrad": True},
+                                  {"rule": "adagrad", "lr": 1e-2, "eps": 1e-6}], ids=_ids)
+def test_matches_torch_where_eps_matters(spec: dict) -> None:
+    """Gradients near eps (where eps weighs in the denominator) over 100 steps, bias
+    corrections going from small to ~1: the rescaled eps of the fused Adam still matches."""
+    rng = np.random.default_rng(5)
+    w0 = rng.standard_normal(500).astype(np.float32)
+    grads = [(rng.standard_normal(500) * 10.0 ** rng.integers(-9, -4, 500)).astype(np.float32)
+             for _ in range(100)]
+    rule = make_rule(spec)
+    w, state = w0.copy(), rule.new_state(w0.size)
+    for g in grads:
+        rule.apply(w, g, state)
+    assert np.max(np.abs(w - _torch_run(spec, w0, grads))) <= TOL
+
+
+@pytest.mark.parametrize("spec", CASES, ids=_ids)
 def test_read_only_grad_untouched(spec: dict) -> None:
     rule = make_rule(spec)
     w0, grads = _sequence(1, 300)
