@@ -15,13 +15,14 @@ Example::
 
 from __future__ import annotations
 
-import math
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
 import numpy as np
+import zmq
 
 from hogshard.proto.errors import (
     DtypeError,
@@ -37,6 +38,10 @@ PROTOCOL_VERSION = 1
 ALLOWED_DTYPES = frozenset(
     ["<f4", "<f2", "<f8", "<i4", "<i8", "<u2", "<u4", "<u8", "|u1", "|i1", "|b1"]
 )
+#: The same dtypes as numpy objects: wire spelling -> dtype and dtype -> wire spelling (a dict
+#: lookup is ~5x cheaper than ``dtype.str`` on the hot path; ``>f4`` does not hash equal).
+_DTYPE_OF = {name: np.dtype(name) for name in ALLOWED_DTYPES}
+_NAME_OF = {dtype: name for name, dtype in _DTYPE_OF.items()}
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,16 @@ class Limits:
 
 
 DEFAULT_LIMITS = Limits()
+_NO_ARRAYS: list[Any] = []  # never mutated
+_local = threading.local()  # one msgpack Packer per thread (a Packer is not thread-safe)
+
+
+def _pack(header: dict[str, Any]) -> bytes:
+    """``msgpack.packb`` with a reused Packer (~40 % cheaper; it resets itself on errors)."""
+    packer = getattr(_local, "packer", None)
+    if packer is None:
+        packer = _local.packer = msgpack.Packer(use_bin_type=True)
+    return packer.pack(header)
 
 
 @dataclass
@@ -73,10 +88,13 @@ class Message:
 
 def describe(array: np.ndarray) -> dict[str, Any]:
     """The descriptor of one array frame: dtype (numpy ``str`` spelling) and shape."""
-    return {"dtype": array.dtype.str, "shape": list(array.shape)}
+    name = _NAME_OF.get(array.dtype)
+    return {"dtype": name or array.dtype.str, "shape": list(array.shape)}
 
 
 def _as_wire_array(array: np.ndarray) -> np.ndarray:
+    if type(array) is np.ndarray and array.dtype in _NAME_OF and array.flags.c_contiguous:
+        return array  # the common case: already a little-endian contiguous allowed dtype
     array = np.asarray(array)
     if array.dtype.byteorder == ">":
         array = array.astype(array.dtype.newbyteorder("<"))
@@ -94,11 +112,12 @@ def encode(header: dict[str, Any], arrays: Sequence[np.ndarray] = ()) -> list[An
 
     The header's ``arrays`` field is filled in from ``arrays`` unless the caller set it.
     """
+    if not len(arrays):
+        return [_pack(header)]
     wire_arrays = [_as_wire_array(a) for a in arrays]
-    if wire_arrays and "arrays" not in header:
+    if "arrays" not in header:
         header = {**header, "arrays": [describe(a) for a in wire_arrays]}
-    head = msgpack.packb(header, use_bin_type=True)
-    return [head, *wire_arrays]
+    return [_pack(header), *wire_arrays]
 
 
 def _frame_buffer(frame: Any) -> memoryview:
@@ -107,72 +126,88 @@ def _frame_buffer(frame: Any) -> memoryview:
     return frame.buffer  # zmq.Frame
 
 
+def _raw(frame: Any) -> tuple[Any, int]:
+    """A buffer numpy and msgpack read without a copy, and its size in bytes. ``bytes`` and
+    ``zmq.Frame`` (what the sockets hand over) are used as they are: no memoryview."""
+    kind = type(frame)
+    if kind is bytes or kind is zmq.Frame:
+        return frame, len(frame)
+    view = _frame_buffer(frame)
+    return view, view.nbytes
+
+
 def decode_header(frame: Any, limits: Limits = DEFAULT_LIMITS) -> dict[str, Any]:
     """Unpack and validate frame 0. Raises ``ProtocolError`` or ``VersionMismatchError``."""
-    raw = _frame_buffer(frame)
-    if raw.nbytes > limits.max_header_bytes:
+    raw, nbytes = _raw(frame)
+    if nbytes > limits.max_header_bytes:
         raise TooLargeError(
-            f"header is {raw.nbytes} bytes; expected at most {limits.max_header_bytes}"
+            f"header is {nbytes} bytes; expected at most {limits.max_header_bytes}"
         )
     try:
         header = msgpack.unpackb(raw, raw=False, strict_map_key=True)
     except Exception as exc:  # msgpack raises several unrelated types on garbage
         raise ProtocolError(f"frame 0 is not a msgpack map ({type(exc).__name__}: {exc})") from None
-    if not isinstance(header, dict):
+    if type(header) is not dict:
         raise ProtocolError(f"frame 0 must be a msgpack map; got {type(header).__name__}")
     version = header.get("v")
-    if type(version) is not int or version != PROTOCOL_VERSION:
+    if version != PROTOCOL_VERSION or type(version) is not int:
         raise VersionMismatchError(
             f"protocol version {version!r} is not supported; this peer speaks version "
             f"{PROTOCOL_VERSION}"
         )
-    if not isinstance(header.get("op"), str):
+    if type(header.get("op")) is not str:  # msgpack makes exact types: no subclasses, no bool
         raise ProtocolError("header field 'op' must be a string")
     request_id = header.get("id")
-    if not isinstance(request_id, int) or isinstance(request_id, bool) or request_id < 0:
+    if type(request_id) is not int or request_id < 0:
         raise ProtocolError("header field 'id' must be a non-negative integer")
     return header
 
 
 def _decode_array(descriptor: Any, frame: Any, index: int, limits: Limits) -> np.ndarray:
-    if not isinstance(descriptor, dict):
+    if type(descriptor) is not dict:
         raise ProtocolError(f"arrays[{index}] must be a map with 'dtype' and 'shape'")
     dtype_name = descriptor.get("dtype")
-    if not isinstance(dtype_name, str) or dtype_name not in ALLOWED_DTYPES:
+    dtype = _DTYPE_OF.get(dtype_name) if type(dtype_name) is str else None
+    if dtype is None:
         raise DtypeError(
             f"arrays[{index}] has dtype {dtype_name!r}; expected one of {sorted(ALLOWED_DTYPES)}"
         )
     shape = descriptor.get("shape")
-    if (
-        not isinstance(shape, list)
-        or len(shape) > limits.max_ndim
-        or not all(
-            isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= limits.max_frame_bytes
-            for d in shape
-        )
-    ):
+    count = 1
+    if type(shape) is list and len(shape) <= limits.max_ndim:
+        biggest = limits.max_frame_bytes
+        for d in shape:
+            if type(d) is not int or not 0 <= d <= biggest:  # msgpack ints: bool is not int
+                count = -1
+                break
+            count *= d
+    else:
+        count = -1
+    if count < 0:
         raise ShapeError(
             f"arrays[{index}] shape {shape!r} must be a list of at most {limits.max_ndim} "
             f"non-negative integers (each at most {limits.max_frame_bytes})"
         )
-    dtype = np.dtype(dtype_name)
-    buffer = _frame_buffer(frame)
-    if buffer.nbytes > limits.max_frame_bytes:
+    buffer, nbytes = _raw(frame)
+    if nbytes > limits.max_frame_bytes:
         raise TooLargeError(
-            f"arrays[{index}] frame holds {buffer.nbytes} bytes; expected at most "
+            f"arrays[{index}] frame holds {nbytes} bytes; expected at most "
             f"{limits.max_frame_bytes}"
         )
-    expected = math.prod(shape) * dtype.itemsize
-    if buffer.nbytes != expected:
+    expected = count * dtype.itemsize
+    if nbytes != expected:
         raise ShapeError(
-            f"arrays[{index}] frame holds {buffer.nbytes} bytes; dtype {dtype_name} with shape "
+            f"arrays[{index}] frame holds {nbytes} bytes; dtype {dtype_name} with shape "
             f"{shape} needs {expected}"
         )
     try:
-        array = np.frombuffer(buffer, dtype=dtype).reshape(shape)
+        array = np.frombuffer(buffer, dtype=dtype)
+        if len(shape) != 1:
+            array = array.reshape(shape)
     except ValueError as exc:  # e.g. a zero-sized shape with a dimension numpy cannot hold
         raise ShapeError(f"arrays[{index}] shape {shape!r} is not usable: {exc}") from None
-    array.flags.writeable = False
+    if array.flags.writeable:  # a view of bytes is read-only already
+        array.flags.writeable = False
     return array
 
 
@@ -183,14 +218,15 @@ def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> Message:
     if len(frames) > limits.max_frames:
         raise TooLargeError(f"message has {len(frames)} frames; expected at most {limits.max_frames}")
     header = decode_header(frames[0], limits)
-    descriptors = header.get("arrays", [])
-    if not isinstance(descriptors, list):
+    descriptors = header.get("arrays", _NO_ARRAYS)
+    if type(descriptors) is not list:
         raise ProtocolError("header field 'arrays' must be a list of array descriptors")
     if len(descriptors) != len(frames) - 1:
         raise ProtocolError(
             f"header describes {len(descriptors)} arrays but {len(frames) - 1} array frames came"
         )
-    arrays = [
-        _decode_array(d, f, i, limits) for i, (d, f) in enumerate(zip(descriptors, frames[1:], strict=True))
-    ]
+    if not descriptors:
+        return Message(header, [])
+    arrays = [_decode_array(descriptors[i], frames[i + 1], i, limits)
+              for i in range(len(descriptors))]
     return Message(header, arrays)

@@ -15,6 +15,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -167,26 +168,35 @@ class DenseStore:
         table = self.table(name)
         if not isinstance(chunk_ids, list):
             raise ProtocolError("field 'chunks' must be a list of chunk ids")
-        return table, [table.chunk(c) for c in chunk_ids]
+        held, chunks = table.chunks, []
+        for chunk_id in chunk_ids:
+            found = held.get(chunk_id) if type(chunk_id) is int else None
+            chunks.append(found if found is not None else table.chunk(chunk_id))
+        return table, chunks
 
     def validate_push(
         self, name: Any, chunk_ids: Any, grads: Sequence[np.ndarray], pulled_versions: Any
     ) -> tuple[DenseTable, list[DenseChunk]]:
         """Check a whole push (table, chunks, arrays, versions) before anything changes."""
         table, chunks = self.resolve(name, chunk_ids)
-        if len(set(chunk_ids)) != len(chunk_ids):
+        if len(chunks) > 1 and len(set(chunk_ids)) != len(chunk_ids):
             raise ProtocolError(f"push to {table.name!r} lists a chunk twice: {chunk_ids}")
         check_arrays(table.name, chunks, grads)
-        for chunk, grad in zip(chunks, grads, strict=True):
-            # one BLAS pass: NaN or Inf anywhere makes the sum of squares non-finite
-            if self.check_finite and grad.size and not np.isfinite(np.dot(grad, grad)):
-                raise ProtocolError(
-                    f"table {table.name!r} chunk {chunk.chunk_id}: the gradient holds NaN or "
-                    "Inf (or overflows); expected finite values"
-                )
-        if not isinstance(pulled_versions, list) or len(pulled_versions) != len(chunks) or not all(
-            isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in pulled_versions
-        ):
+        if self.check_finite:
+            for chunk, grad in zip(chunks, grads, strict=True):
+                # one BLAS pass: NaN or Inf anywhere makes the sum of squares non-finite
+                if grad.size and not math.isfinite(np.dot(grad, grad)):
+                    raise ProtocolError(
+                        f"table {table.name!r} chunk {chunk.chunk_id}: the gradient holds NaN "
+                        "or Inf (or overflows); expected finite values"
+                    )
+        versions_ok = isinstance(pulled_versions, list) and len(pulled_versions) == len(chunks)
+        if versions_ok:
+            for version in pulled_versions:
+                if type(version) is not int or version < 0:  # bool is not a version
+                    versions_ok = False
+                    break
+        if not versions_ok:
             raise ProtocolError(
                 "field 'versions' must list one non-negative pulled version per chunk"
             )
