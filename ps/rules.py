@@ -253,6 +253,7 @@ class Adam(UpdateRule):
         np.divide(m, tmp2, out=tmp2)
         _descend(weights, tmp2, self.lr / (1 - b1**step) * bc2_sqrt * lr_scale, tmp2)
 
+
 RULES: dict[str, type[UpdateRule]] = {cls.name: cls for cls in (SGD, Momentum, Adagrad, Adam)}
 
 
