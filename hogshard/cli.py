@@ -164,6 +164,8 @@ def main(ctx: click.Context, config_file: str | None, log_level: str, log_format
 @_option("heartbeat-interval", default=DEFAULT_HEARTBEAT_INTERVAL, type=click.FloatRange(min=0.01))
 @_option("heartbeat-timeout", default=DEFAULT_HEARTBEAT_TIMEOUT, type=click.FloatRange(min=0.05),
          help="seconds of silence after which a member is declared dead")
+@_option("replication", default=1, type=click.IntRange(min=1, max=2),
+         help="copies of each dense chunk: 2 keeps a backup on another server")
 @_option("address-file", default=None, type=click.Path(dir_okay=False),
          help="write the bound address here once listening")
 @_metrics_options
@@ -172,7 +174,7 @@ def main(ctx: click.Context, config_file: str | None, log_level: str, log_format
 @_keys_option
 @_insecure_option
 def scheduler(bind: str, policy: str, servers: int, heartbeat_interval: float,
-              heartbeat_timeout: float, address_file: str | None, metrics_port: int | None,
+              heartbeat_timeout: float, replication: int, address_file: str | None, metrics_port: int | None,
               metrics_host: str, checkpoint_every: float | None, checkpoint_dir: str | None,
               restore: str | None, keys: str | None, insecure: bool) -> None:
     """Run the scheduler: membership, heartbeats, shard map, consistency policy."""
@@ -182,7 +184,7 @@ def scheduler(bind: str, policy: str, servers: int, heartbeat_interval: float,
     service = _or_exit(lambda: Scheduler(bind, policy, servers, heartbeat_interval,
                                          heartbeat_timeout, checkpoint_every=checkpoint_every,
                                          checkpoint_dir=checkpoint_dir, restore=restore,
-                                         security=security))
+                                         security=security, replication=replication))
     _start_metrics(service, "scheduler", metrics_port, metrics_host)
     if address_file:
         tmp = Path(address_file + ".tmp")
@@ -249,6 +251,8 @@ def worker(scheduler: str, rank: int | None, num_workers: int | None, codec: str
 @_option("workers", default=2, type=click.IntRange(min=1))
 @_policy_option()
 @_option("heartbeat-timeout", default=DEFAULT_HEARTBEAT_TIMEOUT, type=click.FloatRange(min=0.05))
+@_option("replication", default=1, type=click.IntRange(min=1, max=2),
+         help="copies of each dense chunk: 2 keeps a backup on another server")
 @_codec_option()
 @click.option("--progress/--no-progress", default=True, help="show a progress bar")
 @click.option("--verbose", is_flag=True, help="show the scheduler's and servers' INFO logs")
@@ -256,7 +260,8 @@ def worker(scheduler: str, rank: int | None, num_workers: int | None, codec: str
 @_restore_option
 @_keys_option
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def launch(servers: int, workers: int, policy: str, heartbeat_timeout: float, codec: str | None,
+def launch(servers: int, workers: int, policy: str, heartbeat_timeout: float, replication: int,
+           codec: str | None,
            progress: bool, verbose: bool, checkpoint_every: float | None,
            checkpoint_dir: str | None, restore: str | None, keys: str | None,
            command: tuple[str, ...]) -> None:
@@ -265,7 +270,7 @@ def launch(servers: int, workers: int, policy: str, heartbeat_timeout: float, co
 
     cluster = _or_exit(lambda: LocalCluster(servers, workers, policy, list(command),
                                             heartbeat_timeout=heartbeat_timeout,
-                                            progress=progress, codec=codec,
+                                            replication=replication, progress=progress, codec=codec,
                                             service_log_level="INFO" if verbose else "WARNING",
                                             checkpoint_every=checkpoint_every,
                                             checkpoint_dir=checkpoint_dir, restore=restore,

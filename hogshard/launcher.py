@@ -81,6 +81,7 @@ class LocalCluster:
     command: Sequence[str]
     heartbeat_interval: float = 0.5
     heartbeat_timeout: float = 5.0
+    replication: int = 1
     progress: bool = True
     codec: str | None = None
     service_log_level: str = "WARNING"
@@ -152,7 +153,8 @@ class LocalCluster:
             "scheduler", "--bind", "tcp://127.0.0.1:0", "--address-file", str(address_file),
             "--policy", self.policy, "--servers", str(self.servers),
             "--heartbeat-interval", str(self.heartbeat_interval),
-            "--heartbeat-timeout", str(self.heartbeat_timeout), *self._checkpoint_args(),
+            "--heartbeat-timeout", str(self.heartbeat_timeout),
+            "--replication", str(self.replication), *self._checkpoint_args(),
             *self._keys_args(),
         ), dict(os.environ))
         deadline = time.monotonic() + self.startup_timeout

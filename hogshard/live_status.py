@@ -66,8 +66,8 @@ def shard_table(status: dict[str, Any]) -> Table:
         table.add_column(name, no_wrap=True)
     for name, entry in sorted(status.get("tables", {}).items()):
         per_server: dict[int, int] = {}
-        for _, _, length, server in entry["chunks"]:
-            per_server[server] = per_server.get(server, 0) + length
+        for chunk in entry["chunks"]:  # [id, offset, length, server(, backup)]
+            per_server[chunk[3]] = per_server.get(chunk[3], 0) + chunk[2]
         rule = entry["table"].get("rule", {})
         table.add_row(name, str(entry["table"]["size"]), str(len(entry["chunks"])),
                       ", ".join(f"server-{r}: {n}" for r, n in sorted(per_server.items())),

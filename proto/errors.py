@@ -29,6 +29,7 @@ class ErrorCode(enum.StrEnum):
     TIMEOUT = "TIMEOUT"
     INTERNAL = "INTERNAL"
     BAD_CHECKPOINT = "BAD_CHECKPOINT"
+    NOT_OWNER = "NOT_OWNER"
 
 
 class HogshardError(Exception):
@@ -117,6 +118,13 @@ class CheckpointError(HogshardError):
     code = ErrorCode.BAD_CHECKPOINT
 
 
+class NotOwnerError(HogshardError):
+    """This server may not serve the chunk now: it is not (or no longer) its primary, or its
+    lease from the scheduler ran out. Fetch the shard map again and retry there."""
+
+    code = ErrorCode.NOT_OWNER
+
+
 _BY_CODE: dict[ErrorCode, type[HogshardError]] = {
     ErrorCode.MALFORMED: ProtocolError,
     ErrorCode.BAD_VERSION: VersionMismatchError,
@@ -131,6 +139,7 @@ _BY_CODE: dict[ErrorCode, type[HogshardError]] = {
     ErrorCode.NOT_READY: NotReadyError,
     ErrorCode.TIMEOUT: RequestTimeoutError,
     ErrorCode.BAD_CHECKPOINT: CheckpointError,
+    ErrorCode.NOT_OWNER: NotOwnerError,
 }
 
 

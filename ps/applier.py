@@ -15,7 +15,7 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -44,6 +44,9 @@ class UpdateApplier:
         self._groups: dict[tuple[str, int], _Group] = {}
         self._chunks: dict[tuple[str, int], tuple[DenseTable, DenseChunk]] = {}
         self._pulled: dict[tuple[str, str, int], np.ndarray] = {}
+        #: Called after each update with (table, chunk, gradient applied, lr scale): the
+        #: server forwards it to the chunk's backup (ps/replication.py).
+        self.on_apply: Callable[[DenseTable, DenseChunk, np.ndarray, float], None] | None = None
 
     # ---- pushes -----------------------------------------------------------------------------
 
@@ -86,6 +89,8 @@ class UpdateApplier:
                 table.rule.apply(chunk.writable(), grad, chunk.state, scale)
                 chunk.version += 1
                 self.stats.updates += 1
+                if self.on_apply is not None:
+                    self.on_apply(table, chunk, grad, scale)
                 continue
             key = (table.name, chunk.chunk_id)
             group = self._groups.setdefault(key, _Group())
@@ -141,6 +146,8 @@ class UpdateApplier:
         table.rule.apply(chunk.writable(), group.total, chunk.state, 1.0)
         chunk.version += 1
         self.stats.updates += 1
+        if self.on_apply is not None:
+            self.on_apply(table, chunk, group.total.copy(), 1.0)
         group.contributors.clear()
         group.staleness.clear()
 

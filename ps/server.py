@@ -48,6 +48,8 @@ from hogshard.ps.decoding import PayloadDecoder
 from hogshard.ps.dense import DenseStore
 from hogshard.ps.embedding import EmbeddingStore
 from hogshard.ps.embedding_ops import HANDLERS as EMBEDDING_HANDLERS
+from hogshard.ps.replica_ops import HANDLERS as REPLICA_HANDLERS
+from hogshard.ps.replication import HeldReply, Replicator
 from hogshard.ps.stats import ServerStats
 from hogshard.scheduler.policy import ConsistencyPolicy, parse_policy
 
@@ -107,7 +109,10 @@ class ShardServer:
         self.policy_version = 0
         self._checkpoint_report: dict[str, Any] | None = None
         self._table_sizes: dict[str, tuple[int, int]] = {}  # name -> (size, chunk_elems)
+        self.replicas: Replicator | None = None
         self._register(rank_hint, register_timeout)
+        self.replicas = Replicator(self._context, security, self.heartbeat_timeout,
+                                   sender=self.node_id)
         if restore:
             self._restore(restore)
         self.applier = UpdateApplier(self.policy, self.stats)
@@ -127,7 +132,11 @@ class ShardServer:
         self.rank: int = reply.get("rank")
         self.policy: ConsistencyPolicy = parse_policy(reply.get("policy"))
         self.heartbeat_interval: float = reply.get("heartbeat_interval")
+        self.heartbeat_timeout: float = reply.get("heartbeat_timeout") or 5.0
         self._scheduler.sender = self.node_id
+        if self.replicas is not None:  # declared dead and back: own nothing until told
+            self.replicas.forget_roles()
+            self.replicas.sender = self.node_id
         log.info("%s serving on %s policy=%s", self.node_id, self.address, self.policy.spec)
 
     def _table_report(self) -> dict[str, Any]:
@@ -137,11 +146,13 @@ class ShardServer:
             if name not in self._table_sizes:
                 continue  # initialised by a client that did not send the size
             size, chunk_elems = self._table_sizes[name]
+            roles = self.replicas.roles.get(name) if self.replicas is not None else None
             report[name] = {
                 "table": {"name": name, "size": size, "chunk_elems": chunk_elems,
                           "rule": table.rule_spec},
                 "chunks": [[c.chunk_id, c.offset, c.weights.size]
-                           for c in table.chunks.values()],
+                           for c in table.chunks.values()
+                           if roles is None or roles.get(c.chunk_id, (-1,))[0] == self.rank],
             }
         return report
 
@@ -151,15 +162,22 @@ class ShardServer:
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
         poller.register(self._scheduler.socket, zmq.POLLIN)
+        links: set[zmq.Socket] = set()
         try:
             while not self._stop.is_set():
                 now = time.monotonic()
                 if now >= self._heartbeat_due:
                     self._send_heartbeat(now)
+                links = self._poll_links(poller, links)
                 timeout_ms = max(0, int((self._heartbeat_due - now) * 1000))
                 events = dict(poller.poll(timeout_ms))
                 if self._scheduler.socket in events:
                     self._read_scheduler()
+                acked = [sock for sock in links if sock in events]
+                for sock in acked:
+                    self.replicas.read_acks(sock)
+                if acked or self.replicas.held:
+                    self._release_held()
                 if self._sock in events:
                     for _ in range(64):  # drain a burst before the next heartbeat check
                         self._handle_one()
@@ -171,7 +189,25 @@ class ShardServer:
     def stop(self) -> None:
         self._stop.set()
 
+    def _poll_links(self, poller: zmq.Poller, registered: set[zmq.Socket]) -> set[zmq.Socket]:
+        """Keep the poller watching exactly the current links to backups."""
+        current = set(self.replicas.sockets())
+        for sock in registered - current:
+            poller.unregister(sock)
+        for sock in current - registered:
+            poller.register(sock, zmq.POLLIN)
+        return current
+
+    def _release_held(self) -> None:
+        """Answer the pushes whose backups have acknowledged them."""
+        for held, error in self.replicas.ready_replies(time.monotonic()):
+            if error is not None:
+                self._fail(held.identity, held.request_id, error)
+            else:
+                reply_ok(self._sock, held.identity, held.request_id, held.fields)
+
     def close(self) -> None:
+        self.replicas.close()
         self._sock.close(0)
         self._scheduler.close()
         if self._own_context:
@@ -184,7 +220,8 @@ class ShardServer:
     def _send_heartbeat(self, now: float) -> None:
         self._heartbeat_due = now + self.heartbeat_interval
         self._heartbeat_sent_at = now
-        fields: dict[str, Any] = {"stats": self.stats.to_wire()}
+        fields: dict[str, Any] = {"stats": self.stats.to_wire(),
+                                  "map_epoch": self.replicas.map_epoch}
         if self._checkpoint_report is not None:
             fields["checkpoint"] = self._checkpoint_report
         self._heartbeat_in_flight = self._scheduler.start("heartbeat", fields)
@@ -206,6 +243,9 @@ class ShardServer:
                 self.applier.switch(self.policy)
                 self.policy_version, self._pending_switch = 0, None
                 continue
+            self.replicas.renew_lease(self._heartbeat_sent_at)
+            if "assignments" in reply.header:
+                self.replicas.take_assignments(reply, self.store, self.rank)
             if isinstance(reply.get("checkpoint"), dict):
                 self._write_checkpoint(reply.get("checkpoint"))
             if reply.get("shutdown"):
@@ -307,6 +347,10 @@ class ShardServer:
         size, chunk_elems = msg.get("size"), msg.get("chunk_elems")
         if type(size) is int and type(chunk_elems) is int and size > 0 and chunk_elems > 0:
             self._table_sizes.setdefault(msg.get("table"), (size, chunk_elems))
+        if msg.get("replication") == 2:
+            self.replicas.mark_replicated(msg.get("table"))
+            self.replicas.send_snapshots(self.store, msg.get("table"))
+            self._heartbeat_due = 0.0  # learn this table's roles soon
         return {}, []
 
     def _note_sender(self, sender: str) -> bool:
@@ -336,6 +380,49 @@ class ShardServer:
                                         [c.weights.size for c in resolved])
         table, chunks = self.store.validate_push(msg.get("table"), msg.get("chunks"), grads,
                                                  versions)
+        if self.replicas.replicated(table.name):
+            return self._replicated_push(identity, msg, table, chunks, grads, versions)
+        return {"staleness": self._apply_push(msg, table, chunks, grads, versions)}, []
+
+    def _replicated_push(self, identity: bytes, msg: Message, table: Any, chunks: list[Any],
+                         grads: list[np.ndarray], versions: list[int]) -> None:
+        """Apply the chunks not applied before (by push id), forward the updates to the
+        backups, and hold the reply until they have acknowledged them."""
+        self.replicas.check_primary(table.name, [c.chunk_id for c in chunks], time.monotonic(),
+                                    self.rank)
+        push_id = msg.get("push_id") if type(msg.get("push_id")) is int else None
+        fresh = [i for i, c in enumerate(chunks)
+                 if push_id is None or (push_id, c.chunk_id) not in self.replicas.recent]
+        staleness: list[int | None] = [None] * len(chunks)
+        needs: dict[int, int] = {}
+        if len(fresh) < len(chunks):  # sent again: answer once the first copy is replicated
+            self.stats.duplicates += len(chunks) - len(fresh)
+            needs = {rank: link.sent for rank, link in self.replicas.links.items()}
+        if fresh:
+            updates: list[tuple[Any, np.ndarray, float]] = []
+            self.applier.on_apply = lambda _table, chunk, grad, scale: updates.append(
+                (chunk, grad, scale))
+            try:
+                applied = self._apply_push(msg, table, [chunks[i] for i in fresh],
+                                           [grads[i] for i in fresh],
+                                           [versions[i] for i in fresh])
+            finally:
+                self.applier.on_apply = None
+            for i, value in zip(fresh, applied, strict=True):
+                staleness[i] = value
+                if push_id is not None:
+                    self.replicas.recent.add(push_id, chunks[i].chunk_id)
+            for rank, seq in self.replicas.forward(table, updates, push_id).items():
+                needs[rank] = max(needs.get(rank, 0), seq)
+        fields: dict[str, Any] = {"staleness": staleness}
+        if len(fresh) < len(chunks):
+            fields["duplicates"] = [c.chunk_id for i, c in enumerate(chunks) if i not in fresh]
+        self.replicas.held.append(HeldReply(identity, msg.request_id, fields, needs))
+        self._release_held()
+        return None
+
+    def _apply_push(self, msg: Message, table: Any, chunks: list[Any], grads: list[np.ndarray],
+                    versions: list[int]) -> list[int | None]:
         sender = str(msg.get("from"))
         clock = msg.get("clock") if isinstance(msg.get("clock"), int) else None
         self._maybe_switch(clock)
@@ -348,7 +435,7 @@ class ShardServer:
             self._observed_clocks[sender] = max(self._observed_clocks.get(sender, 0), clock + 1)
         if self._deferred:
             self._release_deferred()
-        return {"staleness": staleness}, []
+        return staleness
 
     def _pull_allowed(self, msg: Message) -> bool:
         sender = str(msg.get("from"))
@@ -364,7 +451,10 @@ class ShardServer:
     ) -> tuple[dict[str, Any], list[np.ndarray]] | None:
         if isinstance(msg.get("clock"), int):
             self._note_sender(str(msg.get("from")))
-        self.store.resolve(msg.get("table"), msg.get("chunks"))  # validate before waiting
+        table, chunks = self.store.resolve(msg.get("table"), msg.get("chunks"))  # validate first
+        if self.replicas.replicated(table.name):
+            self.replicas.check_primary(table.name, [c.chunk_id for c in chunks],
+                                        time.monotonic(), self.rank)
         clock, sender = msg.get("clock"), str(msg.get("from"))
         if type(clock) is int and clock > self._observed_clocks.get(sender, 0):
             # its pushes of earlier steps came first on this connection: they are all in
@@ -438,4 +528,5 @@ class ShardServer:
         "stats": _stats,
         "ping": _ping,
         **EMBEDDING_HANDLERS,
+        **REPLICA_HANDLERS,
     }

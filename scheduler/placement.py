@@ -23,15 +23,19 @@ DEFAULT_CHUNK_ELEMS = 1 << 20
 
 @dataclass(frozen=True)
 class Chunk:
-    """One contiguous slice ``[offset, offset + length)`` of a dense table, owned by ``server``."""
+    """One contiguous slice ``[offset, offset + length)`` of a dense table, owned by ``server``
+    (the primary, which workers talk to) and copied on ``backup`` (-1: no copy)."""
 
     chunk_id: int
     offset: int
     length: int
     server: int
+    backup: int = -1
 
     def to_wire(self) -> list[int]:
-        return [self.chunk_id, self.offset, self.length, self.server]
+        """``[chunk_id, offset, length, server]``, with ``backup`` as a fifth entry if any."""
+        head = [self.chunk_id, self.offset, self.length, self.server]
+        return head if self.backup < 0 else [*head, self.backup]
 
     @classmethod
     def from_wire(cls, fields: list[int]) -> Chunk:
@@ -59,6 +63,8 @@ class PlacedTable:
     spec: DenseTableSpec
     chunks: list[Chunk]
     ready: bool = False
+    #: Copies of each chunk (1: none; 2: a primary and a backup on another server).
+    replication: int = 1
 
 
 def plan_dense_table(size: int, chunk_elems: int, num_servers: int) -> list[Chunk]:

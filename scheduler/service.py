@@ -47,6 +47,7 @@ from hogshard.scheduler.placement import (
 )
 from hogshard.scheduler.policy import parse_policy
 from hogshard.scheduler.recovery import merge_chunks, parse_table_report
+from hogshard.scheduler.replication import ReplicationOps, check_replication
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,7 @@ class _Waiter:
     ready: Callable[[], dict[str, Any] | None]
 
 
-class Scheduler(CheckpointOps):
+class Scheduler(CheckpointOps, ReplicationOps):
     """The control plane of one job. Not thread-safe: run ``serve_forever`` in one thread and
     stop it with ``stop()`` from any thread."""
 
@@ -88,8 +89,12 @@ class Scheduler(CheckpointOps):
         checkpoint_dir: str | None = None,
         restore: str | None = None,
         security: Security | None = None,
+        replication: int = 1,
     ) -> None:
         self.policy = parse_policy(policy)
+        check_replication(replication, self.policy)
+        self.replication = replication
+        self.map_epoch = 0
         self.policy_version = 0
         self.policy_from_clock = 0
         if expected_servers < 1:
@@ -127,8 +132,10 @@ class Scheduler(CheckpointOps):
             while not self._stop.is_set():
                 if poller.poll(int(self.heartbeat_interval * 1000)):
                     self._handle_one()
-                if self.members.expire(time.monotonic()):
+                dead = self.members.expire(time.monotonic())
+                if dead:
                     self._log_membership()
+                    self._servers_lost(dead)
                 self._tick_checkpoints(time.monotonic())
                 self._release_waiters()
         finally:
@@ -202,6 +209,8 @@ class Scheduler(CheckpointOps):
             rank_hint=msg.get("rank_hint"), clock=start_clock,
         )
         self._adopt_tables(member.rank, reported)
+        if role == "server":
+            self._fill_backups()
         self._log_membership()
         return {
             "node_id": member.node_id,
@@ -224,8 +233,9 @@ class Scheduler(CheckpointOps):
                 log.error("server %d reports table %s as %s; the scheduler has %s", rank, name,
                           spec.to_wire(), table.spec.to_wire())
                 continue
-            if table.ready and any(c.server == rank for c in table.chunks):
-                continue
+            if table.ready and (table.replication > 1
+                                or any(c.server == rank for c in table.chunks)):
+                continue  # a replicated table's map is the scheduler's, not a rejoiner's
             try:
                 table.chunks, table.ready = merge_chunks(table.spec, table.chunks, rank, layout)
             except HogshardError as err:
@@ -234,6 +244,8 @@ class Scheduler(CheckpointOps):
             self.members.epoch += 1
             log.info("table %s: server %d reported %d chunks%s", name, rank, len(layout),
                      "; shard map complete" if table.ready else "")
+            if table.ready and self.replication > 1:
+                self._replicate_new_table(table)
 
     def _heartbeat(self, msg: Message) -> dict[str, Any]:
         member = self.members.touch(msg.get("from", ""), time.monotonic())
@@ -254,7 +266,8 @@ class Scheduler(CheckpointOps):
             member.stats, member.stats_at = stats, time.monotonic()
         if isinstance(msg.get("progress"), dict):
             member.progress = msg.get("progress")
-        reply: dict[str, Any] = {"epoch": self.members.epoch, "shutdown": self.shutting_down}
+        reply: dict[str, Any] = {"epoch": self.members.epoch, "shutdown": self.shutting_down,
+                                 **self._replica_fields(member, msg.get("map_epoch"))}
         if member.role == "server":
             self.checkpoints.report(member.rank, msg.get("checkpoint"))
             request = self.checkpoints.request_for(member.rank)
@@ -311,6 +324,7 @@ class Scheduler(CheckpointOps):
             ranks = [m.rank for m in servers]
             chunks = [Chunk(c.chunk_id, c.offset, c.length, ranks[c.server]) for c in chunks]
             self.tables[spec.name] = existing = PlacedTable(spec, chunks)
+            self._replicate_new_table(existing)
             self.members.epoch += 1
             log.info("table %s: %d elements in %d chunks", spec.name, spec.size, len(chunks))
         return self._table_view(existing)
@@ -320,7 +334,11 @@ class Scheduler(CheckpointOps):
             "table": table.spec.to_wire(),
             "chunks": [c.to_wire() for c in table.chunks],
             "ready": table.ready,
+            "replication": table.replication,
             "epoch": self.members.epoch,
+            "map_epoch": self.map_epoch,
+            "servers": [{"rank": m.rank, "address": m.address}
+                        for m in self.members.live("server")],
         }
 
     def _lookup(self, name: Any) -> PlacedTable:
@@ -374,6 +392,7 @@ class Scheduler(CheckpointOps):
         """Change the policy of the running job. Servers switch at the first push of clock
         ``from_clock``, chosen ahead of the fastest worker by two heartbeats of its progress."""
         policy = parse_policy(msg.get("policy"))
+        check_replication(self.replication, policy)
         workers = self.members.live("worker")
         ahead = max((m.clock + 2 * self.heartbeat_interval * m.clock_rate for m in workers),
                     default=0)

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import itertools
 import logging
+import secrets
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,7 +27,7 @@ import numpy as np
 import zmq
 
 from hogshard.proto.config import ClientSettings
-from hogshard.proto.errors import ConfigError, HogshardError, UnknownMemberError
+from hogshard.proto.errors import ConfigError, ErrorCode, HogshardError, UnknownMemberError
 from hogshard.proto.security import load_security
 from hogshard.proto.transport import ERROR, RpcChannel, connect_dealer, request_header, send
 from hogshard.proto.wire import decode
@@ -35,6 +37,7 @@ from hogshard.worker import sparse
 from hogshard.worker.compression import Compressor, message_seed
 from hogshard.worker.control import call_across_restarts
 from hogshard.worker.futures import Future, PendingRequest, RequestBook
+from hogshard.worker.rerouting import Rerouter, Route
 
 log = logging.getLogger(__name__)
 
@@ -45,19 +48,26 @@ class DenseTable:
     """A worker's handle on a dense table: its chunks grouped by server, and the version of
     each chunk this worker last pulled (sent back with pushes to measure staleness)."""
 
-    def __init__(self, spec: DenseTableSpec, chunks: Sequence[Chunk]) -> None:
+    def __init__(self, spec: DenseTableSpec, chunks: Sequence[Chunk], replication: int = 1) -> None:
         self.spec = spec
         self.name = spec.name
         self.size = spec.size
+        self.replication = replication
+        self.update(chunks)
+        self.pulled_versions = {c.chunk_id: 0 for c in self.chunks}
+
+    def update(self, chunks: Sequence[Chunk]) -> None:
+        """Adopt a new placement of the same chunks (a backup was promoted)."""
         self.chunks = list(chunks)
+        self.by_id = {c.chunk_id: c for c in self.chunks}
         self.by_server: dict[int, list[Chunk]] = {}
         for chunk in self.chunks:
             self.by_server.setdefault(chunk.server, []).append(chunk)
-        self.pulled_versions = {c.chunk_id: 0 for c in self.chunks}
 
     @classmethod
     def from_reply(cls, fields: dict[str, Any]) -> DenseTable:
-        return cls(DenseTableSpec(**fields["table"]), [Chunk.from_wire(c) for c in fields["chunks"]])
+        return cls(DenseTableSpec(**fields["table"]), [Chunk.from_wire(c) for c in fields["chunks"]],
+                   int(fields.get("replication") or 1))
 
 
 def _by_server(table: DenseTable, chunks: Sequence[Chunk] | None) -> dict[int, list[Chunk]]:
@@ -66,6 +76,7 @@ def _by_server(table: DenseTable, chunks: Sequence[Chunk] | None) -> dict[int, l
         return table.by_server
     grouped: dict[int, list[Chunk]] = {}
     for chunk in chunks:
+        chunk = table.by_id[chunk.chunk_id]  # its current owner
         grouped.setdefault(chunk.server, []).append(chunk)
     return grouped
 
@@ -86,11 +97,12 @@ class _Heartbeat(threading.Thread):
             while not self.stopped.wait(self._interval):
                 self._channel.sender = self._client.node_id
                 try:
-                    self._channel.call(
+                    reply = self._channel.call(
                         "heartbeat",
                         {"clock": self._client.clock, "progress": dict(self._client.progress)},
                         timeout=max(2.0, 4 * self._interval),
                     )
+                    self._client.rerouter.announced = reply.get("map_epoch")
                 except UnknownMemberError as err:
                     if self.stopped.is_set():
                         break
@@ -117,12 +129,16 @@ class PSClient:
         self.clock = 0
         self.generation = 0  # registrations since the first (a scheduler restart adds one)
         self.bytes_pushed = 0
+        self.updates_acked = 0  # chunk updates the servers acknowledged as applied
         self.progress: dict[str, Any] = {}
         self.security = load_security(self.settings.keys)
         self._control = RpcChannel(self._context, self.settings.scheduler, sender="worker-?",
                                    security=self.security)
         self._ids = itertools.count(1)
+        self._push_ids = itertools.count(1)
+        self._incarnation = secrets.randbits(30)  # push ids stay unique across restarts
         self._book = RequestBook()
+        self.rerouter = Rerouter(self)
         self._closed = False
         reply = self._control.call(
             "register", {"role": "worker", "rank_hint": self.settings.rank},
@@ -133,17 +149,26 @@ class PSClient:
         self._heartbeat = _Heartbeat(self, self._context, reply.get("heartbeat_interval"))
         self._heartbeat.start()
         servers = self._control.call("wait_servers", timeout=self.settings.connect_timeout)
-        self._servers = {
-            s["rank"]: connect_dealer(self._context, s["address"], security=self.security)
-            for s in servers.get("servers")
-        }
+        self._servers: dict[int, zmq.Socket] = {}
+        self._addresses: dict[int, str] = {}
         self._poller = zmq.Poller()
-        self._socket_rank: dict[zmq.Socket, int] = {}
-        for rank, sock in self._servers.items():
-            self._poller.register(sock, zmq.POLLIN)
-            self._socket_rank[sock] = rank
+        self._connect_servers(servers.get("servers"))
         log.info("%s joined: %d servers, policy %s, clock %d",
                  self.node_id, len(self._servers), self.policy, self.clock)
+
+    def _connect_servers(self, servers: Sequence[dict[str, Any]]) -> None:
+        """One DEALER per live server; a server gone or moved loses its socket (and what was
+        queued on it), one new or moved gets a fresh one."""
+        live = {int(s["rank"]): str(s["address"]) for s in servers}
+        for rank in list(self._servers):
+            if self._addresses.get(rank) != live.get(rank):
+                self._poller.unregister(self._servers[rank])
+                self._servers.pop(rank).close(0)
+        for rank, address in live.items():
+            if rank not in self._servers:
+                sock = connect_dealer(self._context, address, security=self.security)
+                self._servers[rank], self._addresses[rank] = sock, address
+                self._poller.register(sock, zmq.POLLIN)
 
     @property
     def num_servers(self) -> int:
@@ -201,6 +226,7 @@ class PSClient:
                     f"table {name!r} was declared as {table.spec.to_wire()}; this worker "
                     f"expects {spec.to_wire()}"
                 )
+            self._track(table, reply.header)
             return table
         init = np.ascontiguousarray(init, dtype=FLOAT32).reshape(-1)
         if init.size != size:
@@ -217,11 +243,18 @@ class PSClient:
                 "chunk_elems": table.spec.chunk_elems,
                 "layout": [[c.chunk_id, c.offset, c.length] for c in chunks],
             }
+            if table.replication > 1:
+                fields["replication"] = table.replication
             arrays = [init[c.offset:c.offset + c.length] for c in chunks]
             futures.append(self._request(rank, "init", fields, arrays))
         Future.gather(futures, self._pump).result(self.settings.request_timeout)
         self._control.call("table_ready", {"table": name}, timeout=self.settings.request_timeout)
+        self._track(table, reply.header)
         return table
+
+    def _track(self, table: DenseTable, view: dict[str, Any]) -> None:
+        if table.replication > 1:
+            self.rerouter.track(table, view.get("map_epoch"))
 
     def embedding_table(
         self, name: str, dim: int, num_embeddings: int | None = None,
@@ -254,12 +287,18 @@ class PSClient:
         fields: dict[str, Any],
         arrays: Sequence[np.ndarray] = (),
         on_reply: Any = None,
+        route: Route | None = None,
     ) -> Future:
+        return Future([self._send_request(rank, op, fields, arrays, on_reply, route)], self._pump)
+
+    def _send_request(self, rank: int, op: str, fields: dict[str, Any],
+                      arrays: Sequence[np.ndarray], on_reply: Any, route: Route | None
+                      ) -> PendingRequest:
         request_id = next(self._ids)
         send(self._servers[rank], request_header(op, request_id, self.node_id, **fields), arrays)
-        pending = PendingRequest(request_id, op, rank, on_reply)
+        pending = PendingRequest(request_id, op, rank, on_reply, route=route)
         self._book.add(pending)
-        return Future([pending], self._pump)
+        return pending
 
     def push(
         self,
@@ -276,30 +315,42 @@ class PSClient:
         ``partial``: more pushes of this ``clock`` follow (the server does not count the step
         as completed on this one; the pull of the next clock does)."""
         grads = self._check_flat(table, grads, "grads")
-        futures, grouped = [], _by_server(table, chunks)
-        for rank, chunks in grouped.items():  # noqa: B020 (grouped is computed first)
-            fields: dict[str, Any] = {
-                "table": table.name,
-                "chunks": [c.chunk_id for c in chunks],
-                "versions": [table.pulled_versions[c.chunk_id] for c in chunks],
-            }
+        futures = []
+        for rank, chunks in _by_server(table, chunks).items():  # noqa: B020 (computed first)
+            base: dict[str, Any] = {"table": table.name}
             if clock is not None:
-                fields["clock"] = clock
+                base["clock"] = clock
             if partial:
-                fields["partial"] = True
-            slices = [grads[c.offset:c.offset + c.length] for c in chunks]
-            if compressor is None:
-                arrays = slices
-                self.bytes_pushed += sum(a.nbytes for a in arrays)
-            else:
-                arrays, fields["codecs"] = [], []
-                for chunk, piece in zip(chunks, slices, strict=True):
-                    seed = message_seed(self.node_id, clock or 0, table.name, chunk.chunk_id)
-                    codec, encoded = compressor.compress(table.name, chunk.chunk_id, piece, seed)
-                    fields["codecs"].append([codec.spec(), encoded.meta, len(encoded.buffers)])
-                    arrays.extend(encoded.buffers)
-                    self.bytes_pushed += encoded.nbytes
-            futures.append(self._request(rank, "push", fields, arrays))
+                base["partial"] = True
+            if table.replication > 1:  # the same id on every retry: applied once
+                base["push_id"] = (self._incarnation << 32) | next(self._push_ids)
+            parts: dict[int, tuple[int, Any, list[np.ndarray]]] = {}
+            for chunk in chunks:
+                piece = grads[chunk.offset:chunk.offset + chunk.length]
+                version = table.pulled_versions[chunk.chunk_id]
+                if compressor is None:
+                    parts[chunk.chunk_id] = (version, None, [piece])
+                    self.bytes_pushed += piece.nbytes
+                    continue
+                seed = message_seed(self.node_id, clock or 0, table.name, chunk.chunk_id)
+                codec, encoded = compressor.compress(table.name, chunk.chunk_id, piece, seed)
+                parts[chunk.chunk_id] = (version, [codec.spec(), encoded.meta,
+                                                   len(encoded.buffers)], encoded.buffers)
+                self.bytes_pushed += encoded.nbytes
+
+            def build(chunks: list[Chunk], base: dict[str, Any] = base,
+                      parts: dict[int, tuple[int, Any, list[np.ndarray]]] = parts
+                        ) -> tuple[dict[str, Any], list[np.ndarray], Any]:
+                mine = [parts[c.chunk_id] for c in chunks]
+                fields = {**base, "chunks": [c.chunk_id for c in chunks],
+                          "versions": [version for version, _, _ in mine]}
+                if compressor is not None:
+                    fields["codecs"] = [codec for _, codec, _ in mine]
+                return fields, [a for _, _, arrays in mine for a in arrays], self._count_acked
+
+            fields, arrays, on_reply = build(chunks)
+            futures.append(self._request(rank, "push", fields, arrays, on_reply,
+                                         route=self._route(table, chunks, build)))
         return Future.gather(futures, self._pump)
 
     def pull(self, table: DenseTable, out: np.ndarray, clock: int | None = None,
@@ -310,21 +361,42 @@ class PSClient:
         out = self._check_flat(table, out, "out")
         if not out.flags.writeable:
             raise ConfigError("pull: 'out' must be writable")
-        futures, grouped = [], _by_server(table, chunks)
-        for rank, chunks in grouped.items():  # noqa: B020 (grouped is computed first)
+
+        def build(chunks: list[Chunk]) -> tuple[dict[str, Any], list[np.ndarray], Any]:
             fields: dict[str, Any] = {"table": table.name, "chunks": [c.chunk_id for c in chunks]}
             if clock is not None:
                 fields["clock"] = clock
 
-            def land(message: Any, chunks: list[Chunk] = chunks) -> None:
+            def land(message: Any) -> None:
                 for chunk, array, version in zip(
                     chunks, message.arrays, message.get("versions"), strict=True
                 ):
                     np.copyto(out[chunk.offset:chunk.offset + chunk.length], array)
                     table.pulled_versions[chunk.chunk_id] = version
 
-            futures.append(self._request(rank, "pull", fields, on_reply=land))
+            return fields, [], land
+
+        futures = []
+        for rank, chunks in _by_server(table, chunks).items():  # noqa: B020 (computed first)
+            fields, _, land = build(chunks)
+            futures.append(self._request(rank, "pull", fields, on_reply=land,
+                                         route=self._route(table, chunks, build)))
         return Future.gather(futures, self._pump)
+
+    def _count_acked(self, message: Any) -> None:
+        staleness = message.get("staleness")
+        if isinstance(staleness, list):  # None: dropped by +maxstale, or a duplicate
+            self.updates_acked += sum(1 for s in staleness if s is not None)
+        duplicates = message.get("duplicates")  # applied when first sent, acknowledged now
+        if isinstance(duplicates, list):
+            self.updates_acked += len(duplicates)
+
+    @staticmethod
+    def _route(table: DenseTable, chunks: list[Chunk], build: Any) -> Route | None:
+        """How to send a request to a replicated table again if its chunks move."""
+        if table.replication < 2:
+            return None
+        return Route(table, [c.chunk_id for c in chunks], build)
 
     @staticmethod
     def _check_flat(table: DenseTable, array: np.ndarray, what: str) -> np.ndarray:
@@ -338,7 +410,12 @@ class PSClient:
         return array
 
     def _pump(self, timeout: float) -> None:
-        """Wait up to ``timeout`` seconds for replies and settle the requests they answer."""
+        """Wait up to ``timeout`` seconds for replies and settle the requests they answer
+        (sending again, first, what must move to a chunk's new owner)."""
+        if self.rerouter.tables:
+            now = time.monotonic()
+            self.rerouter.run(now)
+            timeout = min(timeout, self.rerouter.wait_hint(now))
         for sock, _ in self._poller.poll(int(timeout * 1000)):
             while sock.poll(0, zmq.POLLIN):
                 message = decode(sock.recv_multipart(copy=False))
@@ -346,7 +423,10 @@ class PSClient:
                 if pending is None:
                     log.debug("dropping reply to unknown request %d", message.request_id)
                     continue
-                if message.op == ERROR:
+                if message.op == ERROR and pending.route is not None \
+                        and message.get("code") == ErrorCode.NOT_OWNER.value:
+                    self.rerouter.retry_later(pending)
+                elif message.op == ERROR:
                     pending.fail(str(message.get("code")), str(message.get("message")))
                 else:
                     pending.settle(message)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from hogshard.proto.errors import HogshardError, RequestTimeoutError, error_from_reply
 from hogshard.proto.wire import Message
@@ -24,7 +25,8 @@ Pump = Callable[[float], None]
 
 @dataclass
 class PendingRequest:
-    """One request on one server's socket, waiting for its reply."""
+    """One request on one server's socket, waiting for its reply. A request sent again to
+    other servers (its chunks moved: ``route``) is done when all its ``children`` are."""
 
     request_id: int
     op: str
@@ -33,6 +35,10 @@ class PendingRequest:
     done: bool = False
     error: HogshardError | None = None
     reply: Message | None = field(default=None, repr=False)
+    route: Any = field(default=None, repr=False)  # worker.rerouting.Route, for replicated tables
+    parent: PendingRequest | None = field(default=None, repr=False)
+    children: int = 0  # sent again as this many requests, not all done yet
+    attempts: int = 0
 
     def settle(self, message: Message) -> None:
         try:
@@ -41,11 +47,21 @@ class PendingRequest:
         except (ValueError, TypeError) as exc:
             self.error = HogshardError(f"bad '{self.op}' reply from server {self.server}: {exc}")
         self.reply = message
-        self.done = True
+        self._finish()
 
     def fail(self, code: str, message: str) -> None:
         self.error = error_from_reply(code, f"server {self.server}, {self.op}: {message}")
+        self._finish()
+
+    def _finish(self) -> None:
         self.done = True
+        parent = self.parent
+        if parent is not None:
+            parent.error = parent.error or self.error
+            parent.reply = self.reply
+            parent.children -= 1
+            if parent.children == 0:
+                parent._finish()
 
 
 class RequestBook:
@@ -59,6 +75,9 @@ class RequestBook:
 
     def pop(self, request_id: int) -> PendingRequest | None:
         return self._pending.pop(request_id, None)
+
+    def waiting(self) -> list[PendingRequest]:
+        return list(self._pending.values())
 
     def __len__(self) -> int:
         return len(self._pending)

@@ -1,0 +1,295 @@
+"""Chain replication on a shard server (``--replication 2``; PROTOCOL.md section 16).
+
+A primary applies a push, forwards what it applied (gradient, learning-rate scale, version)
+to the chunk's backup over a DEALER, and answers the worker only once the backup has
+acknowledged it. A backup applies the forwarded updates in the order they were sent, so it
+holds exactly what its primary acknowledged. Both remember recent push ids, so a push that a
+worker sends again after a promotion is applied once.
+
+A server learns its roles (which chunks it is primary or backup of) and the other servers'
+addresses from the scheduler's heartbeat replies, and holds a lease renewed by each reply: a
+primary whose lease has run out (cut off from the scheduler) acknowledges nothing, so it
+never acknowledges a push after its backup has been promoted.
+
+Example::
+
+    replicas = Replicator(context, security, heartbeat_timeout=5.0)
+    replicas.take_assignments(reply.header, store, rank=0)      # from a heartbeat reply
+    replicas.check_primary("model", [0, 1], time.monotonic())   # NotOwnerError if not
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import zmq
+
+from hogshard.proto.errors import NotOwnerError
+from hogshard.proto.security import Security
+from hogshard.proto.transport import ERROR, connect_dealer, request_header, send
+from hogshard.proto.wire import Message, decode
+from hogshard.ps.dense import DenseChunk, DenseStore, DenseTable
+
+log = logging.getLogger(__name__)
+
+#: The lease is this fraction of the scheduler's heartbeat timeout, so it always runs out
+#: before the scheduler declares the server dead and promotes its backups.
+LEASE_FRACTION = 0.6
+#: (push id, chunk id) pairs remembered for detecting a push sent again.
+RECENT_PUSHES = 1 << 17
+MAX_CHUNK_ID = 1 << 20
+
+
+class RecentPushes:
+    """A bounded memory of applied (push id, chunk id) pairs, oldest forgotten first."""
+
+    def __init__(self, capacity: int = RECENT_PUSHES) -> None:
+        self.capacity = capacity
+        self._seen: OrderedDict[int, None] = OrderedDict()
+
+    @staticmethod
+    def _key(push_id: int, chunk_id: int) -> int:
+        return push_id * MAX_CHUNK_ID + chunk_id
+
+    def __contains__(self, pair: tuple[int, int]) -> bool:
+        return self._key(*pair) in self._seen
+
+    def add(self, push_id: int, chunk_id: int) -> None:
+        self._seen[self._key(push_id, chunk_id)] = None
+        if len(self._seen) > self.capacity:
+            self._seen.popitem(last=False)
+
+
+@dataclass
+class BackupLink:
+    """A primary's connection to one backup server; ``sent``/``acked`` count messages."""
+
+    rank: int
+    address: str
+    socket: zmq.Socket
+    sent: int = 0
+    acked: int = 0
+    fenced: str | None = None  # why the backup refused us (it was promoted)
+
+
+@dataclass
+class HeldReply:
+    """A worker's push reply waiting until each backup in ``needs`` acknowledged a sequence."""
+
+    identity: bytes
+    request_id: int
+    fields: dict[str, Any]
+    needs: dict[int, int] = field(default_factory=dict)  # backup rank -> sequence number
+
+
+class Replicator:
+    """The primary's half of chain replication, and the roles this server holds."""
+
+    def __init__(self, context: zmq.Context, security: Security | None,
+                 heartbeat_timeout: float, sender: str = "server-?") -> None:
+        self._context = context
+        self._security = security
+        self.lease_s = LEASE_FRACTION * heartbeat_timeout
+        self.lease_until = 0.0
+        self.map_epoch: int | None = None
+        self.sender = sender
+        #: table -> chunk id -> (primary rank, backup rank); only replicated tables appear.
+        self.roles: dict[str, dict[int, tuple[int, int]]] = {}
+        self.links: dict[int, BackupLink] = {}
+        self.held: list[HeldReply] = []
+        self.recent = RecentPushes()
+        self._pending_snapshots: dict[str, set[int]] = {}  # waiting for the chunk's init
+
+    # ---- roles and lease --------------------------------------------------------------------
+
+    def replicated(self, table: str) -> bool:
+        return table in self.roles
+
+    def mark_replicated(self, table: str) -> None:
+        """A table initialised as replicated: no chunk is ours until the scheduler says so."""
+        self.roles.setdefault(table, {})
+
+    def renew_lease(self, heartbeat_sent_at: float) -> None:
+        self.lease_until = max(self.lease_until, heartbeat_sent_at + self.lease_s)
+
+    def lease_valid(self, now: float) -> bool:
+        return now < self.lease_until
+
+    def forget_roles(self) -> None:
+        """After this server was declared dead: it owns nothing until told again."""
+        for table in self.roles:
+            self.roles[table] = {}
+        self.map_epoch = None
+        self.lease_until = 0.0
+
+    def check_primary(self, table: str, chunk_ids: list[int], now: float, rank: int) -> None:
+        """Raise NotOwnerError unless this server is, under a valid lease, the primary of
+        every chunk in ``chunk_ids`` of the replicated ``table``."""
+        roles = self.roles[table]
+        if not self.lease_valid(now):
+            raise NotOwnerError(f"server {rank}: lease from the scheduler ran out "
+                                f"{now - self.lease_until:.2f} s ago; retry after a map refresh")
+        for chunk_id in chunk_ids:
+            role = roles.get(chunk_id) if isinstance(chunk_id, int) else None
+            if role is None or role[0] != rank:
+                raise NotOwnerError(
+                    f"server {rank} is not the primary of table {table!r} chunk {chunk_id} "
+                    f"(map epoch {self.map_epoch}); fetch the shard map and retry")
+
+    # ---- assignments from the scheduler ------------------------------------------------------
+
+    def take_assignments(self, reply: Message, store: DenseStore, rank: int) -> None:
+        """Adopt the roles and addresses of a heartbeat reply; send a snapshot to every new
+        backup of a chunk this server is primary of."""
+        assignments, servers = reply.get("assignments"), reply.get("servers")
+        if not isinstance(assignments, dict) or not isinstance(servers, dict):
+            return
+        self.map_epoch = reply.get("map_epoch")
+        old_roles, self.roles = self.roles, {t: {} for t in self.roles}
+        for name, view in assignments.items():
+            roles = self.roles.setdefault(name, {})
+            for chunk_id, _offset, _length, primary, backup in view.get("chunks", []):
+                roles[chunk_id] = (primary, backup)
+        in_use = {backup for roles in self.roles.values()
+                  for primary, backup in roles.values() if primary == rank and backup >= 0}
+        replaced = self._update_links(in_use, {int(r): a for r, a in servers.items()})
+        snapshots: dict[int, int] = {}
+        for name, roles in self.roles.items():
+            for chunk_id, (primary, backup) in roles.items():
+                before = old_roles.get(name, {}).get(chunk_id)
+                if primary == rank and backup >= 0 and (
+                        before is None or before[1] != backup or backup in replaced):
+                    self._pending_snapshots.setdefault(name, set()).add(chunk_id)
+        for name in list(self._pending_snapshots):
+            snapshots.update(self.send_snapshots(store, name))
+        self._rebase_held(snapshots)
+        log.info("%s: map epoch %s, primary of %d chunks, backup of %d", self.sender,
+                 self.map_epoch,
+                 sum(1 for r in self.roles.values() for p, _ in r.values() if p == rank),
+                 sum(1 for r in self.roles.values() for _, b in r.values() if b == rank))
+
+    def _update_links(self, in_use: set[int], addresses: dict[int, str]) -> set[int]:
+        """Keep one DEALER per backup rank in use; returns ranks whose link is new."""
+        fresh = set()
+        for rank in list(self.links):
+            link = self.links[rank]
+            if rank not in in_use or addresses.get(rank) != link.address:
+                link.socket.close(0)
+                del self.links[rank]
+        for rank in in_use:
+            if rank not in self.links and rank in addresses:
+                sock = connect_dealer(self._context, addresses[rank], security=self._security)
+                self.links[rank] = BackupLink(rank, addresses[rank], sock)
+                fresh.add(rank)
+        return fresh
+
+    def _rebase_held(self, snapshots: dict[int, int]) -> None:
+        """Held replies that waited on a link now gone wait on the new snapshots instead
+        (which hold their updates), or on nothing if the chunk has no backup left."""
+        for held in self.held:
+            gone = [r for r, seq in held.needs.items()
+                    if r not in self.links or self.links[r].sent < seq]
+            if gone:
+                for rank in gone:
+                    del held.needs[rank]
+                held.needs.update(snapshots)
+
+    # ---- forwarding --------------------------------------------------------------------------
+
+    def send_snapshots(self, store: DenseStore, name: str) -> dict[int, int]:
+        """Copy the chunks of ``name`` waiting for a new backup to it (those initialised);
+        returns {backup rank: sequence number of its snapshot}."""
+        table = store.tables.get(name)
+        waiting = self._pending_snapshots.get(name, set())
+        if table is None:
+            return {}
+        by_backup: dict[int, list[DenseChunk]] = {}
+        for chunk_id in sorted(waiting):
+            role = self.roles.get(name, {}).get(chunk_id)
+            if chunk_id in table.chunks and role is not None and role[1] in self.links:
+                by_backup.setdefault(role[1], []).append(table.chunks[chunk_id])
+        sent = {}
+        for backup, chunks in by_backup.items():
+            entries, arrays = [], []
+            for chunk in chunks:
+                keys = sorted(k for k, v in chunk.state.items() if isinstance(v, np.ndarray))
+                scalars = {k: v for k, v in chunk.state.items() if not isinstance(v, np.ndarray)}
+                entries.append([chunk.chunk_id, chunk.offset, int(chunk.weights.size),
+                                chunk.version, keys, scalars])
+                arrays.extend([chunk.weights.copy(), *(chunk.state[k].copy() for k in keys)])
+                waiting.discard(chunk.chunk_id)
+            sent[backup] = self._send(backup, "replica_snapshot", {
+                "table": name, "rule": table.rule_spec, "chunks": entries}, arrays)
+        if not waiting:
+            self._pending_snapshots.pop(name, None)
+        return sent
+
+    def forward(self, table: DenseTable, applied: list[tuple[DenseChunk, np.ndarray, float]],
+                push_id: int | None) -> dict[int, int]:
+        """Send the updates a push applied to their chunks' backups; returns what the reply
+        must wait for ({backup rank: sequence number})."""
+        by_backup: dict[int, tuple[list[list[Any]], list[np.ndarray]]] = {}
+        roles = self.roles.get(table.name, {})
+        for chunk, grad, scale in applied:
+            backup = roles.get(chunk.chunk_id, (-1, -1))[1]
+            if backup in self.links:
+                records, arrays = by_backup.setdefault(backup, ([], []))
+                records.append([chunk.chunk_id, scale, chunk.version, push_id])
+                arrays.append(grad)
+        return {backup: self._send(backup, "replicate", {"table": table.name,
+                                                         "records": records}, arrays)
+                for backup, (records, arrays) in by_backup.items()}
+
+    def _send(self, backup: int, op: str, fields: dict[str, Any],
+              arrays: list[np.ndarray]) -> int:
+        link = self.links[backup]
+        link.sent += 1
+        fields = {**fields, "map_epoch": self.map_epoch, "seq": link.sent}
+        send(link.socket, request_header(op, link.sent, self.sender, **fields), arrays)
+        return link.sent
+
+    # ---- acknowledgements --------------------------------------------------------------------
+
+    def sockets(self) -> list[zmq.Socket]:
+        return [link.socket for link in self.links.values()]
+
+    def read_acks(self, sock: zmq.Socket) -> None:
+        link = next((lk for lk in self.links.values() if lk.socket is sock), None)
+        while sock.poll(0, zmq.POLLIN):
+            message = decode(sock.recv_multipart(copy=False))
+            if link is None:
+                continue
+            if message.op == ERROR:
+                link.fenced = str(message.get("message"))
+                log.warning("%s: backup %d refused a forwarded update: %s", self.sender,
+                            link.rank, link.fenced)
+            else:
+                link.acked = max(link.acked, message.request_id)
+
+    def ready_replies(self, now: float) -> list[tuple[HeldReply, NotOwnerError | None]]:
+        """Held replies whose backups have acknowledged them (with the error to send instead
+        if the lease ran out or a backup fenced this server off)."""
+        ready, waiting = [], []
+        for held in self.held:
+            links = [self.links.get(r) for r in held.needs]
+            fenced = next((lk.fenced for lk in links if lk is not None and lk.fenced), None)
+            if fenced:
+                ready.append((held, NotOwnerError(f"{self.sender} was replaced: {fenced}")))
+            elif all(lk is None or lk.acked >= held.needs[lk.rank] for lk in links):
+                error = None if self.lease_valid(now) else NotOwnerError(
+                    f"{self.sender}: lease from the scheduler ran out before the backup "
+                    "acknowledged; retry after a map refresh")
+                ready.append((held, error))
+            else:
+                waiting.append(held)
+        self.held = waiting
+        return ready
+
+    def close(self) -> None:
+        for link in self.links.values():
+            link.socket.close(0)
+        self.links.clear()

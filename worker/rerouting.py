@@ -1,0 +1,152 @@
+"""Keeping a worker's requests on the current owners of replicated chunks.
+
+When the scheduler promotes a backup (its primary died), the map epoch moves; the worker
+learns it from its heartbeat replies, fetches the new shard map and sends every request still
+waiting on a chunk that moved again, split by new owner. A server that answers ``NOT_OWNER``
+(it lost its lease, or has not heard of its promotion yet) gets the request again after a
+short backoff. Pushes keep their push id, so a server that already holds one applies it once
+(PROTOCOL.md section 16).
+
+Example (what ``PSClient._pump`` does)::
+
+    rerouter.run(time.monotonic())           # refresh the map if it moved, resend what moved
+    rerouter.retry_later(pending)            # on a NOT_OWNER reply
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from hogshard.proto.errors import HogshardError
+from hogshard.scheduler.placement import Chunk
+from hogshard.worker.futures import PendingRequest
+
+if TYPE_CHECKING:
+    from hogshard.worker.client import DenseTable, PSClient
+
+log = logging.getLogger(__name__)
+
+#: Bounds of the backoff between retries of a request refused with NOT_OWNER (seconds).
+RETRY_FIRST_S = 0.02
+RETRY_MAX_S = 1.0
+#: Fetch the shard map at most this often unless the scheduler announced a new epoch.
+REFRESH_EVERY_S = 0.1
+
+Build = Callable[[list[Chunk]], tuple[dict[str, Any], list[np.ndarray], Any]]
+
+
+@dataclass
+class Route:
+    """How to send a request again: its table, chunk ids and a builder of the request for
+    any subset of them (header fields, arrays, reply handler)."""
+
+    table: DenseTable
+    chunk_ids: list[int]
+    build: Build
+
+
+class Rerouter:
+    """The replicated tables of one client and the requests to send again."""
+
+    def __init__(self, client: PSClient) -> None:
+        self._client = client
+        self.tables: dict[str, DenseTable] = {}
+        self.map_epoch: Any = None
+        self.announced: Any = None  # set by the heartbeat thread from the scheduler's replies
+        self._stale = False
+        self._refreshed_at = 0.0
+        self._retrying: list[tuple[float, PendingRequest]] = []
+
+    def track(self, table: DenseTable, map_epoch: Any) -> None:
+        self.tables[table.name] = table
+        self.map_epoch = map_epoch
+
+    def retry_later(self, pending: PendingRequest) -> None:
+        """A request refused with NOT_OWNER: fetch the map and send it again after a backoff."""
+        pending.attempts += 1
+        delay = min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** (pending.attempts - 1))
+        self._retrying.append((time.monotonic() + delay, pending))
+        self._stale = True
+
+    def wait_hint(self, now: float) -> float:
+        """How long the client may wait for replies before calling :meth:`run` again."""
+        hints = [RETRY_MAX_S]
+        if self._retrying:
+            hints.append(min(t for t, _ in self._retrying) - now)
+        if self._map_moved() or self._stale:
+            hints.append(self._refreshed_at + REFRESH_EVERY_S - now)
+        return max(0.0, min(hints))
+
+    def _map_moved(self) -> bool:
+        return self.announced is not None and self.announced != self.map_epoch
+
+    def run(self, now: float) -> None:
+        """Refresh the map if it moved (or a server refused a request), then send again every
+        request whose chunks moved and every refused one whose backoff is over."""
+        if not self.tables:
+            return
+        if (self._map_moved() or self._stale) and now - self._refreshed_at >= REFRESH_EVERY_S:
+            self._refresh(now)
+            self._reroute_waiting()
+        due = [p for t, p in self._retrying if t <= now]
+        if due:
+            self._retrying = [(t, p) for t, p in self._retrying if t > now]
+            for pending in due:
+                self._resend(pending)
+
+    def _refresh(self, now: float) -> None:
+        self._refreshed_at = now
+        client = self._client
+        servers: list[dict[str, Any]] = []
+        try:
+            for name, table in self.tables.items():
+                reply = client._control.call("get_table", {"table": name},
+                                             timeout=client.settings.connect_timeout)
+                table.update([Chunk.from_wire(c) for c in reply.get("chunks")])
+                servers, epoch = reply.get("servers") or [], reply.get("map_epoch")
+        except HogshardError as err:
+            log.info("%s: cannot fetch the shard map yet (%s)", client.node_id, err.message)
+            return
+        client._connect_servers(servers)
+        self._stale = False
+        if epoch != self.map_epoch:
+            log.info("%s: shard map epoch %s -> %s", client.node_id, self.map_epoch, epoch)
+        self.map_epoch = epoch
+
+    def _reroute_waiting(self) -> None:
+        """Send again, to the new owners, the requests waiting on a server that no longer
+        owns (all) their chunks."""
+        client = self._client
+        for pending in client._book.waiting():
+            route = pending.route
+            if route is None:
+                continue
+            owners = {route.table.by_id[c].server for c in route.chunk_ids}
+            if owners != {pending.server} or pending.server not in client._servers:
+                client._book.pop(pending.request_id)
+                self._resend(pending)
+
+    def _resend(self, pending: PendingRequest) -> None:
+        route = pending.route
+        groups: dict[int, list[Chunk]] = {}
+        for chunk_id in route.chunk_ids:
+            chunk = route.table.by_id[chunk_id]
+            groups.setdefault(chunk.server, []).append(chunk)
+        if any(rank not in self._client._servers for rank in groups):
+            self.retry_later(pending)  # an owner this client cannot reach yet
+            return
+        pending.children += len(groups)
+        for rank, chunks in groups.items():
+            fields, arrays, on_reply = route.build(chunks)
+            child = self._client._send_request(
+                rank, pending.op, fields, arrays, on_reply,
+                Route(route.table, [c.chunk_id for c in chunks], route.build))
+            child.parent, child.attempts = pending, pending.attempts
+        log.debug("%s: %s#%d sent again to servers %s", self._client.node_id, pending.op,
+                  pending.request_id, sorted(groups))
