@@ -119,12 +119,15 @@ class Replicator:
     def lease_valid(self, now: float) -> bool:
         return now < self.lease_until
 
-    def forget_roles(self) -> None:
-        """After this server was declared dead: it owns nothing until told again."""
+    def forget_roles(self) -> list[HeldReply]:
+        """After this server was declared dead: it owns nothing until told again. Returns
+        the replies it held back, which must not be acknowledged any more."""
         for table in self.roles:
             self.roles[table] = {}
         self.map_epoch = None
         self.lease_until = 0.0
+        dropped, self.held = self.held, []
+        return dropped
 
     def check_primary(self, table: str, chunk_ids: list[int], now: float, rank: int) -> None:
         """Raise NotOwnerError unless this server is, under a valid lease, the primary of
@@ -273,6 +276,11 @@ class Replicator:
     def ready_replies(self, now: float) -> list[tuple[HeldReply, NotOwnerError | None]]:
         """Held replies whose backups have acknowledged them (with the error to send instead
         if the lease ran out or a backup fenced this server off)."""
+        if not self.lease_valid(now):
+            error = NotOwnerError(f"{self.sender}: lease from the scheduler ran out before the "
+                                  "backup acknowledged; retry after a map refresh")
+            ready, self.held = [(held, error) for held in self.held], []
+            return ready
         ready, waiting = [], []
         for held in self.held:
             links = [self.links.get(r) for r in held.needs]
@@ -280,10 +288,7 @@ class Replicator:
             if fenced:
                 ready.append((held, NotOwnerError(f"{self.sender} was replaced: {fenced}")))
             elif all(lk is None or lk.acked >= held.needs[lk.rank] for lk in links):
-                error = None if self.lease_valid(now) else NotOwnerError(
-                    f"{self.sender}: lease from the scheduler ran out before the backup "
-                    "acknowledged; retry after a map refresh")
-                ready.append((held, error))
+                ready.append((held, None))
             else:
                 waiting.append(held)
         self.held = waiting

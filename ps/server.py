@@ -27,6 +27,7 @@ from hogshard.proto.dispatch import run_handler
 from hogshard.proto.errors import (
     ErrorCode,
     HogshardError,
+    NotOwnerError,
     ProtocolError,
     TooLargeError,
 )
@@ -135,7 +136,10 @@ class ShardServer:
         self.heartbeat_timeout: float = reply.get("heartbeat_timeout") or 5.0
         self._scheduler.sender = self.node_id
         if self.replicas is not None:  # declared dead and back: own nothing until told
-            self.replicas.forget_roles()
+            for held in self.replicas.forget_roles():
+                self._fail(held.identity, held.request_id, NotOwnerError(
+                    f"{self.node_id} was declared dead before its backup acknowledged; retry "
+                    "after a map refresh"))
             self.replicas.sender = self.node_id
         log.info("%s serving on %s policy=%s", self.node_id, self.address, self.policy.spec)
 
@@ -205,6 +209,7 @@ class ShardServer:
                 self._fail(held.identity, held.request_id, error)
             else:
                 reply_ok(self._sock, held.identity, held.request_id, held.fields)
+                self.stats.last_ack_at = time.time()
 
     def close(self) -> None:
         self.replicas.close()

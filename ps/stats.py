@@ -69,6 +69,8 @@ class ServerStats:
     #: Updates applied as a backup (forwarded by a primary), and retried pushes not re-applied.
     replicated: int = 0
     duplicates: int = 0
+    #: Wall-clock time of the last replicated push acknowledged by this server as primary.
+    last_ack_at: float = 0.0
     errors: Counter[str] = field(default_factory=Counter)
     staleness: Counter[int] = field(default_factory=Counter)
     bytes_in_by_codec: Counter[str] = field(default_factory=Counter)
@@ -101,6 +103,7 @@ class ServerStats:
             "bytes_in": self.bytes_in, "bytes_out": self.bytes_out,
             "deferred_pulls": self.deferred_pulls, "dropped": self.dropped,
             "replicated": self.replicated, "duplicates": self.duplicates,
+            "last_ack_at": self.last_ack_at,
             "errors": dict(self.errors),
             "staleness": sorted([int(k), v] for k, v in self.staleness.items()),
         }

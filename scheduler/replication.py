@@ -19,6 +19,7 @@ Example::
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -31,6 +32,8 @@ log = logging.getLogger(__name__)
 
 #: The copies of a chunk hogshard can keep: 1 (none) or 2 (a primary and one backup).
 REPLICATION_CHOICES = (1, 2)
+#: Changes of the shard map kept for ``status`` (the oldest are forgotten).
+MAP_HISTORY = 64
 
 
 def check_replication(replication: int, policy: ConsistencyPolicy) -> None:
@@ -98,13 +101,20 @@ class ReplicationOps:
 
     replication: int = 1
     map_epoch: int = 0
+    map_history: list[dict[str, Any]]
+
+    def _map_changed(self, event: str) -> None:
+        """A new map epoch; its wall-clock time and cause are kept for ``status``."""
+        self.map_epoch += 1
+        self.map_history.append({"epoch": self.map_epoch, "at": time.time(), "event": event})
+        del self.map_history[:-MAP_HISTORY]
 
     def _replicate_new_table(self, table: PlacedTable) -> None:
         if self.replication < 2:
             return
         table.replication = self.replication
         table.chunks = assign_backups(table.chunks, [m.rank for m in self.members.live("server")])
-        self.map_epoch += 1
+        self._map_changed(f"table {table.spec.name} placed")
 
     def _servers_lost(self, dead: list[Member]) -> None:
         """Promote the backups of every chunk a dead server was primary of, then give the
@@ -119,7 +129,7 @@ class ReplicationOps:
                 if lost:
                     log.error("table %s: chunks %s had no backup when %s died; their updates "
                               "since the last checkpoint are lost", name, lost, member.node_id)
-                self.map_epoch += 1
+                self._map_changed(f"table {name}: {member.node_id} gone, backups promoted")
                 log.warning("table %s: %s is gone; its backups were promoted (map epoch %d)",
                             name, member.node_id, self.map_epoch)
         self._fill_backups()
@@ -134,7 +144,7 @@ class ReplicationOps:
             chunks = assign_backups(table.chunks, live)
             if chunks != table.chunks:
                 table.chunks = chunks
-                self.map_epoch += 1
+                self._map_changed(f"table {name}: new backups")
                 log.info("table %s: new backups placed (map epoch %d)", name, self.map_epoch)
 
     def _replica_fields(self, member: Member, known_epoch: Any) -> dict[str, Any]:

@@ -95,6 +95,7 @@ class Scheduler(CheckpointOps, ReplicationOps):
         check_replication(replication, self.policy)
         self.replication = replication
         self.map_epoch = 0
+        self.map_history: list[dict[str, Any]] = []
         self.policy_version = 0
         self.policy_from_clock = 0
         if expected_servers < 1:
@@ -425,6 +426,7 @@ class Scheduler(CheckpointOps, ReplicationOps):
                 for m in self.members
             ],
             "tables": {name: self._table_view(t) for name, t in self.tables.items()},
+            "map_history": list(self.map_history),
             "errors": dict(self._errors),
         }
 
