@@ -15,6 +15,7 @@ Example::
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -22,10 +23,12 @@ from typing import Any
 import numpy as np
 
 from hogshard.proto.errors import CheckpointError, HogshardError
-from hogshard.proto.manifest import atomic_write, file_entry
+from hogshard.proto.manifest import atomic_write, file_entry, load_manifest, resolve_checkpoint
 from hogshard.ps.dense import FLOAT32, DenseChunk, DenseStore, DenseTable
 from hogshard.ps.embedding import EmbeddingStore
 from hogshard.ps.rules import make_rule
+
+log = logging.getLogger(__name__)
 
 SHARD_FORMAT = 1
 
@@ -126,3 +129,37 @@ def restore_shard(store: DenseStore, embeddings: EmbeddingStore, manifest: dict[
             raise CheckpointError(err.message) from None
     store.tables = tables
     return clocks
+
+
+class ShardCheckpointing:
+    """Mixed into ShardServer: write this shard into a checkpoint the scheduler asked for, and
+    restore it at start-up. Uses the server's ``store``, ``embeddings``, ``rank``, ``node_id``,
+    ``_observed_clocks``, ``_table_sizes``, ``_checkpoint_report`` and ``_heartbeat_due``."""
+
+    def _write_checkpoint(self, request: dict[str, Any]) -> None:
+        """Write this shard into the checkpoint the scheduler asked for (once per path); the
+        result rides on the following heartbeats (PROTOCOL.md section 14)."""
+        path = request.get("path")
+        if not isinstance(path, str) or (self._checkpoint_report or {}).get("path") == path:
+            return
+        try:
+            Path(path).mkdir(parents=True, exist_ok=True)
+            files = save_shard(self.store, self.embeddings, self.rank, self._observed_clocks,
+                               Path(path))
+            self._checkpoint_report = {"path": path, "files": files}
+            log.info("%s wrote checkpoint %s", self.node_id, path)
+        except (OSError, HogshardError, ValueError) as err:
+            log.error("%s cannot write checkpoint %s: %r", self.node_id, path, err)
+            self._checkpoint_report = {"path": path, "error": repr(err)}
+        self._heartbeat_due = 0.0  # report at once
+
+    def _restore(self, path: str) -> None:
+        """Load this rank's shard from a verified checkpoint (before serving anything)."""
+        ckpt = resolve_checkpoint(Path(path))
+        manifest = load_manifest(ckpt, verify_ranks={self.rank})
+        self._observed_clocks = restore_shard(self.store, self.embeddings, manifest, self.rank,
+                                              ckpt)
+        for name, view in manifest.get("tables", {}).items():
+            spec = view.get("table", {})
+            self._table_sizes[name] = (int(spec.get("size", 0)), int(spec.get("chunk_elems", 0)))
+        log.info("%s restored %s: tables %s", self.node_id, ckpt, sorted(self.store.tables))

@@ -17,7 +17,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,17 +24,14 @@ import zmq
 
 from hogshard.proto.dispatch import run_handler
 from hogshard.proto.errors import (
-    ErrorCode,
     HogshardError,
     NotOwnerError,
     ProtocolError,
     TooLargeError,
 )
-from hogshard.proto.manifest import load_manifest, resolve_checkpoint
 from hogshard.proto.peerlog import PeerErrorLog
 from hogshard.proto.security import Security
 from hogshard.proto.transport import (
-    ERROR,
     RpcChannel,
     bind_router,
     recv_routed,
@@ -44,13 +40,15 @@ from hogshard.proto.transport import (
 )
 from hogshard.proto.wire import DEFAULT_LIMITS, Limits, Message
 from hogshard.ps.applier import UpdateApplier
-from hogshard.ps.checkpoint import restore_shard, save_shard
+from hogshard.ps.checkpoint import ShardCheckpointing
 from hogshard.ps.decoding import PayloadDecoder
 from hogshard.ps.dense import DenseStore
 from hogshard.ps.embedding import EmbeddingStore
 from hogshard.ps.embedding_ops import HANDLERS as EMBEDDING_HANDLERS
+from hogshard.ps.primary import PrimaryReplication
 from hogshard.ps.replica_ops import HANDLERS as REPLICA_HANDLERS
-from hogshard.ps.replication import HeldReply, Replicator
+from hogshard.ps.replication import Replicator
+from hogshard.ps.scheduler_link import SchedulerLink
 from hogshard.ps.stats import ServerStats
 from hogshard.scheduler.policy import ConsistencyPolicy, parse_policy
 
@@ -67,7 +65,7 @@ class _DeferredPull:
     message: Message
 
 
-class ShardServer:
+class ShardServer(SchedulerLink, PrimaryReplication, ShardCheckpointing):
     """One parameter-server shard. Construct (registers with the scheduler), then
     ``serve_forever``; ``stop()`` ends the loop from any thread."""
 
@@ -193,24 +191,6 @@ class ShardServer:
     def stop(self) -> None:
         self._stop.set()
 
-    def _poll_links(self, poller: zmq.Poller, registered: set[zmq.Socket]) -> set[zmq.Socket]:
-        """Keep the poller watching exactly the current links to backups."""
-        current = set(self.replicas.sockets())
-        for sock in registered - current:
-            poller.unregister(sock)
-        for sock in current - registered:
-            poller.register(sock, zmq.POLLIN)
-        return current
-
-    def _release_held(self) -> None:
-        """Answer the pushes whose backups have acknowledged them."""
-        for held, error in self.replicas.ready_replies(time.monotonic()):
-            if error is not None:
-                self._fail(held.identity, held.request_id, error)
-            else:
-                reply_ok(self._sock, held.identity, held.request_id, held.fields)
-                self.stats.last_ack_at = time.time()
-
     def close(self) -> None:
         self.replicas.close()
         self._sock.close(0)
@@ -221,105 +201,6 @@ class ShardServer:
             self._context.term()
 
     # ---- control plane ----------------------------------------------------------------------
-
-    def _send_heartbeat(self, now: float) -> None:
-        self._heartbeat_due = now + self.heartbeat_interval
-        self._heartbeat_sent_at = now
-        fields: dict[str, Any] = {"stats": self.stats.to_wire(),
-                                  "map_epoch": self.replicas.map_epoch}
-        if self._checkpoint_report is not None:
-            fields["checkpoint"] = self._checkpoint_report
-        self._heartbeat_in_flight = self._scheduler.start("heartbeat", fields)
-
-    def _read_scheduler(self) -> None:
-        while (reply := self._scheduler.read_reply()) is not None:
-            if reply.request_id != self._heartbeat_in_flight:
-                continue
-            if reply.op == ERROR:
-                if reply.get("code") != ErrorCode.UNKNOWN_MEMBER.value:
-                    log.warning("scheduler refused heartbeat: %s", reply.get("message"))
-                    continue
-                log.warning("%s; registering again", reply.get("message"))
-                try:
-                    self._register(self.rank, timeout=5.0)
-                except HogshardError as err:
-                    log.warning("registration failed (%s); serving on", err.message)
-                    continue
-                self.applier.switch(self.policy)
-                self.policy_version, self._pending_switch = 0, None
-                continue
-            self.replicas.renew_lease(self._heartbeat_sent_at)
-            if "assignments" in reply.header:
-                self.replicas.take_assignments(reply, self.store, self.rank)
-            if isinstance(reply.get("checkpoint"), dict):
-                self._write_checkpoint(reply.get("checkpoint"))
-            if reply.get("shutdown"):
-                log.info("%s: scheduler ended the job", self.node_id)
-                self._stop.set()
-            self._take_policy(reply.get("policy"), reply.get("policy_version"),
-                              reply.get("policy_from_clock"))
-            workers = reply.get("workers")
-            if isinstance(workers, dict):
-                self._live_workers = workers
-                self._membership_known = True
-                asked_at = self._heartbeat_sent_at
-                self._newcomers = {w: t for w, t in self._newcomers.items()
-                                   if w not in workers and t >= asked_at}
-                self.applier.complete_groups(self._live_set())
-                self._release_deferred()
-
-    def _write_checkpoint(self, request: dict[str, Any]) -> None:
-        """Write this shard into the checkpoint the scheduler asked for (once per path); the
-        result rides on the following heartbeats (PROTOCOL.md section 14)."""
-        path = request.get("path")
-        if not isinstance(path, str) or (self._checkpoint_report or {}).get("path") == path:
-            return
-        try:
-            Path(path).mkdir(parents=True, exist_ok=True)
-            files = save_shard(self.store, self.embeddings, self.rank, self._observed_clocks,
-                               Path(path))
-            self._checkpoint_report = {"path": path, "files": files}
-            log.info("%s wrote checkpoint %s", self.node_id, path)
-        except (OSError, HogshardError, ValueError) as err:
-            log.error("%s cannot write checkpoint %s: %r", self.node_id, path, err)
-            self._checkpoint_report = {"path": path, "error": repr(err)}
-        self._heartbeat_due = 0.0  # report at once
-
-    def _restore(self, path: str) -> None:
-        """Load this rank's shard from a verified checkpoint (before serving anything)."""
-        ckpt = resolve_checkpoint(Path(path))
-        manifest = load_manifest(ckpt, verify_ranks={self.rank})
-        self._observed_clocks = restore_shard(self.store, self.embeddings, manifest, self.rank,
-                                              ckpt)
-        for name, view in manifest.get("tables", {}).items():
-            spec = view.get("table", {})
-            self._table_sizes[name] = (int(spec.get("size", 0)), int(spec.get("chunk_elems", 0)))
-        log.info("%s restored %s: tables %s", self.node_id, ckpt, sorted(self.store.tables))
-
-    def _take_policy(self, spec: Any, version: Any, from_clock: Any) -> None:
-        """Schedule a policy change announced by the scheduler; it takes effect at the first
-        push of clock ``from_clock`` (the same step on every server)."""
-        if not isinstance(version, int) or version <= self.policy_version:
-            return
-        if self._pending_switch is not None and self._pending_switch[2] >= version:
-            return
-        try:
-            policy = parse_policy(spec)
-        except HogshardError as err:
-            log.error("scheduler announced an unusable policy: %s", err.message)
-            return
-        self._pending_switch = (policy, int(from_clock or 0), version)
-        log.info("%s: policy %s from clock %s", self.node_id, spec, from_clock)
-
-    def _maybe_switch(self, clock: int | None) -> None:
-        if self._pending_switch is None:
-            return
-        policy, from_clock, version = self._pending_switch
-        if clock is not None and clock < from_clock:
-            return
-        self.applier.switch(policy)
-        self.policy, self.policy_version, self._pending_switch = policy, version, None
-        log.info("%s switched to policy %s", self.node_id, policy.spec)
 
     # ---- data plane -------------------------------------------------------------------------
 
@@ -388,43 +269,6 @@ class ShardServer:
         if self.replicas.replicated(table.name):
             return self._replicated_push(identity, msg, table, chunks, grads, versions)
         return {"staleness": self._apply_push(msg, table, chunks, grads, versions)}, []
-
-    def _replicated_push(self, identity: bytes, msg: Message, table: Any, chunks: list[Any],
-                         grads: list[np.ndarray], versions: list[int]) -> None:
-        """Apply the chunks not applied before (by push id), forward the updates to the
-        backups, and hold the reply until they have acknowledged them."""
-        self.replicas.check_primary(table.name, [c.chunk_id for c in chunks], time.monotonic(),
-                                    self.rank)
-        push_id = msg.get("push_id") if type(msg.get("push_id")) is int else None
-        fresh = [i for i, c in enumerate(chunks)
-                 if push_id is None or (push_id, c.chunk_id) not in self.replicas.recent]
-        staleness: list[int | None] = [None] * len(chunks)
-        needs: dict[int, int] = {}
-        if len(fresh) < len(chunks):  # sent again: answer once the first copy is replicated
-            self.stats.duplicates += len(chunks) - len(fresh)
-            needs = {rank: link.sent for rank, link in self.replicas.links.items()}
-        if fresh:
-            updates: list[tuple[Any, np.ndarray, float]] = []
-            self.applier.on_apply = lambda _table, chunk, grad, scale: updates.append(
-                (chunk, grad, scale))
-            try:
-                applied = self._apply_push(msg, table, [chunks[i] for i in fresh],
-                                           [grads[i] for i in fresh],
-                                           [versions[i] for i in fresh])
-            finally:
-                self.applier.on_apply = None
-            for i, value in zip(fresh, applied, strict=True):
-                staleness[i] = value
-                if push_id is not None:
-                    self.replicas.recent.add(push_id, chunks[i].chunk_id)
-            for rank, seq in self.replicas.forward(table, updates, push_id).items():
-                needs[rank] = max(needs.get(rank, 0), seq)
-        fields: dict[str, Any] = {"staleness": staleness}
-        if len(fresh) < len(chunks):
-            fields["duplicates"] = [c.chunk_id for i, c in enumerate(chunks) if i not in fresh]
-        self.replicas.held.append(HeldReply(identity, msg.request_id, fields, needs))
-        self._release_held()
-        return None
 
     def _apply_push(self, msg: Message, table: Any, chunks: list[Any], grads: list[np.ndarray],
                     versions: list[int]) -> list[int | None]:

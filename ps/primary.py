@@ -1,0 +1,81 @@
+"""The primary's side of chain replication inside the shard server's loop (PROTOCOL.md
+section 16): apply a push to a replicated table once per push id, forward the updates to the
+backups, hold the worker's reply until they are acknowledged, and keep the poller watching the
+links to the backups. The roles, links and leases live in :class:`hogshard.ps.replication.Replicator`.
+
+Example (what ``ShardServer._push`` does for a replicated table)::
+
+    return self._replicated_push(identity, msg, table, chunks, grads, versions)
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import zmq
+
+from hogshard.proto.transport import reply_ok
+from hogshard.proto.wire import Message
+from hogshard.ps.replication import HeldReply
+
+
+class PrimaryReplication:
+    """Mixed into ShardServer; uses its ``replicas``, ``applier``, ``stats``, ``rank``,
+    ``_sock``, ``_fail`` and ``_apply_push``."""
+
+    def _poll_links(self, poller: zmq.Poller, registered: set[zmq.Socket]) -> set[zmq.Socket]:
+        """Keep the poller watching exactly the current links to backups."""
+        current = set(self.replicas.sockets())
+        for sock in registered - current:
+            poller.unregister(sock)
+        for sock in current - registered:
+            poller.register(sock, zmq.POLLIN)
+        return current
+
+    def _release_held(self) -> None:
+        """Answer the pushes whose backups have acknowledged them."""
+        for held, error in self.replicas.ready_replies(time.monotonic()):
+            if error is not None:
+                self._fail(held.identity, held.request_id, error)
+            else:
+                reply_ok(self._sock, held.identity, held.request_id, held.fields)
+                self.stats.last_ack_at = time.time()
+
+    def _replicated_push(self, identity: bytes, msg: Message, table: Any, chunks: list[Any],
+                         grads: list[np.ndarray], versions: list[int]) -> None:
+        """Apply the chunks not applied before (by push id), forward the updates to the
+        backups, and hold the reply until they have acknowledged them."""
+        self.replicas.check_primary(table.name, [c.chunk_id for c in chunks], time.monotonic(),
+                                    self.rank)
+        push_id = msg.get("push_id") if type(msg.get("push_id")) is int else None
+        fresh = [i for i, c in enumerate(chunks)
+                 if push_id is None or (push_id, c.chunk_id) not in self.replicas.recent]
+        staleness: list[int | None] = [None] * len(chunks)
+        needs: dict[int, int] = {}
+        if len(fresh) < len(chunks):  # sent again: answer once the first copy is replicated
+            self.stats.duplicates += len(chunks) - len(fresh)
+            needs = {rank: link.sent for rank, link in self.replicas.links.items()}
+        if fresh:
+            updates: list[tuple[Any, np.ndarray, float]] = []
+            self.applier.on_apply = lambda _table, chunk, grad, scale: updates.append(
+                (chunk, grad, scale))
+            try:
+                applied = self._apply_push(msg, table, [chunks[i] for i in fresh],
+                                           [grads[i] for i in fresh],
+                                           [versions[i] for i in fresh])
+            finally:
+                self.applier.on_apply = None
+            for i, value in zip(fresh, applied, strict=True):
+                staleness[i] = value
+                if push_id is not None:
+                    self.replicas.recent.add(push_id, chunks[i].chunk_id)
+            for rank, seq in self.replicas.forward(table, updates, push_id).items():
+                needs[rank] = max(needs.get(rank, 0), seq)
+        fields: dict[str, Any] = {"staleness": staleness}
+        if len(fresh) < len(chunks):
+            fields["duplicates"] = [c.chunk_id for i, c in enumerate(chunks) if i not in fresh]
+        self.replicas.held.append(HeldReply(identity, msg.request_id, fields, needs))
+        self._release_held()
+        return None

@@ -1,0 +1,99 @@
+"""A shard server's link to the scheduler, inside the server's loop: heartbeats that carry
+the server's stats and checkpoint results out, and bring back membership (live workers and
+their clocks), policy changes, checkpoint requests, the shard-map assignments of replicated
+tables and the lease; re-registration when the scheduler has forgotten this server.
+
+Example (what ``ShardServer.serve_forever`` does)::
+
+    if now >= self._heartbeat_due:
+        self._send_heartbeat(now)
+    ...
+    self._read_scheduler()            # when the scheduler's socket is readable
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from hogshard.proto.errors import ErrorCode, HogshardError
+from hogshard.proto.transport import ERROR
+from hogshard.scheduler.policy import parse_policy
+
+log = logging.getLogger(__name__)
+
+
+class SchedulerLink:
+    """Mixed into ShardServer; uses its ``_scheduler`` channel, ``stats``, ``replicas``,
+    ``applier``, ``store``, ``policy`` and the membership fields it keeps."""
+
+    def _send_heartbeat(self, now: float) -> None:
+        self._heartbeat_due = now + self.heartbeat_interval
+        self._heartbeat_sent_at = now
+        fields: dict[str, Any] = {"stats": self.stats.to_wire(),
+                                  "map_epoch": self.replicas.map_epoch}
+        if self._checkpoint_report is not None:
+            fields["checkpoint"] = self._checkpoint_report
+        self._heartbeat_in_flight = self._scheduler.start("heartbeat", fields)
+
+    def _read_scheduler(self) -> None:
+        while (reply := self._scheduler.read_reply()) is not None:
+            if reply.request_id != self._heartbeat_in_flight:
+                continue
+            if reply.op == ERROR:
+                if reply.get("code") != ErrorCode.UNKNOWN_MEMBER.value:
+                    log.warning("scheduler refused heartbeat: %s", reply.get("message"))
+                    continue
+                log.warning("%s; registering again", reply.get("message"))
+                try:
+                    self._register(self.rank, timeout=5.0)
+                except HogshardError as err:
+                    log.warning("registration failed (%s); serving on", err.message)
+                    continue
+                self.applier.switch(self.policy)
+                self.policy_version, self._pending_switch = 0, None
+                continue
+            self.replicas.renew_lease(self._heartbeat_sent_at)
+            if "assignments" in reply.header:
+                self.replicas.take_assignments(reply, self.store, self.rank)
+            if isinstance(reply.get("checkpoint"), dict):
+                self._write_checkpoint(reply.get("checkpoint"))
+            if reply.get("shutdown"):
+                log.info("%s: scheduler ended the job", self.node_id)
+                self._stop.set()
+            self._take_policy(reply.get("policy"), reply.get("policy_version"),
+                              reply.get("policy_from_clock"))
+            workers = reply.get("workers")
+            if isinstance(workers, dict):
+                self._live_workers = workers
+                self._membership_known = True
+                asked_at = self._heartbeat_sent_at
+                self._newcomers = {w: t for w, t in self._newcomers.items()
+                                   if w not in workers and t >= asked_at}
+                self.applier.complete_groups(self._live_set())
+                self._release_deferred()
+
+    def _take_policy(self, spec: Any, version: Any, from_clock: Any) -> None:
+        """Schedule a policy change announced by the scheduler; it takes effect at the first
+        push of clock ``from_clock`` (the same step on every server)."""
+        if not isinstance(version, int) or version <= self.policy_version:
+            return
+        if self._pending_switch is not None and self._pending_switch[2] >= version:
+            return
+        try:
+            policy = parse_policy(spec)
+        except HogshardError as err:
+            log.error("scheduler announced an unusable policy: %s", err.message)
+            return
+        self._pending_switch = (policy, int(from_clock or 0), version)
+        log.info("%s: policy %s from clock %s", self.node_id, spec, from_clock)
+
+    def _maybe_switch(self, clock: int | None) -> None:
+        if self._pending_switch is None:
+            return
+        policy, from_clock, version = self._pending_switch
+        if clock is not None and clock < from_clock:
+            return
+        self.applier.switch(policy)
+        self.policy, self.policy_version, self._pending_switch = policy, version, None
+        log.info("%s switched to policy %s", self.node_id, policy.spec)
