@@ -20,10 +20,13 @@ Example::
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
-from hogshard.proto.errors import ConflictError, ProtocolError
-from hogshard.scheduler.placement import Chunk, DenseTableSpec
+from hogshard.proto.errors import ConflictError, HogshardError, ProtocolError
+from hogshard.scheduler.placement import Chunk, DenseTableSpec, PlacedTable
+
+log = logging.getLogger(__name__)
 
 #: Limits on a report (the same as on declare_table).
 MAX_TABLES = 4096
@@ -91,3 +94,33 @@ def merge_chunks(spec: DenseTableSpec, known: list[Chunk], rank: int,
             break
         position += chunk.length
     return chunks, ready and position == spec.size
+
+
+class RecoveryOps:
+    """Mixed into the Scheduler; uses its ``tables``, ``members``, ``replication`` and
+    ``_replicate_new_table``."""
+
+    def _adopt_tables(self, rank: int, reported: dict[str, Any]) -> None:
+        """Relearn the shard map from a registering server's tables (scheduler restart;
+        scheduler/recovery.py). Tables this scheduler already knows as ready are kept."""
+        for name, (spec, layout) in reported.items():
+            table = self.tables.get(name)
+            if table is None:
+                table = self.tables[name] = PlacedTable(spec, [])
+            elif (table.spec.size, table.spec.rule) != (spec.size, spec.rule):
+                log.error("server %d reports table %s as %s; the scheduler has %s", rank, name,
+                          spec.to_wire(), table.spec.to_wire())
+                continue
+            if table.ready and (table.replication > 1
+                                or any(c.server == rank for c in table.chunks)):
+                continue  # a replicated table's map is the scheduler's, not a rejoiner's
+            try:
+                table.chunks, table.ready = merge_chunks(table.spec, table.chunks, rank, layout)
+            except HogshardError as err:
+                log.error("server %d: %s", rank, err.message)
+                continue
+            self.members.epoch += 1
+            log.info("table %s: server %d reported %d chunks%s", name, rank, len(layout),
+                     "; shard map complete" if table.ready else "")
+            if table.ready and self.replication > 1:
+                self._replicate_new_table(table)

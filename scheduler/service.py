@@ -46,7 +46,7 @@ from hogshard.scheduler.placement import (
     plan_dense_table,
 )
 from hogshard.scheduler.policy import parse_policy
-from hogshard.scheduler.recovery import merge_chunks, parse_table_report
+from hogshard.scheduler.recovery import RecoveryOps, parse_table_report
 from hogshard.scheduler.replication import ReplicationOps, check_replication
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ class _Waiter:
     ready: Callable[[], dict[str, Any] | None]
 
 
-class Scheduler(CheckpointOps, ReplicationOps):
+class Scheduler(CheckpointOps, ReplicationOps, RecoveryOps):
     """The control plane of one job. Not thread-safe: run ``serve_forever`` in one thread and
     stop it with ``stop()`` from any thread."""
 
@@ -222,31 +222,6 @@ class Scheduler(CheckpointOps, ReplicationOps):
             "heartbeat_timeout": self.members.heartbeat_timeout,
             "epoch": self.members.epoch,
         }
-
-    def _adopt_tables(self, rank: int, reported: dict[str, Any]) -> None:
-        """Relearn the shard map from a registering server's tables (scheduler restart;
-        scheduler/recovery.py). Tables this scheduler already knows as ready are kept."""
-        for name, (spec, layout) in reported.items():
-            table = self.tables.get(name)
-            if table is None:
-                table = self.tables[name] = PlacedTable(spec, [])
-            elif (table.spec.size, table.spec.rule) != (spec.size, spec.rule):
-                log.error("server %d reports table %s as %s; the scheduler has %s", rank, name,
-                          spec.to_wire(), table.spec.to_wire())
-                continue
-            if table.ready and (table.replication > 1
-                                or any(c.server == rank for c in table.chunks)):
-                continue  # a replicated table's map is the scheduler's, not a rejoiner's
-            try:
-                table.chunks, table.ready = merge_chunks(table.spec, table.chunks, rank, layout)
-            except HogshardError as err:
-                log.error("server %d: %s", rank, err.message)
-                continue
-            self.members.epoch += 1
-            log.info("table %s: server %d reported %d chunks%s", name, rank, len(layout),
-                     "; shard map complete" if table.ready else "")
-            if table.ready and self.replication > 1:
-                self._replicate_new_table(table)
 
     def _heartbeat(self, msg: Message) -> dict[str, Any]:
         member = self.members.touch(msg.get("from", ""), time.monotonic())

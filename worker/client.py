@@ -18,7 +18,6 @@ from __future__ import annotations
 import itertools
 import logging
 import secrets
-import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -37,81 +36,13 @@ from hogshard.worker import sparse
 from hogshard.worker.compression import Compressor, message_seed
 from hogshard.worker.control import call_across_restarts
 from hogshard.worker.futures import Future, PendingRequest, RequestBook
+from hogshard.worker.heartbeat import Heartbeat
 from hogshard.worker.rerouting import Rerouter, Route
+from hogshard.worker.tables import DenseTable, by_server
 
 log = logging.getLogger(__name__)
 
 FLOAT32 = np.dtype("<f4")
-
-
-class DenseTable:
-    """A worker's handle on a dense table: its chunks grouped by server, and the version of
-    each chunk this worker last pulled (sent back with pushes to measure staleness)."""
-
-    def __init__(self, spec: DenseTableSpec, chunks: Sequence[Chunk], replication: int = 1) -> None:
-        self.spec = spec
-        self.name = spec.name
-        self.size = spec.size
-        self.replication = replication
-        self.update(chunks)
-        self.pulled_versions = {c.chunk_id: 0 for c in self.chunks}
-
-    def update(self, chunks: Sequence[Chunk]) -> None:
-        """Adopt a new placement of the same chunks (a backup was promoted)."""
-        self.chunks = list(chunks)
-        self.by_id = {c.chunk_id: c for c in self.chunks}
-        self.by_server: dict[int, list[Chunk]] = {}
-        for chunk in self.chunks:
-            self.by_server.setdefault(chunk.server, []).append(chunk)
-
-    @classmethod
-    def from_reply(cls, fields: dict[str, Any]) -> DenseTable:
-        return cls(DenseTableSpec(**fields["table"]), [Chunk.from_wire(c) for c in fields["chunks"]],
-                   int(fields.get("replication") or 1))
-
-
-def _by_server(table: DenseTable, chunks: Sequence[Chunk] | None) -> dict[int, list[Chunk]]:
-    """``chunks`` (all of the table's by default) grouped by the server that holds them."""
-    if chunks is None:
-        return table.by_server
-    grouped: dict[int, list[Chunk]] = {}
-    for chunk in chunks:
-        chunk = table.by_id[chunk.chunk_id]  # its current owner
-        grouped.setdefault(chunk.server, []).append(chunk)
-    return grouped
-
-
-class _Heartbeat(threading.Thread):
-    """Sends the worker's clock and progress to the scheduler every interval."""
-
-    def __init__(self, client: PSClient, context: zmq.Context, interval: float) -> None:
-        super().__init__(name=f"hogshard-heartbeat-{client.node_id}", daemon=True)
-        self._client = client
-        self._channel = RpcChannel(context, client.settings.scheduler, client.node_id,
-                                   security=client.security)
-        self._interval = interval
-        self.stopped = threading.Event()
-
-    def run(self) -> None:
-        try:
-            while not self.stopped.wait(self._interval):
-                self._channel.sender = self._client.node_id
-                try:
-                    reply = self._channel.call(
-                        "heartbeat",
-                        {"clock": self._client.clock, "progress": dict(self._client.progress)},
-                        timeout=max(2.0, 4 * self._interval),
-                    )
-                    self._client.rerouter.announced = reply.get("map_epoch")
-                except UnknownMemberError as err:
-                    if self.stopped.is_set():
-                        break
-                    log.warning("%s; registering again", err.message)
-                    self._client.reregister(self._channel)
-                except HogshardError as err:
-                    log.debug("heartbeat failed: %s", err.message)
-        finally:
-            self._channel.close()
 
 
 class PSClient:
@@ -146,7 +77,7 @@ class PSClient:
         )
         self._adopt_registration(reply.header)
         self.policy: str = reply.get("policy")
-        self._heartbeat = _Heartbeat(self, self._context, reply.get("heartbeat_interval"))
+        self._heartbeat = Heartbeat(self, self._context, reply.get("heartbeat_interval"))
         self._heartbeat.start()
         servers = self._control.call("wait_servers", timeout=self.settings.connect_timeout)
         self._servers: dict[int, zmq.Socket] = {}
@@ -316,7 +247,7 @@ class PSClient:
         as completed on this one; the pull of the next clock does)."""
         grads = self._check_flat(table, grads, "grads")
         futures = []
-        for rank, chunks in _by_server(table, chunks).items():  # noqa: B020 (computed first)
+        for rank, chunks in by_server(table, chunks).items():  # noqa: B020 (computed first)
             base: dict[str, Any] = {"table": table.name}
             if clock is not None:
                 base["clock"] = clock
@@ -377,7 +308,7 @@ class PSClient:
             return fields, [], land
 
         futures = []
-        for rank, chunks in _by_server(table, chunks).items():  # noqa: B020 (computed first)
+        for rank, chunks in by_server(table, chunks).items():  # noqa: B020 (computed first)
             fields, _, land = build(chunks)
             futures.append(self._request(rank, "pull", fields, on_reply=land,
                                          route=self._route(table, chunks, build)))

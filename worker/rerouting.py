@@ -28,7 +28,8 @@ from hogshard.scheduler.placement import Chunk
 from hogshard.worker.futures import PendingRequest
 
 if TYPE_CHECKING:
-    from hogshard.worker.client import DenseTable, PSClient
+    from hogshard.worker.client import PSClient
+    from hogshard.worker.tables import DenseTable
 
 log = logging.getLogger(__name__)
 
