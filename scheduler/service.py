@@ -94,7 +94,8 @@ class Scheduler(CheckpointOps, ReplicationOps, RecoveryOps):
         self.policy = parse_policy(policy)
         check_replication(replication, self.policy)
         self.replication = replication
-        self.map_epoch = 0
+        # from the start time (ms): a restarted scheduler never repeats an earlier map epoch
+        self.map_epoch = int(time.time() * 1000)
         self.map_history: list[dict[str, Any]] = []
         self.policy_version = 0
         self.policy_from_clock = 0

@@ -36,9 +36,14 @@ def last_clock(proc) -> int:
 
 @pytest.mark.integration
 @pytest.mark.timeout(150, method="signal")
-def test_scheduler_killed_and_restarted_training_finishes(procs, tmp_path: Path) -> None:
+@pytest.mark.parametrize("replication", ["1", "2"])
+def test_scheduler_killed_and_restarted_training_finishes(procs, tmp_path: Path,
+                                                          replication: str) -> None:
+    """With ``--replication 2`` the restarted scheduler also places the backups again (the
+    servers' leases run out meanwhile, so pushes wait for it)."""
     address = f"tcp://127.0.0.1:{free_port()}"
-    argv = ["scheduler", "--bind", address, "--servers", "2", "--policy", "async", *HEARTBEAT]
+    argv = ["scheduler", "--bind", address, "--servers", "2", "--policy", "async", *HEARTBEAT,
+            "--replication", replication]
     scheduler = procs.hogshard("scheduler", *argv)
     scheduler.wait_for_output(r"scheduler listening on", 30.0)
     servers = [procs.hogshard(f"server{i}", "server", "--scheduler", address) for i in range(2)]
