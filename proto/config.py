@@ -55,7 +55,9 @@ class ClientSettings:
     ``connect_timeout``: seconds to wait for the scheduler and for every server to register;
     ``num_workers``: how many workers the job was started with (for sharding the data);
     ``codec``: the gradient compression policy, e.g. ``topk:0.01,min_size=4096`` (none if unset);
-    ``keys``: a CURVE keys folder (``hogshard keys generate DIR``; plain TCP if unset).
+    ``keys``: a CURVE keys folder (``hogshard keys generate DIR``; plain TCP if unset);
+    ``max_in_flight``: requests a client keeps in flight at most; a new one first waits for a
+    reply (backpressure: a worker that outruns the servers slows down instead of queueing).
     """
 
     scheduler: str = DEFAULT_SCHEDULER
@@ -65,6 +67,7 @@ class ClientSettings:
     connect_timeout: float = 60.0
     codec: str | None = None
     keys: str | None = None
+    max_in_flight: int = 256
 
     def __post_init__(self) -> None:
         for name in ("request_timeout", "connect_timeout"):
@@ -74,6 +77,8 @@ class ClientSettings:
                                   "seconds")
         if self.num_workers < 1:
             raise ConfigError(f"{env_name('num_workers')}={self.num_workers}: expected >= 1")
+        if self.max_in_flight < 1:
+            raise ConfigError(f"{env_name('max_in_flight')}={self.max_in_flight}: expected >= 1")
         if self.rank is not None and self.rank < 0:
             raise ConfigError(f"{env_name('rank')}={self.rank}: expected >= 0")
 

@@ -26,7 +26,13 @@ import numpy as np
 import zmq
 
 from hogshard.proto.config import ClientSettings
-from hogshard.proto.errors import ConfigError, ErrorCode, HogshardError, UnknownMemberError
+from hogshard.proto.errors import (
+    ConfigError,
+    ErrorCode,
+    HogshardError,
+    RequestTimeoutError,
+    UnknownMemberError,
+)
 from hogshard.proto.security import load_security
 from hogshard.proto.transport import ERROR, RpcChannel, connect_dealer, request_header, send
 from hogshard.proto.wire import decode
@@ -223,8 +229,10 @@ class PSClient:
         return Future([self._send_request(rank, op, fields, arrays, on_reply, route)], self._pump)
 
     def _send_request(self, rank: int, op: str, fields: dict[str, Any],
-                      arrays: Sequence[np.ndarray], on_reply: Any, route: Route | None
-                      ) -> PendingRequest:
+                      arrays: Sequence[np.ndarray], on_reply: Any, route: Route | None,
+                      wait_for_room: bool = True) -> PendingRequest:
+        if wait_for_room and len(self._book) >= self.settings.max_in_flight:
+            self._wait_for_room()
         request_id = next(self._ids)
         send(self._servers[rank], request_header(op, request_id, self.node_id, **fields), arrays)
         pending = PendingRequest(request_id, op, rank, on_reply, route=route)
@@ -313,6 +321,18 @@ class PSClient:
             futures.append(self._request(rank, "pull", fields, on_reply=land,
                                          route=self._route(table, chunks, build)))
         return Future.gather(futures, self._pump)
+
+    def _wait_for_room(self) -> None:
+        """Backpressure: settle replies until fewer than ``max_in_flight`` requests wait."""
+        deadline = time.monotonic() + self.settings.request_timeout
+        while len(self._book) >= self.settings.max_in_flight:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise RequestTimeoutError(
+                    f"{len(self._book)} requests in flight and none answered within "
+                    f"{self.settings.request_timeout:.0f} s; expected fewer than "
+                    f"{self.settings.max_in_flight} (HOGSHARD_MAX_IN_FLIGHT)")
+            self._pump(min(remaining, 0.1))
 
     def _count_acked(self, message: Any) -> None:
         staleness = message.get("staleness")

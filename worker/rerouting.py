@@ -147,7 +147,8 @@ class Rerouter:
             fields, arrays, on_reply = route.build(chunks)
             child = self._client._send_request(
                 rank, pending.op, fields, arrays, on_reply,
-                Route(route.table, [c.chunk_id for c in chunks], route.build))
+                Route(route.table, [c.chunk_id for c in chunks], route.build),
+                wait_for_room=False)  # it replaces a request already counted
             child.parent, child.attempts = pending, pending.attempts
         log.debug("%s: %s#%d sent again to servers %s", self._client.node_id, pending.op,
                   pending.request_id, sorted(groups))

@@ -1,0 +1,49 @@
+"""Backpressure with a real server process (issue 8): a worker that fires pushes without
+waiting for them never has more than ``max_in_flight`` requests outstanding: each new push
+first waits for a reply, so the flood slows the sender instead of queueing on the server."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hogshard.proto.config import ClientSettings
+from hogshard.worker.client import PSClient
+
+CAP = 8
+PUSHES = 400
+ELEMS = 1 << 18  # 1 MiB of float32, Adam on the server: slower than sending
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(90, method="signal")
+def test_a_flood_of_pushes_is_held_to_max_in_flight(procs, tmp_path: Path) -> None:
+    address_file = tmp_path / "scheduler.address"
+    scheduler = procs.hogshard("scheduler", "scheduler", "--bind", "tcp://127.0.0.1:0",
+                               "--address-file", str(address_file), "--servers", "1")
+    procs.wait_until(lambda: address_file.exists() or not scheduler.alive(), 30.0,
+                     "the scheduler's address file", on_timeout=scheduler.tail)
+    address = address_file.read_text().strip()
+    procs.hogshard("server", "server", "--scheduler", address)
+    client = PSClient(ClientSettings(scheduler=address, max_in_flight=CAP,
+                                     request_timeout=60.0))
+    try:
+        table = client.dense_table("flood", ELEMS, {"rule": "adam", "lr": 1e-6},
+                                   init=np.zeros(ELEMS, np.float32))
+        grads = np.full(ELEMS, 1e-3, np.float32)
+        futures, most = [], 0
+        for _ in range(PUSHES):
+            futures.append(client.push(table, grads))
+            most = max(most, len(client._book))
+        for future in futures:
+            future.result(60.0)
+        out = np.empty(ELEMS, np.float32)
+        client.pull(table, out).result(30.0)
+        versions = table.pulled_versions
+    finally:
+        client.close()
+    print(f"{PUSHES} pushes fired, at most {most} in flight (cap {CAP})")
+    assert most <= CAP, most
+    assert sum(versions.values()) == PUSHES * len(versions)  # every push applied once
