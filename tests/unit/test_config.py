@@ -52,10 +52,11 @@ def test_every_field_is_read() -> None:
         "HOGSHARD_CONNECT_TIMEOUT": "7",
         "HOGSHARD_CODEC": "topk:0.01",
         "HOGSHARD_KEYS": "/etc/hogshard/keys",
+        "HOGSHARD_MAX_IN_FLIGHT": "16",
     }
     settings = ClientSettings.from_env(env)
     assert settings == ClientSettings("tcp://10.0.0.1:7000", 3, 8, 12.5, 7.0, "topk:0.01",
-                                      "/etc/hogshard/keys")
+                                      "/etc/hogshard/keys", 16)
     assert type(settings.rank) is int and type(settings.num_workers) is int
     assert type(settings.request_timeout) is float and type(settings.connect_timeout) is float
     # every field has a variable
@@ -131,3 +132,8 @@ def test_settings_are_frozen() -> None:
 def test_out_of_range_values_are_refused(variable: str, raw: str) -> None:
     with pytest.raises(ConfigError, match=variable):
         ClientSettings.from_env({variable: raw})
+
+
+def test_max_in_flight_must_be_positive() -> None:
+    with pytest.raises(ConfigError, match="HOGSHARD_MAX_IN_FLIGHT=0: expected >= 1"):
+        ClientSettings.from_env({"HOGSHARD_MAX_IN_FLIGHT": "0"})
