@@ -10,6 +10,7 @@ Usage::
 
     .venv/bin/python benchmarks/profile_hotpath.py --n 5000 --size 4k
     .venv/bin/python benchmarks/profile_hotpath.py --json /tmp/profile.json
+    .venv/bin/python benchmarks/profile_hotpath.py --micro   # each piece alone, warm, no server
 """
 
 from __future__ import annotations
