@@ -372,15 +372,22 @@ def keys() -> None:
 @keys.command("generate")
 @click.option("--client", "clients", multiple=True, default=("client",), show_default=True,
               help="client keypair name (repeat for several; each NAME.key is authorised)")
+@click.option("--if-missing", is_flag=True, default=False,
+              help="if DIRECTORY already holds keys, check that they load and keep them "
+              "(exit 0) instead of refusing: safe to run at every start")
 @click.argument("directory", type=click.Path(file_okay=False))
-def keys_generate(clients: tuple[str, ...], directory: str) -> None:
+def keys_generate(clients: tuple[str, ...], if_missing: bool, directory: str) -> None:
     """Write a cluster's server keypair and client keypair(s) into DIRECTORY (mode 0600):
     give DIRECTORY to every process with --keys (HOGSHARD_KEYS); workers and CLI calls need
     only server.key, their client .key_secret and nothing else."""
-    from hogshard.proto.security import generate_keys
+    from hogshard.proto.security import ensure_keys, generate_keys
 
-    for path in _or_exit(lambda: generate_keys(directory, clients)):
+    make = ensure_keys if if_missing else generate_keys
+    written = _or_exit(lambda: make(directory, clients))
+    for path in written:
         click.echo(str(path))
+    if not written:
+        click.echo(f"{directory} already holds keys: kept", err=True)
 
 
 def _or_exit(build):

@@ -55,33 +55,69 @@ def generate_keys(directory: str | os.PathLike[str],
     """Write a cluster's server keypair and one keypair per client name into ``directory``
     (created with mode 0700, every file 0600). Refuses to overwrite existing keys.
 
+    The files are written into a temporary folder inside ``directory`` and moved into place
+    with ``server.key_secret`` last, so a folder that holds it holds every key (an interrupted
+    run leaves no server secret and is simply generated again).
+
     Example: ``generate_keys("keys")`` -> ``[keys/server.key, keys/server.key_secret, ...]``
     """
+    import tempfile
+
     import zmq.auth
 
     root = Path(directory)
     if (root / f"{SERVER}.key_secret").exists():
         raise ConfigError(f"{root} already holds a server key; expected an empty or new "
-                          "folder (remove the old keys first)")
+                          "folder (remove the old keys first, or pass --if-missing)")
     for name in clients:
         if not name or "/" in name or name == SERVER or name.startswith("."):
             raise ConfigError(f"client name {name!r}: expected a plain file name, not "
                               f"{SERVER!r}")
     old_umask = os.umask(0o077)  # no other user may read a key, not even briefly
     try:
-        (root / AUTHORIZED).mkdir(parents=True, exist_ok=True)
+        root.mkdir(parents=True, exist_ok=True)
         os.chmod(root, 0o700)
-        written = [Path(p) for p in zmq.auth.create_certificates(root, SERVER)]
-        for name in clients:
-            public, secret = (Path(p) for p in zmq.auth.create_certificates(root, name))
-            authorised = root / AUTHORIZED / public.name
-            shutil.copyfile(public, authorised)
-            written += [public, authorised, secret]
+        staging = Path(tempfile.mkdtemp(prefix=".keys-", dir=root))
+        try:
+            (staging / AUTHORIZED).mkdir()
+            staged = [Path(p) for p in zmq.auth.create_certificates(staging, SERVER)]
+            for name in clients:
+                public, secret = (Path(p) for p in zmq.auth.create_certificates(staging, name))
+                authorised = staging / AUTHORIZED / public.name
+                shutil.copyfile(public, authorised)
+                staged += [public, authorised, secret]
+            for path in staged:
+                os.chmod(path, 0o600)
+            (root / AUTHORIZED).mkdir(exist_ok=True)
+            marker = staging / f"{SERVER}.key_secret"
+            for path in [p for p in staged if p != marker] + [marker]:
+                os.replace(path, root / path.relative_to(staging))
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    except OSError as err:
+        raise ConfigError(f"cannot write keys into {root}: {err}; expected a folder this "
+                          "user can write") from None
     finally:
         os.umask(old_umask)
-    for path in written:
-        os.chmod(path, 0o600)
-    return written
+    return [root / path.relative_to(staging) for path in staged]
+
+
+def ensure_keys(directory: str | os.PathLike[str],
+                clients: Sequence[str] = (CLIENT,)) -> list[Path]:
+    """``generate_keys`` unless ``directory`` already holds a cluster's keys; then check that
+    they load (server keypair and every client keypair) and return ``[]``. Safe to run at
+    every start (``hogshard keys generate --if-missing``, the compose ``keys`` service).
+
+    Example: ``ensure_keys("keys")`` writes keys once; later calls return ``[]``.
+    """
+    root = Path(directory)
+    if not (root / f"{SERVER}.key_secret").exists():
+        return generate_keys(root, clients)
+    for name in clients:
+        security = Security.from_dir(root, client=name)
+        if security.server_secret is None:
+            raise ConfigError(f"{root / (SERVER + '.key_secret')} holds no secret key")
+    return []
 
 
 def _load(path: Path, what: str) -> tuple[bytes, bytes | None]:

@@ -47,6 +47,10 @@ class UpdateApplier:
         #: Called after each update with (table, chunk, gradient applied, lr scale): the
         #: server forwards it to the chunk's backup (ps/replication.py).
         self.on_apply: Callable[[DenseTable, DenseChunk, np.ndarray, float], None] | None = None
+        #: When set, updates are handed to it instead of applied here (``--update-threads``,
+        #: ps/update_pool.py): the version moves at once, the rule runs on an update thread,
+        #: and neither ``stats.updates`` nor ``on_apply`` is touched here.
+        self.submit: Callable[[DenseTable, DenseChunk, np.ndarray, float], None] | None = None
 
     # ---- pushes -----------------------------------------------------------------------------
 
@@ -86,6 +90,10 @@ class UpdateApplier:
                 grad = self._compensate(table.name, chunk, grad, sender)
             scale = modifiers.lr_scale(staleness)
             if group_size == 1 and not self.policy.waits_for_apply:
+                if self.submit is not None:
+                    chunk.version += 1
+                    self.submit(table, chunk, grad, scale)
+                    continue
                 table.rule.apply(chunk.writable(), grad, chunk.state, scale)
                 chunk.version += 1
                 self.stats.updates += 1
@@ -143,6 +151,13 @@ class UpdateApplier:
         if group.total is None or not group.contributors:
             return
         group.total *= np.float32(1.0 / len(group.contributors))
+        if self.submit is not None:  # the update thread owns the sum; the next group a new one
+            total, group.total = group.total, None
+            chunk.version += 1
+            self.submit(table, chunk, total, 1.0)
+            group.contributors.clear()
+            group.staleness.clear()
+            return
         table.rule.apply(chunk.writable(), group.total, chunk.state, 1.0)
         chunk.version += 1
         self.stats.updates += 1

@@ -23,7 +23,7 @@ from hogshard.ps.replication import HeldReply
 
 class PrimaryReplication:
     """Mixed into ShardServer; uses its ``replicas``, ``applier``, ``stats``, ``rank``,
-    ``_sock``, ``_fail`` and ``_apply_push``."""
+    ``_sock``, ``_fail``, ``_apply_push`` and ``_settle_updates``."""
 
     def _poll_links(self, poller: zmq.Poller, registered: set[zmq.Socket]) -> set[zmq.Socket]:
         """Keep the poller watching exactly the current links to backups."""
@@ -46,36 +46,39 @@ class PrimaryReplication:
     def _replicated_push(self, identity: bytes, msg: Message, table: Any, chunks: list[Any],
                          grads: list[np.ndarray], versions: list[int]) -> None:
         """Apply the chunks not applied before (by push id), forward the updates to the
-        backups, and hold the reply until they have acknowledged them."""
+        backups once applied, and hold the reply until they have acknowledged them."""
         self.replicas.check_primary(table.name, [c.chunk_id for c in chunks], time.monotonic(),
                                     self.rank)
         push_id = msg.get("push_id") if type(msg.get("push_id")) is int else None
         fresh = [i for i, c in enumerate(chunks)
                  if push_id is None or (push_id, c.chunk_id) not in self.replicas.recent]
-        staleness: list[int | None] = [None] * len(chunks)
-        needs: dict[int, int] = {}
         if len(fresh) < len(chunks):  # sent again: answer once the first copy is replicated
             self.stats.duplicates += len(chunks) - len(fresh)
-            needs = {rank: link.sent for rank, link in self.replicas.links.items()}
-        if fresh:
-            updates: list[tuple[Any, np.ndarray, float]] = []
-            self.applier.on_apply = lambda _table, chunk, grad, scale: updates.append(
-                (chunk, grad, scale))
-            try:
-                applied = self._apply_push(msg, table, [chunks[i] for i in fresh],
-                                           [grads[i] for i in fresh],
-                                           [versions[i] for i in fresh])
-            finally:
-                self.applier.on_apply = None
+            self._settle_updates()  # the first copy's forward goes out before ``needs`` is read
+
+        def forward_and_hold(applied: list[int | None],
+                             updates: list[tuple[Any, np.ndarray, float]]) -> None:
+            staleness: list[int | None] = [None] * len(chunks)
+            needs: dict[int, int] = {}
+            if len(fresh) < len(chunks):
+                needs = {rank: link.sent for rank, link in self.replicas.links.items()}
             for i, value in zip(fresh, applied, strict=True):
                 staleness[i] = value
-                if push_id is not None:
-                    self.replicas.recent.add(push_id, chunks[i].chunk_id)
             for rank, seq in self.replicas.forward(table, updates, push_id).items():
                 needs[rank] = max(needs.get(rank, 0), seq)
-        fields: dict[str, Any] = {"staleness": staleness}
-        if len(fresh) < len(chunks):
-            fields["duplicates"] = [c.chunk_id for i, c in enumerate(chunks) if i not in fresh]
-        self.replicas.held.append(HeldReply(identity, msg.request_id, fields, needs))
-        self._release_held()
+            fields: dict[str, Any] = {"staleness": staleness}
+            if len(fresh) < len(chunks):
+                fields["duplicates"] = [c.chunk_id for i, c in enumerate(chunks)
+                                        if i not in fresh]
+            self.replicas.held.append(HeldReply(identity, msg.request_id, fields, needs))
+            self._release_held()
+
+        if not fresh:
+            forward_and_hold([], [])
+            return None
+        self._apply_push(msg, table, [chunks[i] for i in fresh], [grads[i] for i in fresh],
+                         [versions[i] for i in fresh], then=forward_and_hold, identity=identity)
+        if push_id is not None:  # at once: a retry that comes while this one applies is a copy
+            for i in fresh:
+                self.replicas.recent.add(push_id, chunks[i].chunk_id)
         return None

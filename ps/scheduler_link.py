@@ -25,7 +25,8 @@ log = logging.getLogger(__name__)
 
 class SchedulerLink:
     """Mixed into ShardServer; uses its ``_scheduler`` channel, ``stats``, ``replicas``,
-    ``applier``, ``store``, ``policy`` and the membership fields it keeps."""
+    ``applier``, ``store``, ``policy``, ``_settle_updates`` and the membership fields it
+    keeps."""
 
     def _send_heartbeat(self, now: float) -> None:
         self._heartbeat_due = now + self.heartbeat_interval
@@ -45,6 +46,7 @@ class SchedulerLink:
                     log.warning("scheduler refused heartbeat: %s", reply.get("message"))
                     continue
                 log.warning("%s; registering again", reply.get("message"))
+                self._settle_updates()
                 try:
                     self._register(self.rank, timeout=5.0)
                 except HogshardError as err:
@@ -54,6 +56,8 @@ class SchedulerLink:
                 self.policy_version, self._pending_switch = 0, None
                 continue
             self.replicas.renew_lease(self._heartbeat_sent_at)
+            if "assignments" in reply.header or isinstance(reply.get("checkpoint"), dict):
+                self._settle_updates()  # both read or move weights wholesale
             if "assignments" in reply.header:
                 self.replicas.take_assignments(reply, self.store, self.rank)
             if isinstance(reply.get("checkpoint"), dict):

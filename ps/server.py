@@ -50,6 +50,7 @@ from hogshard.ps.replica_ops import HANDLERS as REPLICA_HANDLERS
 from hogshard.ps.replication import Replicator
 from hogshard.ps.scheduler_link import SchedulerLink
 from hogshard.ps.stats import ServerStats
+from hogshard.ps.update_threads import CONCURRENT_OPS, ThreadedUpdates
 from hogshard.scheduler.policy import ConsistencyPolicy, parse_policy
 
 log = logging.getLogger(__name__)
@@ -65,9 +66,10 @@ class _DeferredPull:
     message: Message
 
 
-class ShardServer(SchedulerLink, PrimaryReplication, ShardCheckpointing):
+class ShardServer(SchedulerLink, PrimaryReplication, ShardCheckpointing, ThreadedUpdates):
     """One parameter-server shard. Construct (registers with the scheduler), then
-    ``serve_forever``; ``stop()`` ends the loop from any thread."""
+    ``serve_forever``; ``stop()`` ends the loop from any thread. ``update_threads`` > 0 runs
+    the update rules on that many threads off the loop (ps/update_threads.py)."""
 
     def __init__(
         self,
@@ -82,6 +84,7 @@ class ShardServer(SchedulerLink, PrimaryReplication, ShardCheckpointing):
         restore: str | None = None,
         security: Security | None = None,
         check_finite: bool = True,
+        update_threads: int = 0,
     ) -> None:
         self._own_context = context is None
         self._context = context or zmq.Context()
@@ -116,6 +119,7 @@ class ShardServer(SchedulerLink, PrimaryReplication, ShardCheckpointing):
             self._restore(restore)
         self.applier = UpdateApplier(self.policy, self.stats)
         self.decoder = PayloadDecoder()
+        self._start_updates(update_threads)
         self._heartbeat_due = 0.0
         self._heartbeat_sent_at = 0.0
         self._heartbeat_in_flight: int | None = None
@@ -164,6 +168,7 @@ class ShardServer(SchedulerLink, PrimaryReplication, ShardCheckpointing):
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
         poller.register(self._scheduler.socket, zmq.POLLIN)
+        updates = self._register_updates(poller)
         links: set[zmq.Socket] = set()
         try:
             while not self._stop.is_set():
@@ -173,6 +178,8 @@ class ShardServer(SchedulerLink, PrimaryReplication, ShardCheckpointing):
                 links = self._poll_links(poller, links)
                 timeout_ms = max(0, int((self._heartbeat_due - now) * 1000))
                 events = dict(poller.poll(timeout_ms))
+                if updates is not None and updates in events:
+                    self._collect_updates()
                 if self._scheduler.socket in events:
                     self._read_scheduler()
                 acked = [sock for sock in links if sock in events]
@@ -192,6 +199,7 @@ class ShardServer(SchedulerLink, PrimaryReplication, ShardCheckpointing):
         self._stop.set()
 
     def close(self) -> None:
+        self._stop_updates()
         self.replicas.close()
         self._sock.close(0)
         self._scheduler.close()
@@ -209,6 +217,8 @@ class ShardServer(SchedulerLink, PrimaryReplication, ShardCheckpointing):
         if isinstance(message, HogshardError):
             self._fail(identity, request_id, message)
             return
+        if self._updates is not None and message.op not in CONCURRENT_OPS:
+            self._settle_updates()  # this op may read or replace weights wholesale
         result = run_handler(message, self._HANDLERS, "a server",
                              lambda handler: handler(self, identity, message))
         if isinstance(result, HogshardError):
@@ -268,22 +278,39 @@ class ShardServer(SchedulerLink, PrimaryReplication, ShardCheckpointing):
                                                  versions)
         if self.replicas.replicated(table.name):
             return self._replicated_push(identity, msg, table, chunks, grads, versions)
-        return {"staleness": self._apply_push(msg, table, chunks, grads, versions)}, []
+        if self._updates is None:
+            return {"staleness": self._apply_push(msg, table, chunks, grads, versions)}, []
+        self._apply_push(msg, table, chunks, grads, versions, identity=identity,
+                         then=lambda staleness, _: reply_ok(self._sock, identity, msg.request_id,
+                                                            {"staleness": staleness}))
+        return None  # answered once applied
 
     def _apply_push(self, msg: Message, table: Any, chunks: list[Any], grads: list[np.ndarray],
-                    versions: list[int]) -> list[int | None]:
+                    versions: list[int], then: Callable[..., None] | None = None,
+                    identity: bytes = b"") -> list[int | None]:
+        """Apply a validated push; returns each gradient's staleness. ``then(staleness,
+        updates)``, if given, runs on this thread once the updates are applied (at once
+        without update threads); ``updates`` lists ``(chunk, grad, scale)`` for the backups."""
         sender = str(msg.get("from"))
         clock = msg.get("clock") if isinstance(msg.get("clock"), int) else None
         self._maybe_switch(clock)
+        if self.policy.modifiers.dc_lambda:
+            self._settle_updates()  # compensation reads the weights
         known = self._note_sender(sender)
         live = self._live_set()
-        staleness = self.applier.push(table, chunks, grads, versions, sender, live, known)
+        ticket = self._open_updates(identity, msg.request_id, record=then is not None)
+        try:
+            staleness = self.applier.push(table, chunks, grads, versions, sender, live, known)
+        finally:
+            self._close_updates()
         self.stats.pushes += 1
         self.stats.record_push_bytes(msg.arrays, msg.get("codecs"))
         if clock is not None and msg.get("partial") is not True:  # more of this step follows
             self._observed_clocks[sender] = max(self._observed_clocks.get(sender, 0), clock + 1)
         if self._deferred:
             self._release_deferred()
+        if then is not None:
+            self._after_updates(ticket, lambda updates: then(staleness, updates))
         return staleness
 
     def _pull_allowed(self, msg: Message) -> bool:
@@ -327,20 +354,29 @@ class ShardServer(SchedulerLink, PrimaryReplication, ShardCheckpointing):
         """Reply to a pull with the chunks' live weights, without a copy; the next update of a
         chunk whose reply is still leaving copies the weights first (DenseChunk.writable)."""
         table, chunks = self.store.resolve(msg.get("table"), msg.get("chunks"))
-        sender = str(msg.get("from"))
-        if self.policy.modifiers.dc_lambda:  # the applier keeps what each worker read
-            arrays = [chunk.weights.copy() for chunk in chunks]
-            for chunk, array in zip(chunks, arrays, strict=True):
-                self.applier.remember_pull(sender, table.name, chunk.chunk_id, array)
-        else:
-            arrays = [chunk.weights for chunk in chunks]
-        fields = {"versions": [chunk.version for chunk in chunks]}
-        tracker = reply_ok(self._sock, identity, msg.request_id, fields, arrays, track=True)
-        if not self.policy.modifiers.dc_lambda:
+        if self._read_for_pull(identity, msg, table, chunks):
+            return  # updates of these chunks are queued: answered with copies read after them
+        live = not self.policy.modifiers.dc_lambda  # +dc: the applier keeps what was read
+        arrays = [chunk.weights if live else chunk.weights.copy() for chunk in chunks]
+        tracker = self._answer_pull(identity, msg, table, chunks, arrays,
+                                    [chunk.version for chunk in chunks], track=live)
+        if live:
             for chunk in chunks:
                 chunk.in_flight = tracker
+
+    def _answer_pull(self, identity: bytes, msg: Message, table: Any, chunks: list[Any],
+                     arrays: list[np.ndarray], versions: list[int],
+                     track: bool = False) -> zmq.MessageTracker | None:
+        """Send a pull's reply; ``arrays`` must be copies unless ``track``."""
+        if self.policy.modifiers.dc_lambda:
+            for chunk, array in zip(chunks, arrays, strict=True):
+                self.applier.remember_pull(str(msg.get("from")), table.name, chunk.chunk_id,
+                                           array)
+        tracker = reply_ok(self._sock, identity, msg.request_id, {"versions": versions}, arrays,
+                           track=track)
         self.stats.pulls += 1
         self.stats.bytes_out += sum(a.nbytes for a in arrays)
+        return tracker
 
     def _release_deferred(self) -> None:
         waiting, self._deferred = self._deferred, []

@@ -50,10 +50,17 @@ def wait_until(
         time.sleep(interval)
 
 
+#: ``HOGSHARD_TEST_UPDATE_THREADS=1 pytest tests/integration`` gives every child
+#: ``HOGSHARD_UPDATE_THREADS=1`` (servers apply updates on a thread; issue 7).
+TEST_UPDATE_THREADS = "HOGSHARD_TEST_UPDATE_THREADS"
+
+
 def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment for a child: ours without any ``HOGSHARD_*`` variable (a developer's or
     CI's settings must not leak into a test), single-threaded maths, unbuffered output."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOGSHARD_")}
+    if os.environ.get(TEST_UPDATE_THREADS):  # run the suite's servers with update threads
+        env["HOGSHARD_UPDATE_THREADS"] = os.environ[TEST_UPDATE_THREADS]
     env.update({
         "OMP_NUM_THREADS": "1",
         "MKL_NUM_THREADS": "1",

@@ -34,8 +34,14 @@ from hogshard.proto.errors import (
     UnknownMemberError,
 )
 from hogshard.proto.security import load_security
-from hogshard.proto.transport import ERROR, RpcChannel, connect_dealer, request_header, send
-from hogshard.proto.wire import decode
+from hogshard.proto.transport import (
+    ERROR,
+    RpcChannel,
+    connect_dealer,
+    recv_message,
+    request_header,
+    send,
+)
 from hogshard.ps.rules import make_rule
 from hogshard.scheduler.placement import DEFAULT_CHUNK_ELEMS, Chunk, DenseTableSpec
 from hogshard.worker import sparse
@@ -368,8 +374,8 @@ class PSClient:
             self.rerouter.run(now)
             timeout = min(timeout, self.rerouter.wait_hint(now))
         for sock, _ in self._poller.poll(int(timeout * 1000)):
-            while sock.poll(0, zmq.POLLIN):
-                message = decode(sock.recv_multipart(copy=False))
+            while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                message = recv_message(sock)
                 pending = self._book.pop(message.request_id)
                 if pending is None:
                     log.debug("dropping reply to unknown request %d", message.request_id)

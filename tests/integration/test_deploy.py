@@ -1,12 +1,18 @@
 """The deployment files are checked and exercised.
 
-* docker/docker-compose.yml (and the CURVE overlay) pass ``docker compose config`` when the
-  docker client has the compose plugin, and always a JSON-schema check of the fields used;
+* docker/docker-compose.yml (alone and with each overlay) passes ``docker compose config`` when
+  the docker client has the compose plugin, and always a JSON-schema check of the fields used;
+* CURVE is on by default: a one-shot ``keys`` service writes the keys into a volume every other
+  service waits for and mounts read-only as HOGSHARD_KEYS; the insecure overlay (plain TCP)
+  and the bring-your-own-keys overlay change exactly that; every Kubernetes pod mounts the
+  keys Secret;
 * docker/k8s/*.yaml pass kubernetes-validate (the API's own schemas) and consistency checks
   (selectors match pod labels, ConfigMap and claim references resolve);
 * every HOGSHARD_* variable they set is one that hogshard reads (no silent typos);
 * the compose services' exact commands and environments, run as local processes (service
-  names -> 127.0.0.1, ports -> free ones), train the example to completion.
+  names -> 127.0.0.1, ports -> free ones, volumes -> folders), generate the keys the way the
+  keys service does (twice: the second run keeps them), refuse a client without keys and train
+  the example to completion over CURVE; the insecure overlay's scheduler runs without keys.
 """
 
 from __future__ import annotations
@@ -32,7 +38,9 @@ from hogshard.proto.config import ClientSettings, env_name
 REPO = Path(__file__).resolve().parents[2]
 DOCKER = REPO / "docker"
 COMPOSE = DOCKER / "docker-compose.yml"
-CURVE_OVERLAY = DOCKER / "docker-compose.curve.yml"
+INSECURE_OVERLAY = DOCKER / "docker-compose.insecure.yml"
+KEYS_OVERLAY = DOCKER / "docker-compose.keys.yml"
+OVERLAYS = (INSECURE_OVERLAY, KEYS_OVERLAY)
 K8S = sorted((DOCKER / "k8s").glob("*.yaml"))
 #: Read by the example's container command and by the example itself.
 EXTRA_ENV = {"HOGSHARD_EXAMPLE_ARGS", "HOGSHARD_TORCH_THREADS"}
@@ -53,7 +61,7 @@ SERVICE_SCHEMA = {
                         "additionalProperties": {"type": ["string", "number", "null"]}},
         "ports": {"type": "array", "items": {"type": "string",
                                              "pattern": r"^([0-9.]+:)?\d+(:\d+)?$"}},
-        "volumes": {"type": "array", "items": {"type": "string", "pattern": r"^[^:]+:/[^:]*$"}},
+        "volumes": {"type": "array", "items": {"type": "string", "pattern": r"^[^:]+:/[^:]*(:(ro|rw))?$"}},
         "secrets": {"type": "array", "items": {"type": "string"}},
         "depends_on": {"type": "object", "additionalProperties": {
             "type": "object", "required": ["condition"], "additionalProperties": False,
@@ -124,6 +132,32 @@ def load_compose(path: Path, environ: dict[str, str] | None = None) -> dict[str,
     return walk(raw)
 
 
+def volume_target(volume: str) -> str:
+    return volume.split(":")[1]
+
+
+def merge_compose(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, Any]:
+    """``docker compose -f BASE -f OVERLAY``'s merge for the fields these files use: mappings
+    (environment, depends_on) merge key by key, volumes by container path, the rest is
+    replaced."""
+    merged = json.loads(json.dumps(base))
+    for name, service in overlay.get("services", {}).items():
+        into = merged["services"].setdefault(name, {})
+        for key, value in service.items():
+            if key in ("environment", "depends_on"):
+                into[key] = {**into.get(key, {}), **value}
+            elif key == "volumes":
+                mounts = {volume_target(v): v for v in into.get("volumes", [])}
+                mounts.update({volume_target(v): v for v in value})
+                into[key] = list(mounts.values())
+            else:
+                into[key] = value
+    for key in ("volumes", "secrets"):
+        if overlay.get(key):
+            merged[key] = {**merged.get(key, {}), **overlay[key]}
+    return merged
+
+
 # ---- validation (no sockets) ---------------------------------------------------------------
 
 def docker_compose_available() -> bool:
@@ -142,7 +176,7 @@ def test_compose_passes_docker_compose_config(tmp_path: Path) -> None:
         pytest.skip("no `docker compose` on this machine; the schema test below covers it")
     keys = tmp_path / "keys"
     keys.mkdir()
-    for files in ([COMPOSE], [COMPOSE, CURVE_OVERLAY]):
+    for files in ([COMPOSE], *([COMPOSE, overlay] for overlay in OVERLAYS)):
         argv = ["docker", "compose", *sum((["-f", str(f)] for f in files), []), "config", "-q"]
         done = subprocess.run(argv, capture_output=True, text=True, timeout=30,
                               env={**os.environ, "HOGSHARD_KEYS_DIR": str(keys)})
@@ -150,9 +184,9 @@ def test_compose_passes_docker_compose_config(tmp_path: Path) -> None:
 
 
 def test_compose_schema_and_references() -> None:
-    for path in (COMPOSE, CURVE_OVERLAY):
+    for path in (COMPOSE, *OVERLAYS):
         doc = load_compose(path)
-        if path == CURVE_OVERLAY:  # an overlay names a subset of fields
+        if path in OVERLAYS:  # an overlay names a subset of fields
             schema = json.loads(json.dumps(COMPOSE_SCHEMA))
             schema["properties"]["services"]["additionalProperties"].pop("anyOf")
         else:
@@ -160,7 +194,7 @@ def test_compose_schema_and_references() -> None:
         jsonschema.validate(doc, schema)
     doc = load_compose(COMPOSE)
     services = doc["services"]
-    assert {"scheduler", "server0", "server1", "worker"} <= set(services)
+    assert {"keys", "scheduler", "server0", "server1", "worker"} <= set(services)
     for name, service in services.items():
         for dependency in service.get("depends_on", {}):
             assert dependency in services, f"{name} depends on unknown {dependency}"
@@ -170,11 +204,55 @@ def test_compose_schema_and_references() -> None:
             source = volume.split(":")[0]
             assert source.startswith((".", "/")) or source in doc["volumes"], volume
         assert service.get("restart"), f"{name} has no restart policy"
-        assert "/checkpoints" in " ".join(service.get("volumes", [])), name
-    overlay = load_compose(CURVE_OVERLAY)
-    for name, service in overlay["services"].items():
-        assert name in services
-        assert set(service["secrets"]) <= set(overlay["secrets"])
+        if name != "keys":
+            assert "/checkpoints" in " ".join(service.get("volumes", [])), name
+    for path in OVERLAYS:
+        overlay = load_compose(path)
+        for name, service in overlay["services"].items():
+            assert name in services, f"{path.name}: unknown service {name}"
+            assert set(service.get("secrets", [])) <= set(overlay.get("secrets", {}))
+
+
+KEYS_COMMAND = ["hogshard", "keys", "generate", "--if-missing", "/keys"]
+
+
+def job_services(doc: dict[str, Any]) -> dict[str, Any]:
+    """Every service but the one-shot keys service."""
+    return {k: v for k, v in doc["services"].items() if k != "keys"}
+
+
+def test_compose_runs_curve_by_default() -> None:
+    doc = load_compose(COMPOSE)
+    keys = doc["services"]["keys"]
+    assert keys["command"] == KEYS_COMMAND and keys["volumes"] == ["keys:/keys"]
+    assert keys["restart"] == "no" and "keys" in doc["volumes"]
+    assert keys["build"]["target"] == "server"
+    for name, service in job_services(doc).items():
+        env = service["environment"]
+        assert env["HOGSHARD_KEYS"] == "/keys", name
+        assert "HOGSHARD_INSECURE" not in env, f"{name}: plain TCP must be opt-in"
+        assert "keys:/keys:ro" in service["volumes"], f"{name} must mount the keys read-only"
+        assert service["depends_on"]["keys"] == {
+            "condition": "service_completed_successfully"}, name
+
+
+def test_insecure_overlay_turns_curve_off() -> None:
+    doc = merge_compose(load_compose(COMPOSE), load_compose(INSECURE_OVERLAY))
+    assert "generate" not in doc["services"]["keys"]["command"]
+    for name, service in job_services(doc).items():
+        assert service["environment"]["HOGSHARD_KEYS"] == "", name  # click: unset
+        assert service["environment"]["HOGSHARD_INSECURE"] == "1", name
+
+
+def test_keys_overlay_mounts_your_own_keys_everywhere(tmp_path: Path) -> None:
+    doc = merge_compose(load_compose(COMPOSE),
+                        load_compose(KEYS_OVERLAY, {"HOGSHARD_KEYS_DIR": str(tmp_path)}))
+    for name, service in doc["services"].items():
+        mounts = [v for v in service["volumes"] if volume_target(v) == "/keys"]
+        assert mounts == [f"{tmp_path}:/keys:ro"], f"{name}: {service['volumes']}"
+    assert doc["services"]["keys"]["command"] == KEYS_COMMAND  # checks them, writes nothing
+    default = merge_compose(load_compose(COMPOSE), load_compose(KEYS_OVERLAY))
+    assert "./keys:/keys:ro" in default["services"]["worker"]["volumes"]
 
 
 def k8s_documents() -> list[tuple[str, dict[str, Any]]]:
@@ -218,6 +296,17 @@ def test_k8s_references_resolve() -> None:
             for volume in template["spec"].get("volumes", []):
                 claim = volume.get("persistentVolumeClaim", {}).get("claimName")
                 assert claim is None or claim in by_kind["PersistentVolumeClaim"], name
+            # CURVE by default: the keys Secret, mounted read-only where HOGSHARD_KEYS points,
+            # readable by the images' non-root user through fsGroup.
+            pod = template["spec"]
+            secrets = {v["name"]: v["secret"] for v in pod["volumes"] if "secret" in v}
+            assert [s["secretName"] for s in secrets.values()] == ["hogshard-keys"], name
+            assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsUser"]
+            for container in pod["containers"]:
+                mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+                mount = mounts[config["HOGSHARD_KEYS"]]
+                assert mount["name"] in secrets and mount["readOnly"], name
+    assert "HOGSHARD_INSECURE" not in config
     for name, service in by_kind["Service"].items():
         selector = service["spec"]["selector"]
         assert any(selector.items() <= d["spec"]["template"]["metadata"]["labels"].items()
@@ -228,7 +317,7 @@ def test_k8s_references_resolve() -> None:
 def test_every_hogshard_variable_is_read_by_hogshard() -> None:
     known = known_env()
     used: dict[str, str] = {}
-    for path in (COMPOSE, CURVE_OVERLAY):
+    for path in (COMPOSE, *OVERLAYS):
         for name, service in load_compose(path)["services"].items():
             for key in service.get("environment", {}) or {}:
                 used[key] = f"{path.name}:{name}"
@@ -265,15 +354,16 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def localise(services: dict[str, Any], checkpoints: Path) -> dict[str, dict[str, Any]]:
+def localise(services: dict[str, Any], volumes: Path) -> dict[str, dict[str, Any]]:
     """Each service's argv and environment with service names -> 127.0.0.1, every (service,
-    port) -> a free port, and the checkpoints volume -> a local folder."""
+    port) -> a free port, and every volume -> a folder under ``volumes`` (created empty, as
+    docker creates a named volume)."""
     ports: dict[tuple[str, str], int] = {}
 
     def port_for(service: str, port: str) -> str:
         return str(ports.setdefault((service, port), free_port()))
 
-    def fix(service: str, text: str) -> str:
+    def fix(service: str, text: str, mounts: dict[str, Path]) -> str:
         def one(m: re.Match[str]) -> str:
             scheme, host, port = m.groups()
             if host in ("0.0.0.0", "127.0.0.1"):  # the service's own port
@@ -285,17 +375,54 @@ def localise(services: dict[str, Any], checkpoints: Path) -> dict[str, dict[str,
             return f"{scheme}://127.0.0.1:{port_for(owner, port)}"
 
         text = re.sub(r"(tcp|http)://([a-z0-9_.-]+):(\d+)", one, text)
-        return text.replace("/checkpoints", str(checkpoints))
+        for target, folder in mounts.items():
+            text = re.sub(rf"(?<![\w/.]){re.escape(target)}(?=/|$)", lambda _, f=folder: str(f),
+                          text)
+        return text
 
     local = {}
     for name, service in services.items():
-        env = {k: fix(name, str(v)) for k, v in (service.get("environment") or {}).items()}
+        mounts = {}
+        for volume in service.get("volumes", []):
+            source, target = volume.split(":")[:2]
+            mounts[target] = volumes / re.sub(r"[^A-Za-z0-9_.-]", "_", source)
+            mounts[target].mkdir(parents=True, exist_ok=True)
+        env = {k: fix(name, str(v), mounts)
+               for k, v in (service.get("environment") or {}).items()}
         if "HOGSHARD_METRICS_PORT" in env:
             env["HOGSHARD_METRICS_PORT"] = port_for(name, env["HOGSHARD_METRICS_PORT"])
-        local[name] = {"argv": [fix(name, a) for a in service["command"]], "env": env,
-                       "health": [fix(name, a) for a in service.get("healthcheck", {}).get(
-                           "test", ["NONE"])[1:]]}
+        local[name] = {"argv": [fix(name, a, mounts) for a in service["command"]], "env": env,
+                       "health": [fix(name, a, mounts) for a in service.get(
+                           "healthcheck", {}).get("test", ["NONE"])[1:]]}
     return local
+
+
+def key_files(keys: Path) -> dict[str, bytes]:
+    return {p.relative_to(keys).as_posix(): p.read_bytes() for p in keys.rglob("*")
+            if p.is_file()}
+
+
+def on_path() -> dict[str, str]:
+    """`hogshard` and `python` on PATH are this interpreter's, as in the image."""
+    return {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+
+def start_scheduler(procs, local: dict[str, dict[str, Any]]) -> Any:
+    """The scheduler service, waited for until its own healthcheck (in its environment)
+    passes, as the servers' depends_on does."""
+    scheduler = procs.spawn("scheduler", local["scheduler"]["argv"],
+                            {**local["scheduler"]["env"], **on_path()})
+
+    def healthy() -> bool:
+        if not scheduler.alive():
+            raise AssertionError(f"the scheduler exited\n{scheduler.tail()}")
+        code, _ = procs.run("scheduler-health", local["scheduler"]["health"], 30.0,
+                            {**local["scheduler"]["env"], **on_path()})
+        return code == 0
+
+    procs.wait_until(healthy, 40.0, "the scheduler's healthcheck", interval=0.5,
+                     on_timeout=scheduler.tail)
+    return scheduler
 
 
 @pytest.mark.integration
@@ -306,33 +433,39 @@ def test_compose_services_train_as_local_processes(procs, tmp_path: Path) -> Non
     environ = {"HOGSHARD_NUM_WORKERS": str(workers), "HOGSHARD_CHECKPOINT_EVERY": "5",
                "HOGSHARD_EXAMPLE_ARGS": "--epochs 1 --limit 256 --batch 64 --rule sgd --lr 0.05"}
     services = load_compose(COMPOSE, environ)["services"]
-    checkpoints = tmp_path / "checkpoints"
-    checkpoints.mkdir()
-    local = localise(services, checkpoints)
-    # `hogshard` and `python` on PATH are this interpreter's, as in the image.
-    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    local = localise(services, tmp_path / "volumes")
+    checkpoints, keys = tmp_path / "volumes" / "checkpoints", tmp_path / "volumes" / "keys"
 
     def start(name: str, label: str) -> Any:
-        return procs.spawn(label, local[name]["argv"], {**local[name]["env"], "PATH": path})
+        return procs.spawn(label, local[name]["argv"], {**local[name]["env"], **on_path()})
 
-    scheduler = start("scheduler", "scheduler")
+    # The keys service, on the fresh (empty) volume and again on the next `up`: same keys.
+    assert local["keys"]["argv"][-1] == str(keys)
+    for attempt in range(2):
+        code, output = procs.run(f"keys{attempt}", local["keys"]["argv"], 60.0,
+                                 {**local["keys"]["env"], **on_path()})
+        assert code == 0, output
+        if attempt == 0:
+            generated = key_files(keys)
+            assert "server.key_secret" in generated and "client.key_secret" in generated
+    assert key_files(keys) == generated
+    for name in ("scheduler", "server0", "server1", "worker"):
+        assert local[name]["env"]["HOGSHARD_KEYS"] == str(keys), name
+
+    scheduler = start_scheduler(procs, local)
+    scheduler.wait_for_output(r"CURVE on", 10.0)
+    # A client without the keys gets nothing (no status, no error reply).
     health = local["scheduler"]["health"]
-
-    def healthy() -> bool:
-        if not scheduler.alive():
-            raise AssertionError(f"the scheduler exited\n{scheduler.tail()}")
-        done = subprocess.run(health, capture_output=True, timeout=30,
-                              env={**os.environ, "PATH": path})
-        return done.returncode == 0
-
-    procs.wait_until(healthy, 40.0, "the scheduler's healthcheck", interval=0.5,
-                     on_timeout=scheduler.tail)
+    address = health[health.index("--scheduler") + 1]
+    code, output = procs.run("no-keys-status", ["hogshard", "status", "--json", "--timeout", "1",
+                                                "--scheduler", address], 30.0, on_path())
+    assert code != 0 and '"members"' not in output, output
     servers = [start(name, name) for name in ("server0", "server1")]
     for server, name in zip(servers, ("server0", "server1"), strict=True):
         server.wait_for_output(r"server metrics on", 40.0)
-        done = subprocess.run(local[name]["health"], capture_output=True, timeout=30,
-                              env={**os.environ, "PATH": path})
-        assert done.returncode == 0, done.stderr
+        code, output = procs.run(f"{name}-health", local[name]["health"], 30.0,
+                                 {**local[name]["env"], **on_path()})
+        assert code == 0, output
     runs = [start("worker", f"worker{i}") for i in range(workers)]
     for run in runs:
         assert run.wait(90.0) == 0, run.tail()
@@ -341,3 +474,17 @@ def test_compose_services_train_as_local_processes(procs, tmp_path: Path) -> Non
     assert report["final_loss"] is not None
     assert report["history"] and len(report["history"][0]) == len(report["history_columns"])
     assert all(p.alive() for p in [scheduler, *servers]), procs.report()
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(60, method="signal")
+def test_insecure_overlay_scheduler_runs_without_keys(procs, tmp_path: Path) -> None:
+    """With docker-compose.insecure.yml the keys service writes nothing and the scheduler binds
+    0.0.0.0 over plain TCP (HOGSHARD_KEYS="" reads as unset), healthy to a client without
+    keys."""
+    doc = merge_compose(load_compose(COMPOSE), load_compose(INSECURE_OVERLAY))
+    local = localise(doc["services"], tmp_path / "volumes")
+    code, output = procs.run("keys", local["keys"]["argv"], 30.0, on_path())
+    assert code == 0 and not key_files(tmp_path / "volumes" / "keys"), output
+    scheduler = start_scheduler(procs, local)
+    assert "CURVE on" not in scheduler.output()

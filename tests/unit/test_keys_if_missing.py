@@ -1,0 +1,86 @@
+"""``hogshard keys generate --if-missing``: idempotent key creation (the compose ``keys``
+service runs it at every start), without sockets."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from hogshard.cli import main
+from hogshard.proto.errors import ConfigError
+from hogshard.proto.security import Security, ensure_keys, generate_keys
+
+
+def snapshot(keys: Path) -> dict[str, bytes]:
+    return {p.relative_to(keys).as_posix(): p.read_bytes() for p in keys.rglob("*")
+            if p.is_file()}
+
+
+def test_if_missing_generates_once_then_keeps_the_keys(tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    runner = CliRunner()
+    first = runner.invoke(main, ["keys", "generate", "--if-missing", str(keys)])
+    assert first.exit_code == 0, first.output
+    files = snapshot(keys)
+    assert set(files) == {"server.key", "server.key_secret", "client.key", "client.key_secret",
+                          "authorized/client.key"}
+    again = runner.invoke(main, ["keys", "generate", "--if-missing", str(keys)])
+    assert again.exit_code == 0, again.output
+    assert "already holds keys: kept" in again.output
+    assert snapshot(keys) == files  # not one byte rewritten
+    plain = runner.invoke(main, ["keys", "generate", str(keys)])
+    assert plain.exit_code != 0 and "already holds a server key" in plain.output
+
+
+def test_if_missing_fills_an_empty_existing_folder(tmp_path: Path) -> None:
+    """A fresh docker volume is an empty folder that already exists."""
+    (tmp_path / "vol").mkdir()
+    assert ensure_keys(tmp_path / "vol")
+    assert Security.from_dir(tmp_path / "vol").server_secret is not None
+    assert not [p for p in (tmp_path / "vol").iterdir() if p.name.startswith(".keys-")]
+
+
+def test_an_interrupted_run_is_generated_again(tmp_path: Path) -> None:
+    """Without server.key_secret (written last) a folder is incomplete: keys are made anew."""
+    generate_keys(tmp_path)
+    (tmp_path / "server.key_secret").unlink()
+    stale = (tmp_path / "client.key_secret").read_bytes()
+    assert ensure_keys(tmp_path)
+    assert (tmp_path / "client.key_secret").read_bytes() != stale
+    Security.from_dir(tmp_path)
+
+
+def test_if_missing_refuses_broken_keys(tmp_path: Path) -> None:
+    generate_keys(tmp_path)
+    (tmp_path / "client.key_secret").unlink()
+    with pytest.raises(ConfigError, match="client keypair"):
+        ensure_keys(tmp_path)
+    result = CliRunner().invoke(main, ["keys", "generate", "--if-missing", str(tmp_path)])
+    assert result.exit_code != 0 and "client keypair" in result.output
+    with pytest.raises(ConfigError, match="client keypair"):
+        ensure_keys(tmp_path, clients=["client", "other"])
+
+
+def test_each_named_client_is_checked(tmp_path: Path) -> None:
+    generate_keys(tmp_path, clients=["client", "cli"])
+    assert ensure_keys(tmp_path, clients=["client", "cli"]) == []
+    with pytest.raises(ConfigError, match="missing.key_secret"):
+        ensure_keys(tmp_path, clients=["missing"])
+
+
+def test_an_unwritable_folder_is_a_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("not a folder")
+    with pytest.raises(ConfigError, match="cannot write keys into"):
+        ensure_keys(tmp_path / "file" / "keys")
+    if os.geteuid() != 0:  # root writes into a read-only folder anyway
+        folder = tmp_path / "ro"
+        folder.mkdir()
+        folder.chmod(0o500)
+        try:
+            with pytest.raises(ConfigError, match="cannot write keys into"):
+                ensure_keys(folder)
+        finally:
+            folder.chmod(0o700)
