@@ -203,13 +203,17 @@ def scheduler(bind: str, policy: str, servers: int, heartbeat_interval: float,
 @click.option("--check-finite/--no-check-finite", default=True, show_default=True,
               envvar=env_name("check-finite"), show_envvar=True,
               help="refuse pushes whose gradients hold NaN or Inf (one read of each gradient)")
+@_option("update-threads", default=0, type=click.IntRange(min=0),
+         help="threads that apply update rules off the socket loop (0: on the loop; see "
+              "docs/TUNING.md)")
 @_metrics_options
 @_restore_option
 @_keys_option
 @_insecure_option
 def server(scheduler: str, bind: str, advertise: str | None, rank: int | None,
-           max_message_bytes: int, check_finite: bool, metrics_port: int | None,
-           metrics_host: str, restore: str | None, keys: str | None, insecure: bool) -> None:
+           max_message_bytes: int, check_finite: bool, update_threads: int,
+           metrics_port: int | None, metrics_host: str, restore: str | None, keys: str | None,
+           insecure: bool) -> None:
     """Run one parameter-server shard."""
     from hogshard.tuning import tune_server_process
 
@@ -220,7 +224,8 @@ def server(scheduler: str, bind: str, advertise: str | None, rank: int | None,
     service = _or_exit(lambda: ShardServer(scheduler, bind, advertise, rank,
                                            max_message_bytes=max_message_bytes,
                                            restore=restore, security=security,
-                                           check_finite=check_finite))
+                                           check_finite=check_finite,
+                                           update_threads=update_threads))
     _start_metrics(service, "server", metrics_port, metrics_host)
     _serve(service)
 
