@@ -59,6 +59,7 @@ class ThreadedUpdates:
         if threads:
             self._updates = UpdatePool(self._context, threads)
             self.applier.submit = self._submit_update
+            log.info("update rules run on %d thread(s) off the socket loop", threads)
 
     def _stop_updates(self) -> None:
         if self._updates is not None:
