@@ -112,15 +112,18 @@ def send(
         put(sock, frames[0], flags)
         return None
     put(sock, frames[0], more)  # the header: small, copied
-    tracker = None
+    trackers = []
     for index in range(1, last + 1):
         array = frames[index]
         frame_flags = flags if index == last else more
         if track or array.nbytes >= COPY_BELOW:
             tracker = put(sock, array, frame_flags, copy=False, track=track)
+            if track and not tracker.done:  # a small frame is copied: done at once
+                trackers.append(tracker)
         else:
             put(sock, array, frame_flags)
-    return tracker
+    # every zero-copy frame, not only the last (which may be a small, copied one)
+    return zmq.MessageTracker(*trackers) if track else None
 
 
 def reply_ok(

@@ -626,3 +626,21 @@ def test_salvage_request_id(frame: bytes, expected: int) -> None:
 def test_raise_if_error_passes_ok() -> None:
     msg = decode(encode({"v": PROTOCOL_VERSION, "op": OK, "id": 1}))
     assert raise_if_error(msg) is msg
+
+
+def test_tracked_send_waits_for_every_zero_copy_frame(
+    ctx: zmq.Context, sockets: list[zmq.Socket]
+) -> None:
+    """A pull reply ending in a short chunk: its last frame is copied (done at once), but the
+    tracker must stay pending while the large frame before it may still be read from."""
+    router, endpoint = bind_router(ctx, "tcp://127.0.0.1:0")
+    sockets.append(router)
+    dealer = connect_dealer(ctx, endpoint)
+    sockets.append(dealer)
+    tracker = send(dealer, request_header("pull", 1, "t"),
+                   [np.ones(1 << 20, "<f4"), np.ones(10, "<f4")], track=True)
+    assert tracker is not None and not tracker.done
+    assert router.poll(POLL_MS, zmq.POLLIN)
+    router.recv_multipart()
+    tracker.wait(POLL_MS / 1000)
+    assert tracker.done
