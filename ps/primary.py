@@ -27,6 +27,9 @@ class PrimaryReplication:
 
     def _poll_links(self, poller: zmq.Poller, registered: set[zmq.Socket]) -> set[zmq.Socket]:
         """Keep the poller watching exactly the current links to backups."""
+        if self._links_seen == self.replicas.links_version:
+            return registered
+        self._links_seen = self.replicas.links_version
         current = set(self.replicas.sockets())
         for sock in registered - current:
             poller.unregister(sock)

@@ -100,6 +100,7 @@ class Replicator:
         #: table -> chunk id -> (primary rank, backup rank); only replicated tables appear.
         self.roles: dict[str, dict[int, tuple[int, int]]] = {}
         self.links: dict[int, BackupLink] = {}
+        self.links_version = 0  # moves whenever a link is opened or closed
         self.held: list[HeldReply] = []
         self.recent = RecentPushes()
         self._pending_snapshots: dict[str, set[int]] = {}  # waiting for the chunk's init
@@ -183,11 +184,13 @@ class Replicator:
             if rank not in in_use or addresses.get(rank) != link.address:
                 link.socket.close(0)
                 del self.links[rank]
+                self.links_version += 1
         for rank in in_use:
             if rank not in self.links and rank in addresses:
                 sock = connect_dealer(self._context, addresses[rank], security=self._security)
                 self.links[rank] = BackupLink(rank, addresses[rank], sock)
                 fresh.add(rank)
+                self.links_version += 1
         return fresh
 
     def _rebase_held(self, snapshots: dict[int, int]) -> None:

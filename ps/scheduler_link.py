@@ -74,6 +74,7 @@ class SchedulerLink:
                 asked_at = self._heartbeat_sent_at
                 self._newcomers = {w: t for w, t in self._newcomers.items()
                                    if w not in workers and t >= asked_at}
+                self._live_cache = None
                 self.applier.complete_groups(self._live_set())
                 self._release_deferred()
 

@@ -103,6 +103,8 @@ class ShardServer(SchedulerLink, PrimaryReplication, ShardCheckpointing, Threade
         # Workers heard from directly but not yet listed by a heartbeat reply, with the time
         # first heard: they count as live until a reply to a later heartbeat leaves them out.
         self._newcomers: dict[str, float] = {}
+        self._live_cache: set[str] | None = None
+        self._links_seen = -1  # Replicator.links_version the poller watches
         self._stop = threading.Event()
         self._scheduler = RpcChannel(self._context, scheduler, sender="server-?",
                                      security=security)
@@ -190,7 +192,7 @@ class ShardServer(SchedulerLink, PrimaryReplication, ShardCheckpointing, Threade
                 if self._sock in events:
                     for _ in range(64):  # drain a burst before the next heartbeat check
                         self._handle_one()
-                        if not self._sock.poll(0, zmq.POLLIN):
+                        if not self._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
                             break
         finally:
             self.close()
@@ -254,12 +256,17 @@ class ShardServer(SchedulerLink, PrimaryReplication, ShardCheckpointing, Threade
         and the next heartbeat is brought forward (at most every 50 ms) to learn about it."""
         if self._membership_known and sender in self._live_workers:
             return True
-        self._newcomers.setdefault(sender, time.monotonic())
+        if sender not in self._newcomers:
+            self._newcomers[sender] = time.monotonic()
+            self._live_cache = None
         self._heartbeat_due = min(self._heartbeat_due, self._heartbeat_sent_at + 0.05)
         return False
 
     def _live_set(self) -> set[str]:
-        return set(self._live_workers) | set(self._newcomers)
+        """Live workers and newcomers (kept until either changes; callers do not modify it)."""
+        if self._live_cache is None:
+            self._live_cache = set(self._live_workers) | set(self._newcomers)
+        return self._live_cache
 
     def _live_clocks(self, requester: str, clock: int) -> dict[str, int]:
         clocks = {w: max(self._live_workers.get(w, 0), self._observed_clocks.get(w, 0))

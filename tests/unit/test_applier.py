@@ -396,6 +396,7 @@ def gate_server(spec: str, live: dict[str, int], observed: dict[str, int] | None
     server._live_workers = dict(live)
     server._observed_clocks = dict(observed or {})
     server._newcomers = {}
+    server._live_cache = None
     return server
 
 
@@ -450,4 +451,5 @@ def test_ssp_gate_counts_a_newcomer_until_a_later_heartbeat_leaves_it_out() -> N
     assert not server._pull_allowed(pull("worker-0", 3))  # held back by the newcomer at clock 0
     assert server._heartbeat_due < 9e9  # and the next heartbeat is brought forward
     server._newcomers = {w: t for w, t in server._newcomers.items() if t >= 1e9}  # a later reply
+    server._live_cache = None  # as the heartbeat-reply handler does
     assert server._pull_allowed(pull("worker-0", 3))
