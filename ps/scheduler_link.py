@@ -14,13 +14,18 @@ Example (what ``ShardServer.serve_forever`` does)::
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from hogshard.proto.errors import ErrorCode, HogshardError
 from hogshard.proto.transport import ERROR
+from hogshard.proto.wire import Message
 from hogshard.scheduler.policy import parse_policy
 
 log = logging.getLogger(__name__)
+
+#: Workers remembered as having left (until a later heartbeat reply confirms it).
+MAX_LEFT = 4096
 
 
 class SchedulerLink:
@@ -69,14 +74,31 @@ class SchedulerLink:
                               reply.get("policy_from_clock"))
             workers = reply.get("workers")
             if isinstance(workers, dict):
+                asked_at = self._heartbeat_sent_at
+                # a reply to a heartbeat sent before a worker's own leave may still list it
+                workers = {w: c for w, c in workers.items() if self._left.get(w, -1.0) < asked_at}
+                self._left = {w: t for w, t in self._left.items() if t >= asked_at}
                 self._live_workers = workers
                 self._membership_known = True
-                asked_at = self._heartbeat_sent_at
                 self._newcomers = {w: t for w, t in self._newcomers.items()
                                    if w not in workers and t >= asked_at}
                 self._live_cache = None
                 self.applier.complete_groups(self._live_set())
                 self._release_deferred()
+
+    def _worker_left(self, identity: bytes, msg: Message) -> tuple[dict[str, Any], list[Any]]:
+        """The ``leave`` op: a worker that has left the job (the scheduler first) says so, and
+        no policy waits for it from now on, rather than from the next heartbeat reply."""
+        sender = str(msg.get("from"))
+        if len(self._left) >= MAX_LEFT:
+            self._left.pop(next(iter(self._left)))
+        self._left[sender] = time.monotonic()
+        self._live_workers = {w: c for w, c in self._live_workers.items() if w != sender}
+        self._newcomers.pop(sender, None)
+        self._live_cache = None
+        self.applier.complete_groups(self._live_set())
+        self._release_deferred()
+        return {}, []
 
     def _take_policy(self, spec: Any, version: Any, from_clock: Any) -> None:
         """Schedule a policy change announced by the scheduler; it takes effect at the first

@@ -104,6 +104,7 @@ class ShardServer(SchedulerLink, PrimaryReplication, ShardCheckpointing, Threade
         # first heard: they count as live until a reply to a later heartbeat leaves them out.
         self._newcomers: dict[str, float] = {}
         self._live_cache: set[str] | None = None
+        self._left: dict[str, float] = {}  # workers that said they left, and when
         self._links_seen = -1  # Replicator.links_version the poller watches
         self._stop = threading.Event()
         self._scheduler = RpcChannel(self._context, scheduler, sender="server-?",
@@ -257,6 +258,7 @@ class ShardServer(SchedulerLink, PrimaryReplication, ShardCheckpointing, Threade
         if self._membership_known and sender in self._live_workers:
             return True
         if sender not in self._newcomers:
+            self._left.pop(sender, None)  # a new worker under a name that left
             self._newcomers[sender] = time.monotonic()
             self._live_cache = None
         self._heartbeat_due = min(self._heartbeat_due, self._heartbeat_sent_at + 0.05)
@@ -421,4 +423,5 @@ class ShardServer(SchedulerLink, PrimaryReplication, ShardCheckpointing, Threade
         "ping": _ping,
         **EMBEDDING_HANDLERS,
         **REPLICA_HANDLERS,
+        "leave": SchedulerLink._worker_left,
     }

@@ -419,6 +419,11 @@ class PSClient:
                     self._control.call("leave", {"clock": self.clock}, timeout=5.0)
             except HogshardError as err:
                 log.warning("leave failed: %s", err.message)
+            try:  # so that no server waits for this worker until its next heartbeat
+                leaves = [self._request(rank, "leave", {}) for rank in self._servers]
+                Future.gather(leaves, self._pump).result(2.0)
+            except HogshardError as err:
+                log.debug("telling the servers of the leave: %s", err.message)
         for sock in self._servers.values():
             sock.close(0)
         self._control.close()

@@ -397,6 +397,7 @@ def gate_server(spec: str, live: dict[str, int], observed: dict[str, int] | None
     server._observed_clocks = dict(observed or {})
     server._newcomers = {}
     server._live_cache = None
+    server._left = {}
     return server
 
 
@@ -453,3 +454,23 @@ def test_ssp_gate_counts_a_newcomer_until_a_later_heartbeat_leaves_it_out() -> N
     server._newcomers = {w: t for w, t in server._newcomers.items() if t >= 1e9}  # a later reply
     server._live_cache = None  # as the heartbeat-reply handler does
     assert server._pull_allowed(pull("worker-0", 3))
+
+
+def test_a_worker_that_says_it_left_no_longer_holds_back_ssp() -> None:
+    server = gate_server("ssp:0", {"worker-0": 3, "worker-1": 0})
+    server._deferred = []
+    assert not server._pull_allowed(pull("worker-0", 3))  # waiting for worker-1
+    server._worker_left(b"w1", Message({"op": "leave", "id": 1, "from": "worker-1"}))
+    assert server._pull_allowed(pull("worker-0", 3))
+    assert "worker-1" in server._left
+
+
+def test_a_worker_that_says_it_left_completes_the_hardsync_step() -> None:
+    server = gate_server("hardsync", {"worker-0": 1, "worker-1": 1})
+    server._deferred = []
+    rig = Rig("hardsync")
+    server.applier = rig.applier
+    rig.push("worker-0", 1.0, ["worker-0", "worker-1"])
+    assert not server._pull_allowed(pull("worker-0", 1))  # its gradient waits for worker-1's
+    server._worker_left(b"w1", Message({"op": "leave", "id": 1, "from": "worker-1"}))
+    assert server._pull_allowed(pull("worker-0", 1))  # the step was applied without it
