@@ -25,7 +25,6 @@ import zmq
 from hogshard.proto.dispatch import run_handler
 from hogshard.proto.errors import (
     HogshardError,
-    NotOwnerError,
     ProtocolError,
     TooLargeError,
 )
@@ -51,7 +50,7 @@ from hogshard.ps.replication import Replicator
 from hogshard.ps.scheduler_link import SchedulerLink
 from hogshard.ps.stats import ServerStats
 from hogshard.ps.update_threads import CONCURRENT_OPS, ThreadedUpdates
-from hogshard.scheduler.policy import ConsistencyPolicy, parse_policy
+from hogshard.scheduler.policy import ConsistencyPolicy
 
 log = logging.getLogger(__name__)
 
@@ -126,44 +125,6 @@ class ShardServer(SchedulerLink, PrimaryReplication, ShardCheckpointing, Threade
         self._heartbeat_due = 0.0
         self._heartbeat_sent_at = 0.0
         self._heartbeat_in_flight: int | None = None
-
-    def _register(self, rank_hint: int | None, timeout: float) -> None:
-        fields: dict[str, Any] = {"role": "server", "address": self.address,
-                                  "rank_hint": rank_hint}
-        tables = self._table_report()
-        if tables:  # a restarted scheduler relearns the shard map from these
-            fields["tables"] = tables
-        reply = self._scheduler.call("register", fields, timeout=timeout)
-        self.node_id: str = reply.get("node_id")
-        self.rank: int = reply.get("rank")
-        self.policy: ConsistencyPolicy = parse_policy(reply.get("policy"))
-        self.heartbeat_interval: float = reply.get("heartbeat_interval")
-        self.heartbeat_timeout: float = reply.get("heartbeat_timeout") or 5.0
-        self._scheduler.sender = self.node_id
-        if self.replicas is not None:  # declared dead and back: own nothing until told
-            for held in self.replicas.forget_roles():
-                self._fail(held.identity, held.request_id, NotOwnerError(
-                    f"{self.node_id} was declared dead before its backup acknowledged; retry "
-                    "after a map refresh"))
-            self.replicas.sender = self.node_id
-        log.info("%s serving on %s policy=%s", self.node_id, self.address, self.policy.spec)
-
-    def _table_report(self) -> dict[str, Any]:
-        """The dense tables held here, for ``register`` (PROTOCOL.md): spec and own chunks."""
-        report = {}
-        for name, table in self.store.tables.items():
-            if name not in self._table_sizes:
-                continue  # initialised by a client that did not send the size
-            size, chunk_elems = self._table_sizes[name]
-            roles = self.replicas.roles.get(name) if self.replicas is not None else None
-            report[name] = {
-                "table": {"name": name, "size": size, "chunk_elems": chunk_elems,
-                          "rule": table.rule_spec},
-                "chunks": [[c.chunk_id, c.offset, c.weights.size]
-                           for c in table.chunks.values()
-                           if roles is None or roles.get(c.chunk_id, (-1,))[0] == self.rank],
-            }
-        return report
 
     # ---- loop -------------------------------------------------------------------------------
 
