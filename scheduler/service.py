@@ -250,10 +250,18 @@ class Scheduler(CheckpointOps, ReplicationOps, RecoveryOps):
             request = self.checkpoints.request_for(member.rank)
             if request is not None:
                 reply["checkpoint"] = request
-            reply["workers"] = self.members.live_clocks()
+            reply["workers"] = self._training_clocks()
             reply.update(policy=self.policy.spec, policy_version=self.policy_version,
                          policy_from_clock=self.policy_from_clock)
         return reply
+
+    def _training_clocks(self) -> dict[str, int]:
+        """The live workers' clocks, less those waiting at a barrier not yet released: they
+        push and pull nothing meanwhile, so no policy waits for them (a worker that trained
+        fewer steps and waits at the end must not hold the others back under SSP)."""
+        waiting = {w for name, arrived in self.barriers.items()
+                   if name not in self.released_barriers for w in arrived}
+        return {w: c for w, c in self.members.live_clocks().items() if w not in waiting}
 
     def _servers_view(self) -> dict[str, Any] | None:
         servers = self.members.live("server")
