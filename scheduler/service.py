@@ -37,6 +37,7 @@ from hogshard.proto.transport import bind_router, recv_routed, reply_error, repl
 from hogshard.proto.wire import Message
 from hogshard.scheduler.checkpoint_ops import CheckpointOps
 from hogshard.scheduler.checkpointing import CheckpointRounds
+from hogshard.scheduler.heartbeats import HeartbeatOps
 from hogshard.scheduler.membership import MembershipTable
 from hogshard.scheduler.placement import (
     DEFAULT_CHUNK_ELEMS,
@@ -73,7 +74,7 @@ class _Waiter:
     ready: Callable[[], dict[str, Any] | None]
 
 
-class Scheduler(CheckpointOps, ReplicationOps, RecoveryOps):
+class Scheduler(CheckpointOps, ReplicationOps, RecoveryOps, HeartbeatOps):
     """The control plane of one job. Not thread-safe: run ``serve_forever`` in one thread and
     stop it with ``stop()`` from any thread."""
 
@@ -223,45 +224,6 @@ class Scheduler(CheckpointOps, ReplicationOps, RecoveryOps):
             "heartbeat_timeout": self.members.heartbeat_timeout,
             "epoch": self.members.epoch,
         }
-
-    def _heartbeat(self, msg: Message) -> dict[str, Any]:
-        member = self.members.touch(msg.get("from", ""), time.monotonic())
-        if isinstance(msg.get("clock"), int):
-            now = time.monotonic()
-            if member.clock_at and now > member.clock_at:
-                member.clock_rate = max(0, msg.get("clock") - member.clock) / (now - member.clock_at)
-            member.clock, member.clock_at = max(member.clock, msg.get("clock")), now
-        if isinstance(msg.get("stats"), dict):
-            stats = dict(msg.get("stats"))
-            previous, elapsed = member.stats, time.monotonic() - member.stats_at
-            if "updates" in previous and elapsed > 0:
-                stats["updates_per_second"] = (stats.get("updates", 0) - previous["updates"]) / elapsed
-                stats["bytes_per_second"] = (
-                    stats.get("bytes_in", 0) + stats.get("bytes_out", 0)
-                    - previous.get("bytes_in", 0) - previous.get("bytes_out", 0)
-                ) / elapsed
-            member.stats, member.stats_at = stats, time.monotonic()
-        if isinstance(msg.get("progress"), dict):
-            member.progress = msg.get("progress")
-        reply: dict[str, Any] = {"epoch": self.members.epoch, "shutdown": self.shutting_down,
-                                 **self._replica_fields(member, msg.get("map_epoch"))}
-        if member.role == "server":
-            self.checkpoints.report(member.rank, msg.get("checkpoint"))
-            request = self.checkpoints.request_for(member.rank)
-            if request is not None:
-                reply["checkpoint"] = request
-            reply["workers"] = self._training_clocks()
-            reply.update(policy=self.policy.spec, policy_version=self.policy_version,
-                         policy_from_clock=self.policy_from_clock)
-        return reply
-
-    def _training_clocks(self) -> dict[str, int]:
-        """The live workers' clocks, less those waiting at a barrier not yet released: they
-        push and pull nothing meanwhile, so no policy waits for them (a worker that trained
-        fewer steps and waits at the end must not hold the others back under SSP)."""
-        waiting = {w for name, arrived in self.barriers.items()
-                   if name not in self.released_barriers for w in arrived}
-        return {w: c for w, c in self.members.live_clocks().items() if w not in waiting}
 
     def _servers_view(self) -> dict[str, Any] | None:
         servers = self.members.live("server")
@@ -416,7 +378,7 @@ class Scheduler(CheckpointOps, ReplicationOps, RecoveryOps):
 
     _HANDLERS: dict[str, Callable[[Scheduler, Message], Any]] = {
         "register": _register,
-        "heartbeat": _heartbeat,
+        "heartbeat": HeartbeatOps._heartbeat,
         "wait_servers": _wait_servers,
         "declare_table": _declare_table,
         "table_ready": _table_ready,
