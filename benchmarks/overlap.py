@@ -1,9 +1,10 @@
-"""Step time of PSOptimizer with and without overlap (gradient buckets pushed during backward).
+"""Step time of PSOptimizer with and without overlap (gradient buckets pushed during backward)
+and prefetch (the next weights pulled while the next step computes).
 
 One scheduler and one shard server in subprocesses; this process is the only worker. An MLP of
 ``--layers`` square ``--width`` layers (4 layers of 2048: 16.8 M parameters, 67 MB) trains on
 random data with server-side SGD; the table is cut in chunks of 1 Mi floats. Two copies of the
-model, each with its own table and optimizer (``overlap=False`` and ``overlap=True``), take
+model, each with its own table and optimizer (``overlap`` and ``prefetch`` off or on), take
 turns in rounds, so load hits both alike. The baseline ``local`` is the same step with
 ``torch.optim.SGD`` in this process (no communication at all).
 
@@ -69,14 +70,14 @@ def main(argv: list[str] | None = None) -> int:
     x = torch.randn(args.batch, args.width)
     y = torch.randn(args.batch, args.width)
     models, steppers = {}, {}
-    for mode in ("sequential", "overlap", "local"):
+    for mode in ("sequential", "overlap", "prefetch", "overlap+prefetch", "local"):
         model = models[mode] = mlp(args.width, layers)
         if mode == "local":
             steppers[mode] = torch.optim.SGD(model.parameters(), lr=1e-6)
         else:
             steppers[mode] = PSOptimizer(client, model.named_parameters(), rule="sgd", lr=1e-6,
                                          table=f"model-{mode}", chunk_elems=args.chunk_elems,
-                                         overlap=mode == "overlap",
+                                         overlap="overlap" in mode, prefetch="prefetch" in mode,
                                          bucket_bytes=args.bucket_bytes)
     params = sum(p.numel() for p in models["local"].parameters())
 
@@ -104,9 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"MLP {layers} x {args.width}: {params / 1e6:.1f} M params ({4 * params / 1e6:.0f} MB), "
           f"batch {args.batch}, {len(early.buckets)} buckets of >= {args.bucket_bytes} B; "
           f"median over {rounds} rounds of {steps} steps; load {load[0]:.2f}")
-    print(f"{'mode':<11} {'ms/step':>9} {'vs sequential':>14}")
+    print(f"{'mode':<17} {'ms/step':>9} {'vs sequential':>14}")
     for r in rows:
-        print(f"{r['mode']:<11} {r['step_ms']:9.1f} {r['speedup_vs_sequential']:14.2f}")
+        print(f"{r['mode']:<17} {r['step_ms']:9.1f} {r['speedup_vs_sequential']:14.2f}")
     if args.json:
         args.json.write_text(json.dumps({"params": params, "layers": layers, "width": args.width,
                                          "batch": args.batch, "loadavg": load, "rows": rows},

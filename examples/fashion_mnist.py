@@ -120,6 +120,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="floats per table chunk (the unit of placement, push and pull)")
     p.add_argument("--bucket-bytes", type=int, default=4 << 20,
                    help="with --overlap: bytes of gradients per early push")
+    p.add_argument("--prefetch", action="store_true",
+                   help="pull the next weights while the next step computes (one step older "
+                   "weights; async, softsync or ssp:S with S >= 1)")
     p.add_argument("--local", action="store_true",
                    help="train in this process with torch.optim (no cluster), as a baseline")
     return p.parse_args(argv)
@@ -164,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
         policy, servers = client.policy, client.num_servers
         optimizer = PSOptimizer(client, model.named_parameters(), rule=args.rule,
                                 chunk_elems=args.chunk_elems, overlap=args.overlap or None,
-                                bucket_bytes=args.bucket_bytes, **rule_hyper(args))
+                                bucket_bytes=args.bucket_bytes, prefetch=args.prefetch,
+                                **rule_hyper(args))
 
     total = steps_per_run(data, args.epochs, args.batch, rank, workers, args.limit)
     log.info("rank %d of %d: %s, %d steps of batch %d, rule %s lr %g", rank, workers, data.name,

@@ -299,10 +299,13 @@ class PSClient:
         return Future.gather(futures, self._pump)
 
     def pull(self, table: DenseTable, out: np.ndarray, clock: int | None = None,
-             chunks: Sequence[Chunk] | None = None) -> Future:
+             chunks: Sequence[Chunk] | None = None,
+             versions: dict[int, int] | None = None) -> Future:
         """Fetch the whole table (or only its ``chunks``) into the flat float32 array ``out``
         (written when the future completes). Under SSP the servers answer once the slowest live
-        worker is close enough."""
+        worker is close enough. The chunks' versions go to ``table.pulled_versions`` (sent
+        back with pushes), or to ``versions`` for weights not in use yet (a prefetch)."""
+        record = table.pulled_versions if versions is None else versions
         out = self._check_flat(table, out, "out")
         if not out.flags.writeable:
             raise ConfigError("pull: 'out' must be writable")
@@ -317,7 +320,7 @@ class PSClient:
                     chunks, message.arrays, message.get("versions"), strict=True
                 ):
                     np.copyto(out[chunk.offset:chunk.offset + chunk.length], array)
-                    table.pulled_versions[chunk.chunk_id] = version
+                    record[chunk.chunk_id] = version
 
             return fields, [], land
 

@@ -26,6 +26,7 @@ import torch
 
 from hogshard.proto.errors import ConfigError
 from hogshard.scheduler.placement import DEFAULT_CHUNK_ELEMS
+from hogshard.scheduler.policy import SSPPolicy, parse_policy
 from hogshard.worker.client import DenseTable, PSClient
 from hogshard.worker.compression import CompressionPolicy, Compressor
 from hogshard.worker.embedding import RemoteEmbeddingBag, push_gradients
@@ -61,6 +62,10 @@ class PSOptimizer:
     last layers first) from gradient hooks while backward still runs (one backward per step;
     see :mod:`hogshard.worker.overlap`); by default (``None``) it is on when the table fills
     more than one bucket (1.5x faster steps measured on a 34 MB MLP, benchmarks/overlap.py).
+    ``prefetch=True`` does not wait for a step's pull: it lands in a second buffer while the
+    next step computes, and is installed at the end of that step, so the weights a step uses
+    are one step older (allowed under ``async``, ``softsync`` and ``ssp:S`` with S >= 1, where
+    it adds one clock of staleness; refused under ``hardsync`` and ``ssp:0``).
     """
 
     def __init__(
@@ -74,6 +79,7 @@ class PSOptimizer:
         embeddings: Sequence[RemoteEmbeddingBag] = (),
         overlap: bool | None = None,
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        prefetch: bool = False,
         **hyper: Any,
     ) -> None:
         named = [(n, p) for n, p in named_parameters if p.requires_grad]
@@ -108,6 +114,12 @@ class PSOptimizer:
                             bucket_bytes)
             if overlap else None
         )
+        self.prefetch = prefetch
+        if prefetch:
+            check_prefetch(client.policy)
+        self._staged = np.empty_like(self._weights) if prefetch else None
+        self._staged_versions: dict[int, int] = {}
+        self._prefetched: Future | None = None
 
     def _push_early(self, chunks: list[Any]) -> Future:
         """Push one bucket from a backward hook (more of this step follows)."""
@@ -155,18 +167,37 @@ class PSOptimizer:
         rows = push_gradients(client, self.embeddings, clock=client.clock)
         client.clock += 1
         with torch.no_grad():
-            pull = client.pull(self.table, self._weights, clock=client.clock)
+            if self.prefetch:
+                self._install_prefetched(timeout)
+                pull = self._prefetched = client.pull(self.table, self._staged, clock=client.clock,
+                                                      versions=self._staged_versions)
+            else:
+                pull = client.pull(self.table, self._weights, clock=client.clock)
             push.result(timeout)
-            pull.result(timeout)
+            if not self.prefetch:
+                pull.result(timeout)
             if rows is not None:
                 rows.result(timeout)
         self.steps += 1
         return loss
 
+    def _install_prefetched(self, timeout: float) -> None:
+        """Put the weights pulled during this step (sent at the end of the last) in use."""
+        if self._prefetched is None:
+            return
+        self._prefetched.result(timeout)
+        self._prefetched = None
+        np.copyto(self._weights, self._staged)
+        self.table.pulled_versions.update(self._staged_versions)
+
     def pull(self) -> None:
         """Fetch the current weights without pushing (e.g. before evaluating)."""
+        timeout = self.client.settings.request_timeout
         with torch.no_grad():
-            self.client.pull(self.table, self._weights).result(self.client.settings.request_timeout)
+            if self._prefetched is not None:  # superseded by this pull
+                self._prefetched.result(timeout)
+                self._prefetched = None
+            self.client.pull(self.table, self._weights).result(timeout)
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -186,3 +217,11 @@ class PSOptimizer:
         self.client.clock = int(state["clock"])
         self.steps = int(state["steps"])
         self.table.pulled_versions.update({int(k): v for k, v in state["pulled_versions"].items()})
+
+
+def check_prefetch(policy: str) -> None:
+    """Refuse ``prefetch`` under a policy that promises each step the freshest weights."""
+    parsed = parse_policy(policy)
+    if parsed.waits_for_apply or (isinstance(parsed, SSPPolicy) and parsed.staleness == 0):
+        raise ConfigError(f"prefetch uses weights one step older, which policy {policy!r} "
+                          "does not allow; use it with async, softsync:N or ssp:S (S >= 1)")

@@ -1,0 +1,79 @@
+"""Prefetching the next weights (issue 7) with a real scheduler and server: under async a
+worker with ``PSOptimizer(prefetch=True)`` computes step t+1 on the weights after t updates
+(one step older than without prefetch), exactly, and its final weights match that schedule."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hogshard.proto.config import ClientSettings
+from hogshard.worker.client import PSClient
+from hogshard.worker.optimizer import PSOptimizer
+
+STEPS = 12
+LR = 0.1
+
+
+def flat_grad(model: nn.Module, weights: np.ndarray, x: torch.Tensor, y: torch.Tensor
+              ) -> np.ndarray:
+    """The gradient of the batch loss at ``weights`` (loaded into a copy of ``model``)."""
+    offset = 0
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.from_numpy(weights[offset:offset + p.numel()]).view_as(p))
+            offset += p.numel()
+    model.zero_grad()
+    F.cross_entropy(model(x), y).backward()
+    return torch.cat([p.grad.reshape(-1) for p in model.parameters()]).numpy().copy()
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(90, method="signal")
+def test_prefetch_uses_weights_one_step_older_exactly(procs, tmp_path: Path) -> None:
+    address_file = tmp_path / "scheduler.address"
+    scheduler = procs.hogshard("scheduler", "scheduler", "--bind", "tcp://127.0.0.1:0",
+                               "--address-file", str(address_file), "--policy", "async")
+    procs.wait_until(lambda: address_file.exists() or not scheduler.alive(), 30.0,
+                     "the scheduler's address file", on_timeout=scheduler.tail)
+    address = address_file.read_text().strip()
+    procs.hogshard("server", "server", "--scheduler", address)
+
+    torch.manual_seed(0)
+    model = nn.Linear(8, 3)
+    reference = nn.Linear(8, 3)
+    data = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(16, 8, generator=data), torch.randint(0, 3, (16,), generator=data))
+               for _ in range(STEPS)]
+    start = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy().copy()
+
+    client = PSClient(ClientSettings(scheduler=address, request_timeout=30.0))
+    try:
+        opt = PSOptimizer(client, model.named_parameters(), rule="sgd", lr=LR, prefetch=True)
+        used = []
+        for x, y in batches:
+            used.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
+                        .copy())
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+        opt.pull()
+        final = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy().copy()
+    finally:
+        client.close()
+
+    server = [start]  # the server's weights after t updates
+    expected_used = [start]
+    for t, (x, y) in enumerate(batches):
+        grad = flat_grad(reference, expected_used[t], x, y)
+        server.append(server[-1] - np.float32(LR) * grad)
+        expected_used.append(server[t])  # step t+1 runs on the weights after t updates
+    for t in range(STEPS):
+        np.testing.assert_allclose(used[t], expected_used[t], atol=1e-6, err_msg=f"step {t}")
+    np.testing.assert_allclose(final, server[-1], atol=1e-6)
+    assert not np.allclose(used[2], server[2], atol=1e-6)  # really one step behind
