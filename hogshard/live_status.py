@@ -66,11 +66,17 @@ def shard_table(status: dict[str, Any]) -> Table:
         table.add_column(name, no_wrap=True)
     for name, entry in sorted(status.get("tables", {}).items()):
         per_server: dict[int, int] = {}
+        backups: dict[int, int] = {}
         for chunk in entry["chunks"]:  # [id, offset, length, server(, backup)]
             per_server[chunk[3]] = per_server.get(chunk[3], 0) + chunk[2]
+            if len(chunk) > 4 and chunk[4] >= 0:
+                backups[chunk[4]] = backups.get(chunk[4], 0) + chunk[2]
         rule = entry["table"].get("rule", {})
-        table.add_row(name, str(entry["table"]["size"]), str(len(entry["chunks"])),
-                      ", ".join(f"server-{r}: {n}" for r, n in sorted(per_server.items())),
+        placement = ", ".join(f"server-{r}: {n}" for r, n in sorted(per_server.items()))
+        if backups:  # --replication 2
+            placement += "; backups " + ", ".join(f"server-{r}: {n}"
+                                                  for r, n in sorted(backups.items()))
+        table.add_row(name, str(entry["table"]["size"]), str(len(entry["chunks"])), placement,
                       rule.get("rule", str(rule)) if isinstance(rule, dict) else str(rule))
     return table
 

@@ -50,3 +50,11 @@ def test_watch_survives_a_failed_fetch() -> None:
     watch(fetch, 0.01, console, count=3)
     out = console.file.getvalue()
     assert out.count("shard map") == 2 and "scheduler unreachable" in out and "no reply" in out
+
+
+def test_shard_map_shows_backups_of_a_replicated_table() -> None:
+    status = {**STATUS, "tables": {"model": {
+        "table": {"size": 100, "rule": {"rule": "sgd"}},
+        "chunks": [[0, 0, 60, 0, 1], [1, 60, 40, 1, 0]]}}}
+    text = render(status_panel(status))
+    assert "server-0: 60, server-1: 40; backups server-0: 40, server-1: 60" in text, text
