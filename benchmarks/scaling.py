@@ -37,6 +37,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workers", default=None, help="comma list (1,2,4; 1,2 quick)")
     p.add_argument("--servers", default=None, help="comma list (1,2; 1 quick)")
     p.add_argument("--policy", default="async")
+    p.add_argument("--prefetch", action="store_true",
+                   help="cluster workers pull the next weights while computing (example "
+                   "--prefetch: one step older weights)")
     p.add_argument("--json", type=Path, default=None)
     return p.parse_args(argv)
 
@@ -73,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
             report = tmp / f"w{w}s{s}.json"
             r = run_report([*HOGSHARD, "launch", "--servers", str(s), "--workers", str(w),
                             "--policy", args.policy, "--no-progress", "--", sys.executable,
-                            EXAMPLE, *flags, "--report", str(report)], report)
+                            EXAMPLE, *flags, *(["--prefetch"] if args.prefetch else []),
+                            "--report", str(report)], report)
             rows.append({"workers": w, "servers": s, "samples_per_second":
                          r["samples_per_second"], "test_accuracy": r["test_accuracy"],
                          "dataset": r["dataset"]})
@@ -85,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         r["vs_one_worker"] = r["samples_per_second"] / one[r["servers"]] if r["servers"] in one \
             else None
     load_after = os.getloadavg()
-    print(f"{rows[0]['dataset']}, {limit} images, batch {args.batch}, policy {args.policy}, "
+    print(f"{rows[0]['dataset']}, {limit} images, batch {args.batch}, policy {args.policy}"
+          f"{' with prefetch' if args.prefetch else ''}, "
           f"1 torch thread per process, {os.cpu_count()} cores; local (plain torch) "
           f"{base:.0f} samples/s (runs {', '.join(f'{v:.0f}' for v in local_runs)}); load "
           f"{load_before[0]:.2f} -> {load_after[0]:.2f}; {time.monotonic() - started:.0f} s")
