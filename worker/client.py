@@ -96,6 +96,9 @@ class PSClient:
         self._addresses: dict[int, str] = {}
         self._poller = zmq.Poller()
         self._connect_servers(servers.get("servers"))
+        #: The servers embedding rows are hashed over (fixed for the client's life: a rank
+        #: taken over by a new process keeps its place; worker/sparse.py).
+        self.embedding_ranks = sorted(self._servers)
         log.info("%s joined: %d servers, policy %s, clock %d",
                  self.node_id, len(self._servers), self.policy, self.clock)
 

@@ -1,8 +1,9 @@
 """The client side of embedding tables (numpy only): declare, pull rows, push row gradients.
 
 Rows are routed by id: shard ``splitmix64(id) % S`` (:func:`hogshard.proto.hashing.shard_of`)
-over the job's servers sorted by rank, so every worker (and any other language's client)
-agrees without asking the scheduler. One request per server carries every table of a step.
+over the job's servers sorted by rank, as they were when the client joined (the routing never
+changes while it runs), so every worker (and any other language's client) agrees without asking
+the scheduler. Embedding rows are not replicated: a server lost is its rows lost. One request per server carries every table of a step.
 
 Example::
 
@@ -54,14 +55,14 @@ def create_table(client: PSClient, spec: EmbeddingSpec) -> EmbeddingHandle:
     spec; a different spec is refused with CONFLICT)."""
     make_row_rule(spec.rule)  # refuse a bad rule here, before anything is sent
     fields = spec.to_wire()
-    futures = [client._request(rank, "emb_create", fields) for rank in sorted(client._servers)]
+    futures = [client._request(rank, "emb_create", fields) for rank in client.embedding_ranks]
     Future.gather(futures, client._pump).result(client.settings.request_timeout)
     return EmbeddingHandle(spec)
 
 
 def _split(client: PSClient, ids: np.ndarray) -> list[tuple[int, np.ndarray]]:
     """(server rank, positions into ``ids``) for every server, by the stable hash."""
-    ranks = sorted(client._servers)
+    ranks = client.embedding_ranks
     shard = shard_of(ids, len(ranks))
     order = np.argsort(shard, kind="stable")
     bounds = np.concatenate([[0], np.cumsum(np.bincount(shard, minlength=len(ranks)))])
@@ -115,7 +116,7 @@ def pull_rows(
     written when the future completes. One request per server for all the tables."""
     plans = _plan(client, tables, ids, outs, "pull_rows", "out", "output")
     futures = []
-    for rank in sorted(client._servers):
+    for rank in client.embedding_ranks:
         fields = _fields(tables, clock)
         arrays = [table_ids[split[rank]] for table_ids, _, split in plans]
 
@@ -138,7 +139,7 @@ def push_rows(
     Sum duplicate ids first (the server sums them too, but that costs a sort there)."""
     plans = _plan(client, tables, ids, grads, "push_rows", "grads", "gradient array")
     futures = []
-    for rank in sorted(client._servers):
+    for rank in client.embedding_ranks:
         fields = _fields(tables, clock)
         arrays = []
         for table_ids, table_grads, split in plans:
@@ -150,7 +151,7 @@ def push_rows(
 
 def embedding_stats(client: PSClient) -> dict[int, dict[str, Any]]:
     """Each server's ``emb_stats`` reply, by server rank."""
-    ranks = sorted(client._servers)
+    ranks = client.embedding_ranks
     futures = [client._request(rank, "emb_stats", {}) for rank in ranks]
     replies = Future.gather(futures, client._pump).result(client.settings.request_timeout)
     return {rank: dict(reply.header) for rank, reply in zip(ranks, replies, strict=True)}
