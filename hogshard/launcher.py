@@ -31,6 +31,8 @@ from hogshard.proto.config import env_name
 from hogshard.proto.errors import ConfigError, HogshardError, RequestTimeoutError
 from hogshard.proto.security import load_security
 from hogshard.proto.transport import RpcChannel
+from hogshard.scheduler.policy import parse_policy
+from hogshard.scheduler.replication import check_replication
 from hogshard.status import ClusterView
 
 log = logging.getLogger(__name__)
@@ -104,6 +106,7 @@ class LocalCluster:
         if not self.command:
             raise ConfigError("no worker command given; expected: hogshard launch ... -- CMD ...")
         load_security(self.keys)  # a bad keys folder is refused before anything starts
+        check_replication(self.replication, parse_policy(self.policy))
 
     # ---- output -----------------------------------------------------------------------------
 

@@ -197,3 +197,11 @@ def test_snapshot_installs_weights_state_and_version(replicas: Replicator) -> No
     np.testing.assert_array_equal(chunk.weights, weights)
     for key in keys:
         np.testing.assert_array_equal(chunk.state[key], state[key])
+
+
+def test_launcher_refuses_replication_with_a_gathering_policy_before_starting() -> None:
+    from hogshard.launcher import LocalCluster
+
+    with pytest.raises(ConfigError, match="async or ssp"):
+        LocalCluster(servers=2, workers=1, policy="hardsync", command=["true"], replication=2)
+    LocalCluster(servers=2, workers=1, policy="ssp:1", command=["true"], replication=2)
