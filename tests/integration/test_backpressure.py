@@ -4,8 +4,6 @@ first waits for a reply, so the flood slows the sender instead of queueing on th
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -19,14 +17,8 @@ ELEMS = 1 << 18  # 1 MiB of float32, Adam on the server: slower than sending
 
 @pytest.mark.integration
 @pytest.mark.timeout(90, method="signal")
-def test_a_flood_of_pushes_is_held_to_max_in_flight(procs, tmp_path: Path) -> None:
-    address_file = tmp_path / "scheduler.address"
-    scheduler = procs.hogshard("scheduler", "scheduler", "--bind", "tcp://127.0.0.1:0",
-                               "--address-file", str(address_file), "--servers", "1")
-    procs.wait_until(lambda: address_file.exists() or not scheduler.alive(), 30.0,
-                     "the scheduler's address file", on_timeout=scheduler.tail)
-    address = address_file.read_text().strip()
-    procs.hogshard("server", "server", "--scheduler", address)
+def test_a_flood_of_pushes_is_held_to_max_in_flight(cluster_factory) -> None:
+    address = cluster_factory(servers=1, policy="async").address
     client = PSClient(ClientSettings(scheduler=address, max_in_flight=CAP,
                                      request_timeout=60.0))
     try:

@@ -15,15 +15,8 @@ TRAIN_WORKER = str(Path(__file__).with_name("train_worker.py"))
 
 @pytest.mark.integration
 @pytest.mark.timeout(90, method="signal")
-def test_a_worker_at_the_final_barrier_does_not_hold_back_ssp(procs, tmp_path: Path) -> None:
-    address_file = tmp_path / "scheduler.address"
-    scheduler = procs.hogshard("scheduler", "scheduler", "--bind", "tcp://127.0.0.1:0",
-                               "--address-file", str(address_file), "--policy", "ssp:1",
-                               "--heartbeat-interval", "0.2")
-    procs.wait_until(lambda: address_file.exists() or not scheduler.alive(), 30.0,
-                     "the scheduler's address file", on_timeout=scheduler.tail)
-    address = address_file.read_text().strip()
-    procs.hogshard("server", "server", "--scheduler", address)
+def test_a_worker_at_the_final_barrier_does_not_hold_back_ssp(procs, cluster_factory) -> None:
+    address = cluster_factory(servers=1, policy="ssp:1").address
     env = {"HOGSHARD_SCHEDULER": address, "HOGSHARD_NUM_WORKERS": "2"}
     short = procs.spawn("short", [PYTHON, TRAIN_WORKER, "--steps", "5", "--barrier", "end"],
                         env={**env, "HOGSHARD_RANK": "0"})

@@ -4,8 +4,6 @@ worker with ``PSOptimizer(prefetch=True)`` computes step t+1 on the weights afte
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
@@ -35,14 +33,8 @@ def flat_grad(model: nn.Module, weights: np.ndarray, x: torch.Tensor, y: torch.T
 
 @pytest.mark.integration
 @pytest.mark.timeout(90, method="signal")
-def test_prefetch_uses_weights_one_step_older_exactly(procs, tmp_path: Path) -> None:
-    address_file = tmp_path / "scheduler.address"
-    scheduler = procs.hogshard("scheduler", "scheduler", "--bind", "tcp://127.0.0.1:0",
-                               "--address-file", str(address_file), "--policy", "async")
-    procs.wait_until(lambda: address_file.exists() or not scheduler.alive(), 30.0,
-                     "the scheduler's address file", on_timeout=scheduler.tail)
-    address = address_file.read_text().strip()
-    procs.hogshard("server", "server", "--scheduler", address)
+def test_prefetch_uses_weights_one_step_older_exactly(cluster_factory) -> None:
+    address = cluster_factory(servers=1, policy="async").address
 
     torch.manual_seed(0)
     model = nn.Linear(8, 3)
