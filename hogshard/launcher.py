@@ -37,6 +37,9 @@ from hogshard.status import ClusterView
 
 log = logging.getLogger(__name__)
 
+#: Servers a replicated job replaces before it gives up (a crash loop is not hidden).
+MAX_SERVER_RESTARTS = 8
+
 
 def worker_environment(
     scheduler: str, rank: int | None = None, num_workers: int | None = None,
@@ -67,6 +70,7 @@ class Child:
     rank: int
     process: subprocess.Popen
     reader: threading.Thread | None = None
+    replaced: bool = False  # a server that exited and was replaced (--replication 2)
 
     @property
     def label(self) -> str:
@@ -96,6 +100,7 @@ class LocalCluster:
     _children: list[Child] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _bar: Any = None
+    _scheduler_address: str = ""
 
     def __post_init__(self) -> None:
         if self.servers < 1 or self.workers < 1:
@@ -181,12 +186,9 @@ class LocalCluster:
                            f"{self.workers} workers, policy {self.policy}")
                 self._emit(f"[launch] CURVE on: keys from {self.keys}" if self.keys else
                            "[launch] no --keys: plain TCP on 127.0.0.1 (loopback only)")
-                env = dict(os.environ)
+                self._scheduler_address = scheduler
                 for rank in range(self.servers):
-                    self._spawn("server", rank, self._hogshard(
-                        "server", "--scheduler", scheduler, "--rank", str(rank),
-                        *self._keys_args(),
-                        *(["--restore", self.restore] if self.restore else [])), env)
+                    self._start_server(scheduler, rank)
                 threads = max(1, (os.cpu_count() or 1) // self.workers)
                 workers = [
                     self._spawn("worker", rank, list(self.command),
@@ -233,11 +235,29 @@ class LocalCluster:
         return 1 if failed else 0
 
     def _check_infrastructure(self) -> None:
-        for child in self._children:
-            if child.role != "worker" and child.process.poll() is not None:
-                raise HogshardError(
-                    f"{child.label} exited with code {child.process.returncode}; stopping the job"
-                )
+        """Stop the job if the scheduler or (unreplicated) a server exited; with replication
+        a server that exited is replaced (same rank): its backups took over, and the new one
+        becomes their backup."""
+        for child in list(self._children):
+            if child.role == "worker" or child.replaced or child.process.poll() is None:
+                continue
+            restarts = sum(1 for c in self._children if c.role == "server" and c.replaced)
+            if child.role == "server" and self.replication > 1 \
+                    and restarts < MAX_SERVER_RESTARTS:
+                child.replaced = True
+                self._emit(f"[launch] {child.label} exited with code "
+                           f"{child.process.returncode}; its backups take over, starting a "
+                           "replacement")
+                self._start_server(self._scheduler_address, child.rank, restore=False)
+                continue
+            raise HogshardError(
+                f"{child.label} exited with code {child.process.returncode}; stopping the job"
+            )
+
+    def _start_server(self, scheduler: str, rank: int, restore: bool = True) -> None:
+        self._spawn("server", rank, self._hogshard(
+            "server", "--scheduler", scheduler, "--rank", str(rank), *self._keys_args(),
+            *(["--restore", self.restore] if self.restore and restore else [])), dict(os.environ))
 
     def _open_bar(self) -> None:
         if not self.progress:
