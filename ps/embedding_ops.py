@@ -11,13 +11,15 @@ Example (what ``ShardServer._HANDLERS`` does)::
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from hogshard.proto.errors import ProtocolError
+from hogshard.proto.errors import NotOwnerError, ProtocolError
 from hogshard.proto.wire import Message
 from hogshard.ps.embedding import EmbeddingSpec
+from hogshard.scheduler.replication import EMBEDDING_MAP
 
 if TYPE_CHECKING:
     from hogshard.ps.server import ShardServer
@@ -32,8 +34,22 @@ def emb_create(server: ShardServer, identity: bytes, msg: Message) -> Reply:
     return {"created": created, "spec": server.embeddings.table(spec.name).spec.to_wire()}, []
 
 
+def check_shard_owner(server: ShardServer, msg: Message) -> int | None:
+    """With replication a request names its embedding ``shard``; this server must be its
+    primary (with a lease). Returns the shard, or None for an unreplicated request."""
+    shard = msg.get("shard")
+    if shard is None:
+        return None
+    if type(shard) is not int or not server.replicas.replicated(EMBEDDING_MAP):
+        raise NotOwnerError(f"server {server.rank} has no embedding shard {shard!r} (yet); "
+                            "fetch the shard map and retry")
+    server.replicas.check_primary(EMBEDDING_MAP, [shard], time.monotonic(), server.rank)
+    return shard
+
+
 def emb_pull(server: ShardServer, identity: bytes, msg: Message) -> Reply:
     """Rows for one id array per listed table, created on first touch."""
+    check_shard_owner(server, msg)
     rows = server.embeddings.pull(msg.get("tables"), msg.arrays)
     server.stats.pulls += 1
     server.stats.bytes_in += sum(a.nbytes for a in msg.arrays)
@@ -41,17 +57,26 @@ def emb_pull(server: ShardServer, identity: bytes, msg: Message) -> Reply:
     return {}, rows
 
 
-def emb_push(server: ShardServer, identity: bytes, msg: Message) -> Reply:
-    """Apply row gradients: arrays are ``ids_1, grads_1, ids_2, grads_2, ...``."""
+def emb_push(server: ShardServer, identity: bytes, msg: Message) -> Reply | None:
+    """Apply row gradients: arrays are ``ids_1, grads_1, ids_2, grads_2, ...``. A replicated
+    shard's push is answered once its backup holds it (ps/primary.py)."""
+    if len(msg.arrays) % 2:
+        raise ProtocolError(f"emb_push carries {len(msg.arrays)} arrays; expected an (ids, "
+                            "grads) pair per table")
+    shard = check_shard_owner(server, msg)
+    if shard is not None:
+        return server._replicated_emb_push(identity, msg, shard)
+    return apply_rows(server, msg), []
+
+
+def apply_rows(server: ShardServer, msg: Message) -> dict[str, Any]:
+    """Apply an ``emb_push`` (or a forwarded one) and count it; its reply fields."""
     arrays = msg.arrays
-    if len(arrays) % 2:
-        raise ProtocolError(f"emb_push carries {len(arrays)} arrays; expected an (ids, grads) "
-                            "pair per table")
     server.embeddings.push(msg.get("tables"), arrays[0::2], arrays[1::2])
     server.stats.pushes += 1
     server.stats.updates += len(arrays) // 2
     server.stats.bytes_in += sum(a.nbytes for a in arrays)
-    return {"rows": [int(a.size) for a in arrays[0::2]]}, []
+    return {"rows": [int(a.size) for a in arrays[0::2]]}
 
 
 def emb_stats(server: ShardServer, identity: bytes, msg: Message) -> Reply:

@@ -18,7 +18,9 @@ import zmq
 
 from hogshard.proto.transport import reply_ok
 from hogshard.proto.wire import Message
+from hogshard.ps.embedding_ops import apply_rows
 from hogshard.ps.replication import HeldReply
+from hogshard.scheduler.replication import EMBEDDING_MAP
 
 
 class PrimaryReplication:
@@ -84,4 +86,27 @@ class PrimaryReplication:
         if push_id is not None:  # at once: a retry that comes while this one applies is a copy
             for i in fresh:
                 self.replicas.recent.add(push_id, chunks[i].chunk_id)
+        return None
+
+    def _replicated_emb_push(self, identity: bytes, msg: Message, shard: int) -> None:
+        """An ``emb_push`` to a replicated embedding shard: applied once per push id,
+        forwarded to the shard's backup, answered once the backup holds it."""
+        push_id = msg.get("push_id") if type(msg.get("push_id")) is int else None
+        needs: dict[int, int] = {}
+        if push_id is not None and (push_id, shard) in self.replicas.recent:
+            self.stats.duplicates += 1
+            fields: dict[str, Any] = {"rows": [int(a.size) for a in msg.arrays[0::2]],
+                                      "duplicate": True}
+            needs = {rank: link.sent for rank, link in self.replicas.links.items()}
+        else:
+            fields = apply_rows(self, msg)
+            if push_id is not None:
+                self.replicas.recent.add(push_id, shard)
+            backup = self.replicas.roles[EMBEDDING_MAP].get(shard, (-1, -1))[1]
+            if backup in self.replicas.links:
+                needs[backup] = self.replicas._send(backup, "emb_replicate", {
+                    "tables": msg.get("tables"), "shard": shard, "push_id": push_id},
+                    list(msg.arrays))
+        self.replicas.held.append(HeldReply(identity, msg.request_id, fields, needs))
+        self._release_held()
         return None

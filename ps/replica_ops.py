@@ -21,7 +21,11 @@ import numpy as np
 from hogshard.proto.errors import ConflictError, NotOwnerError, ProtocolError
 from hogshard.proto.wire import Message
 from hogshard.ps.dense import FLOAT32, DenseChunk, DenseTable, check_arrays
+from hogshard.ps.embedding import EmbeddingSpec
+from hogshard.ps.embedding_ops import apply_rows
+from hogshard.ps.embedding_replica import install_rows
 from hogshard.ps.rules import make_rule
+from hogshard.scheduler.replication import EMBEDDING_MAP
 
 if TYPE_CHECKING:
     from hogshard.ps.server import ShardServer
@@ -101,7 +105,43 @@ def replica_snapshot(server: ShardServer, identity: bytes, msg: Message) -> Repl
     return {"seq": msg.get("seq")}, []
 
 
+def emb_replicate(server: ShardServer, identity: bytes, msg: Message) -> Reply:
+    """Apply a forwarded ``emb_push`` of embedding ``shard`` (this server is its backup)."""
+    shard = msg.get("shard")
+    if type(shard) is not int or len(msg.arrays) % 2:
+        raise ProtocolError("emb_replicate needs an integer 'shard' and (ids, grads) pairs")
+    _check_backup(server, EMBEDDING_MAP, [shard])
+    apply_rows(server, msg)
+    if type(msg.get("push_id")) is int:
+        server.replicas.recent.add(msg.get("push_id"), shard)
+    server.stats.replicated += 1
+    return {"seq": msg.get("seq")}, []
+
+
+def emb_snapshot(server: ShardServer, identity: bytes, msg: Message) -> Reply:
+    """Install embedding ``shard`` whole: ``tables`` lists each table's spec and
+    ``state_keys`` its row-state keys; the arrays are, per table, ids, rows and the states."""
+    shard, specs, keys = msg.get("shard"), msg.get("tables"), msg.get("state_keys")
+    if type(shard) is not int or not isinstance(specs, list) or not isinstance(keys, list) \
+            or len(keys) != len(specs):
+        raise ProtocolError("emb_snapshot needs 'shard', and 'tables' and 'state_keys' lists "
+                            "of one entry per table")
+    _check_backup(server, EMBEDDING_MAP, [shard])
+    arrays = list(msg.arrays)
+    for wire, table_keys in zip(specs, keys, strict=True):
+        spec = EmbeddingSpec.from_wire(wire)
+        server.embeddings.create(spec)
+        table = server.embeddings.table(spec.name)
+        ids, rows = arrays.pop(0), arrays.pop(0)
+        state = {key: arrays.pop(0) for key in table_keys}
+        install_rows(table, np.asarray(ids), np.asarray(rows), state)
+    server.replicas.mark_replicated(EMBEDDING_MAP)
+    return {"seq": msg.get("seq")}, []
+
+
 HANDLERS = {
     "replicate": replicate,
     "replica_snapshot": replica_snapshot,
+    "emb_replicate": emb_replicate,
+    "emb_snapshot": emb_snapshot,
 }

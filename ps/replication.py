@@ -33,6 +33,9 @@ from hogshard.proto.security import Security
 from hogshard.proto.transport import ERROR, connect_dealer, request_header, send
 from hogshard.proto.wire import Message, decode
 from hogshard.ps.dense import DenseChunk, DenseStore, DenseTable
+from hogshard.ps.embedding import EmbeddingStore
+from hogshard.ps.embedding_replica import shard_rows
+from hogshard.scheduler.replication import EMBEDDING_MAP
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +107,7 @@ class Replicator:
         self.held: list[HeldReply] = []
         self.recent = RecentPushes()
         self._pending_snapshots: dict[str, set[int]] = {}  # waiting for the chunk's init
+        self.embedding_shards = 0  # S: embedding rows are hashed over this many shards
 
     # ---- roles and lease --------------------------------------------------------------------
 
@@ -146,9 +150,10 @@ class Replicator:
 
     # ---- assignments from the scheduler ------------------------------------------------------
 
-    def take_assignments(self, reply: Message, store: DenseStore, rank: int) -> None:
+    def take_assignments(self, reply: Message, store: DenseStore, rank: int,
+                         embeddings: EmbeddingStore | None = None) -> None:
         """Adopt the roles and addresses of a heartbeat reply; send a snapshot to every new
-        backup of a chunk this server is primary of."""
+        backup of a chunk (or embedding shard) this server is primary of."""
         assignments, servers = reply.get("assignments"), reply.get("servers")
         if not isinstance(assignments, dict) or not isinstance(servers, dict):
             return
@@ -158,6 +163,8 @@ class Replicator:
             roles = self.roles.setdefault(name, {})
             for chunk_id, _offset, _length, primary, backup in view.get("chunks", []):
                 roles[chunk_id] = (primary, backup)
+            if name == EMBEDDING_MAP:
+                self.embedding_shards = int(view["table"]["size"])
         in_use = {backup for roles in self.roles.values()
                   for primary, backup in roles.values() if primary == rank and backup >= 0}
         replaced = self._update_links(in_use, {int(r): a for r, a in servers.items()})
@@ -169,6 +176,10 @@ class Replicator:
                         before is None or before[1] != backup or backup in replaced):
                     self._pending_snapshots.setdefault(name, set()).add(chunk_id)
         for name in list(self._pending_snapshots):
+            if name == EMBEDDING_MAP:
+                if embeddings is not None:
+                    snapshots.update(self.send_embedding_snapshots(embeddings))
+                continue
             snapshots.update(self.send_snapshots(store, name))
         self._rebase_held(snapshots)
         log.info("%s: map epoch %s, primary of %d chunks, backup of %d", self.sender,
@@ -232,6 +243,24 @@ class Replicator:
                 "table": name, "rule": table.rule_spec, "chunks": entries}, arrays)
         if not waiting:
             self._pending_snapshots.pop(name, None)
+        return sent
+
+    def send_embedding_snapshots(self, embeddings: EmbeddingStore) -> dict[int, int]:
+        """Copy every embedding shard waiting for a new backup to it: each table's spec and
+        the shard's rows with their state."""
+        sent = {}
+        for shard in sorted(self._pending_snapshots.pop(EMBEDDING_MAP, set())):
+            backup = self.roles.get(EMBEDDING_MAP, {}).get(shard, (-1, -1))[1]
+            if backup not in self.links:
+                continue
+            specs, keys, arrays = [], [], []
+            for table in embeddings.tables.values():
+                ids, rows, state = shard_rows(table, shard, self.embedding_shards)
+                specs.append(table.spec.to_wire())
+                keys.append(sorted(state))
+                arrays += [ids, rows, *(state[k] for k in sorted(state))]
+            sent[backup] = self._send(backup, "emb_snapshot", {
+                "shard": shard, "tables": specs, "state_keys": keys}, arrays)
         return sent
 
     def forward(self, table: DenseTable, applied: list[tuple[DenseChunk, np.ndarray, float]],

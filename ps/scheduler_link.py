@@ -64,7 +64,7 @@ class SchedulerLink:
             if "assignments" in reply.header or isinstance(reply.get("checkpoint"), dict):
                 self._settle_updates()  # both read or move weights wholesale
             if "assignments" in reply.header:
-                self.replicas.take_assignments(reply, self.store, self.rank)
+                self.replicas.take_assignments(reply, self.store, self.rank, self.embeddings)
             if isinstance(reply.get("checkpoint"), dict):
                 self._write_checkpoint(reply.get("checkpoint"))
             if reply.get("shutdown"):

@@ -25,7 +25,7 @@ from typing import Any
 
 from hogshard.proto.errors import ConfigError
 from hogshard.scheduler.membership import Member
-from hogshard.scheduler.placement import Chunk, PlacedTable
+from hogshard.scheduler.placement import Chunk, DenseTableSpec, PlacedTable
 from hogshard.scheduler.policy import ConsistencyPolicy
 
 log = logging.getLogger(__name__)
@@ -34,6 +34,9 @@ log = logging.getLogger(__name__)
 REPLICATION_CHOICES = (1, 2)
 #: Changes of the shard map kept for ``status`` (the oldest are forgotten).
 MAP_HISTORY = 64
+#: The map of embedding shards under replication: a pseudo-table whose "chunk" i is embedding
+#: shard i (rows with ``splitmix64(id) % S == i``), placed and promoted like dense chunks.
+EMBEDDING_MAP = "__embeddings__"
 
 
 def check_replication(replication: int, policy: ConsistencyPolicy) -> None:
@@ -134,9 +137,23 @@ class ReplicationOps:
                             name, member.node_id, self.map_epoch)
         self._fill_backups()
 
+    def _place_embedding_shards(self) -> None:
+        """Once the expected servers are live, embedding shard i goes to the i-th of them by
+        rank (the routing an unreplicated job uses), with a backup on another."""
+        servers = self.members.live("server")
+        if self.replication < 2 or EMBEDDING_MAP in self.tables \
+                or len(servers) < self.expected_servers:
+            return
+        spec = DenseTableSpec(EMBEDDING_MAP, len(servers), 1, {})
+        table = PlacedTable(spec, [Chunk(i, i, 1, m.rank) for i, m in enumerate(servers)],
+                            ready=True)
+        self.tables[EMBEDDING_MAP] = table
+        self._replicate_new_table(table)
+
     def _fill_backups(self) -> None:
         """Place a backup for each chunk of a replicated table that has none, if a second
         live server exists (after a death, or when a replacement joins)."""
+        self._place_embedding_shards()
         live = [m.rank for m in self.members.live("server")]
         for name, table in self.tables.items():
             if table.replication < 2 or all(c.backup >= 0 for c in table.chunks):

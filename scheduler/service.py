@@ -48,7 +48,7 @@ from hogshard.scheduler.placement import (
 )
 from hogshard.scheduler.policy import parse_policy
 from hogshard.scheduler.recovery import RecoveryOps, parse_table_report
-from hogshard.scheduler.replication import ReplicationOps, check_replication
+from hogshard.scheduler.replication import EMBEDDING_MAP, ReplicationOps, check_replication
 
 log = logging.getLogger(__name__)
 
@@ -254,6 +254,8 @@ class Scheduler(CheckpointOps, ReplicationOps, RecoveryOps, HeartbeatOps):
                               rule=dict(msg.get("rule")))
         if not isinstance(msg.get("table"), str) or not msg.get("table"):
             raise ProtocolError("field 'table' must be a non-empty string")
+        if spec.name == EMBEDDING_MAP:
+            raise ProtocolError(f"the table name {EMBEDDING_MAP!r} is reserved")
         existing = self.tables.get(spec.name)
         if existing is not None:
             if (existing.spec.size, existing.spec.rule) != (spec.size, spec.rule):

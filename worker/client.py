@@ -99,6 +99,8 @@ class PSClient:
         #: The servers embedding rows are hashed over (fixed for the client's life: a rank
         #: taken over by a new process keeps its place; worker/sparse.py).
         self.embedding_ranks = sorted(self._servers)
+        #: With replication: where each embedding shard lives now (worker/sparse.py).
+        self.embedding_map: DenseTable | None = None
         log.info("%s joined: %d servers, policy %s, clock %d",
                  self.node_id, len(self._servers), self.policy, self.clock)
 
@@ -271,7 +273,7 @@ class PSClient:
             if partial:
                 base["partial"] = True
             if table.replication > 1:  # the same id on every retry: applied once
-                base["push_id"] = (self._incarnation << 32) | next(self._push_ids)
+                base["push_id"] = self.new_push_id()
             parts: dict[int, tuple[int, Any, list[np.ndarray]]] = {}
             for chunk in chunks:
                 piece = grads[chunk.offset:chunk.offset + chunk.length]
@@ -345,6 +347,10 @@ class PSClient:
                     f"{self.settings.request_timeout:.0f} s; expected fewer than "
                     f"{self.settings.max_in_flight} (HOGSHARD_MAX_IN_FLIGHT)")
             self._pump(min(remaining, 0.1))
+
+    def new_push_id(self) -> int:
+        """An id unique to this process and push, sent again unchanged on a retry."""
+        return (self._incarnation << 32) | next(self._push_ids)
 
     def _count_acked(self, message: Any) -> None:
         staleness = message.get("staleness")

@@ -1,9 +1,12 @@
 """The client side of embedding tables (numpy only): declare, pull rows, push row gradients.
 
-Rows are routed by id: shard ``splitmix64(id) % S`` (:func:`hogshard.proto.hashing.shard_of`)
-over the job's servers sorted by rank, as they were when the client joined (the routing never
-changes while it runs), so every worker (and any other language's client) agrees without asking
-the scheduler. Embedding rows are not replicated: a server lost is its rows lost. One request per server carries every table of a step.
+Rows are routed by id to shard ``splitmix64(id) % S`` (:func:`hogshard.proto.hashing.shard_of`).
+Without replication shard i is the i-th of the job's servers by rank, as they were when the
+client joined, so every worker (and any other language's client) agrees without asking the
+scheduler. With ``--replication 2`` the scheduler keeps where each shard lives (a primary and a
+backup, the pseudo-table ``__embeddings__``): requests name their ``shard``, pushes carry a push
+id, and they follow a promoted backup like dense requests do. One request per shard carries
+every table of a step.
 
 Example::
 
@@ -22,11 +25,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from hogshard.proto.errors import ConfigError
+from hogshard.proto.errors import ConfigError, UnknownTableError
 from hogshard.proto.hashing import shard_of
 from hogshard.ps.embedding import EmbeddingSpec
 from hogshard.ps.row_rules import make_row_rule
+from hogshard.scheduler.replication import EMBEDDING_MAP
 from hogshard.worker.futures import Future
+from hogshard.worker.rerouting import Route
+from hogshard.worker.tables import DenseTable
 
 if TYPE_CHECKING:
     from hogshard.worker.client import PSClient
@@ -54,19 +60,44 @@ def create_table(client: PSClient, spec: EmbeddingSpec) -> EmbeddingHandle:
     """Create the table on every server (idempotent: every worker may call it with the same
     spec; a different spec is refused with CONFLICT)."""
     make_row_rule(spec.rule)  # refuse a bad rule here, before anything is sent
+    _find_embedding_map(client)
     fields = spec.to_wire()
-    futures = [client._request(rank, "emb_create", fields) for rank in client.embedding_ranks]
+    futures = [client._request(rank, "emb_create", fields) for rank in sorted(client._servers)]
     Future.gather(futures, client._pump).result(client.settings.request_timeout)
     return EmbeddingHandle(spec)
 
 
-def _split(client: PSClient, ids: np.ndarray) -> list[tuple[int, np.ndarray]]:
-    """(server rank, positions into ``ids``) for every server, by the stable hash."""
-    ranks = client.embedding_ranks
-    shard = shard_of(ids, len(ranks))
+def _find_embedding_map(client: PSClient) -> None:
+    """With replication the scheduler keeps where each embedding shard lives (its primary
+    and backup, PROTOCOL.md section 16); the client follows it like a dense table's map."""
+    if client.embedding_map is not None:
+        return
+    try:
+        reply = client._control.call("get_table", {"table": EMBEDDING_MAP},
+                                     timeout=client.settings.connect_timeout)
+    except UnknownTableError:
+        return  # no replication: rows hashed over the servers the client joined with
+    table = DenseTable.from_reply(reply.header)
+    if table.replication > 1:
+        client.embedding_map = table
+        client.rerouter.track(table, reply.get("map_epoch"))
+
+
+def _shards(client: PSClient) -> list[tuple[int, int]]:
+    """(embedding shard, the server rank that serves it) for every shard."""
+    if client.embedding_map is None:
+        return list(enumerate(client.embedding_ranks))
+    return [(c.chunk_id, c.server) for c in sorted(client.embedding_map.chunks,
+                                                   key=lambda c: c.chunk_id)]
+
+
+def _split(client: PSClient, ids: np.ndarray) -> dict[int, np.ndarray]:
+    """{shard: positions into ``ids``} for every shard, by the stable hash."""
+    count = len(_shards(client))
+    shard = shard_of(ids, count)
     order = np.argsort(shard, kind="stable")
-    bounds = np.concatenate([[0], np.cumsum(np.bincount(shard, minlength=len(ranks)))])
-    return [(rank, order[bounds[i]:bounds[i + 1]]) for i, rank in enumerate(ranks)]
+    bounds = np.concatenate([[0], np.cumsum(np.bincount(shard, minlength=count))])
+    return {i: order[bounds[i]:bounds[i + 1]] for i in range(count)}
 
 
 def _check_ids(handle: EmbeddingHandle, ids: np.ndarray) -> np.ndarray:
@@ -94,15 +125,25 @@ def _plan(
         if array.dtype != FLOAT32 or array.shape != (table_ids.size, handle.dim):
             raise ConfigError(f"table {handle.name!r}: {what} must be float32 of shape "
                               f"({table_ids.size}, {handle.dim})")
-        plans.append((table_ids, array, dict(_split(client, table_ids))))
+        plans.append((table_ids, array, _split(client, table_ids)))
     return plans
 
 
-def _fields(tables: Sequence[EmbeddingHandle], clock: int | None) -> dict[str, Any]:
+def _fields(client: PSClient, tables: Sequence[EmbeddingHandle], clock: int | None,
+            shard: int) -> dict[str, Any]:
     fields: dict[str, Any] = {"tables": [h.name for h in tables]}
     if clock is not None:
         fields["clock"] = clock
+    if client.embedding_map is not None:
+        fields["shard"] = shard
     return fields
+
+
+def _route(client: PSClient, shard: int, build: Any) -> Route | None:
+    """How to send a request again when its shard moves (replication only)."""
+    if client.embedding_map is None:
+        return None
+    return Route(client.embedding_map, [shard], lambda _chunks: build())
 
 
 def pull_rows(
@@ -116,15 +157,18 @@ def pull_rows(
     written when the future completes. One request per server for all the tables."""
     plans = _plan(client, tables, ids, outs, "pull_rows", "out", "output")
     futures = []
-    for rank in client.embedding_ranks:
-        fields = _fields(tables, clock)
-        arrays = [table_ids[split[rank]] for table_ids, _, split in plans]
+    for shard, rank in _shards(client):
+        def build(shard: int = shard) -> tuple[dict[str, Any], list[np.ndarray], Any]:
+            def land(message: Any) -> None:
+                for (_, out, split), rows in zip(plans, message.arrays, strict=True):
+                    out[split[shard]] = rows
 
-        def land(message: Any, rank: int = rank) -> None:
-            for (_, out, split), rows in zip(plans, message.arrays, strict=True):
-                out[split[rank]] = rows
+            arrays = [table_ids[split[shard]] for table_ids, _, split in plans]
+            return _fields(client, tables, clock, shard), arrays, land
 
-        futures.append(client._request(rank, "emb_pull", fields, arrays, on_reply=land))
+        fields, arrays, on_reply = build()
+        futures.append(client._request(rank, "emb_pull", fields, arrays, on_reply=on_reply,
+                                       route=_route(client, shard, build)))
     return Future.gather(futures, client._pump)
 
 
@@ -139,19 +183,27 @@ def push_rows(
     Sum duplicate ids first (the server sums them too, but that costs a sort there)."""
     plans = _plan(client, tables, ids, grads, "push_rows", "grads", "gradient array")
     futures = []
-    for rank in client.embedding_ranks:
-        fields = _fields(tables, clock)
+    for shard, rank in _shards(client):
+        fields = _fields(client, tables, clock, shard)
+        if client.embedding_map is not None:  # the same id on every retry: applied once
+            fields["push_id"] = client.new_push_id()
         arrays = []
         for table_ids, table_grads, split in plans:
-            arrays += [table_ids[split[rank]], table_grads[split[rank]]]
+            arrays += [table_ids[split[shard]], table_grads[split[shard]]]
         client.bytes_pushed += sum(a.nbytes for a in arrays)
-        futures.append(client._request(rank, "emb_push", fields, arrays))
+
+        def build(fields: dict[str, Any] = fields, arrays: list[np.ndarray] = arrays
+                  ) -> tuple[dict[str, Any], list[np.ndarray], Any]:
+            return fields, arrays, None
+
+        futures.append(client._request(rank, "emb_push", fields, arrays,
+                                       route=_route(client, shard, build)))
     return Future.gather(futures, client._pump)
 
 
 def embedding_stats(client: PSClient) -> dict[int, dict[str, Any]]:
     """Each server's ``emb_stats`` reply, by server rank."""
-    ranks = client.embedding_ranks
+    ranks = sorted(client._servers)
     futures = [client._request(rank, "emb_stats", {}) for rank in ranks]
     replies = Future.gather(futures, client._pump).result(client.settings.request_timeout)
     return {rank: dict(reply.header) for rank, reply in zip(ranks, replies, strict=True)}
