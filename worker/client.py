@@ -42,19 +42,17 @@ from hogshard.proto.transport import (
     request_header,
     send,
 )
-from hogshard.ps.rules import make_rule
-from hogshard.scheduler.placement import DEFAULT_CHUNK_ELEMS, Chunk, DenseTableSpec
+from hogshard.scheduler.placement import DEFAULT_CHUNK_ELEMS, Chunk
 from hogshard.worker import sparse
 from hogshard.worker.compression import Compressor, message_seed
 from hogshard.worker.control import call_across_restarts
 from hogshard.worker.futures import Future, PendingRequest, RequestBook
 from hogshard.worker.heartbeat import Heartbeat
 from hogshard.worker.rerouting import Rerouter, Route
-from hogshard.worker.tables import DenseTable, by_server
+from hogshard.worker.tables import FLOAT32, DenseTable, by_server, open_dense_table
 
 log = logging.getLogger(__name__)
 
-FLOAT32 = np.dtype("<f4")
 
 
 class PSClient:
@@ -162,47 +160,7 @@ class PSClient:
 
         The worker that passes ``init`` creates the table on the servers; the others wait until
         it is ready. All must pass the same size and rule."""
-        make_rule(rule)  # refuse a bad rule here, before anything is declared
-        spec = DenseTableSpec(name, int(size), int(chunk_elems), dict(rule))
-        if init is None:
-            reply = self._control.call(
-                "get_table", {"table": name, "wait": True}, timeout=self.settings.connect_timeout
-            )
-            table = DenseTable.from_reply(reply.header)
-            if (table.spec.size, table.spec.rule) != (spec.size, spec.rule):
-                raise ConfigError(
-                    f"table {name!r} was declared as {table.spec.to_wire()}; this worker "
-                    f"expects {spec.to_wire()}"
-                )
-            self._track(table, reply.header)
-            return table
-        init = np.ascontiguousarray(init, dtype=FLOAT32).reshape(-1)
-        if init.size != size:
-            raise ConfigError(f"init has {init.size} elements; table {name!r} has {size}")
-        request = {"table": name, "size": spec.size, "chunk_elems": spec.chunk_elems,
-                   "rule": spec.rule}
-        reply = self._control.call("declare_table", request,
-                                   timeout=self.settings.connect_timeout)
-        table = DenseTable.from_reply(reply.header)
-        futures = []
-        for rank, chunks in table.by_server.items():
-            fields = {
-                "table": name, "rule": spec.rule, "size": spec.size,
-                "chunk_elems": table.spec.chunk_elems,
-                "layout": [[c.chunk_id, c.offset, c.length] for c in chunks],
-            }
-            if table.replication > 1:
-                fields["replication"] = table.replication
-            arrays = [init[c.offset:c.offset + c.length] for c in chunks]
-            futures.append(self._request(rank, "init", fields, arrays))
-        Future.gather(futures, self._pump).result(self.settings.request_timeout)
-        self._control.call("table_ready", {"table": name}, timeout=self.settings.request_timeout)
-        self._track(table, reply.header)
-        return table
-
-    def _track(self, table: DenseTable, view: dict[str, Any]) -> None:
-        if table.replication > 1:
-            self.rerouter.track(table, view.get("map_epoch"))
+        return open_dense_table(self, name, size, rule, init, chunk_elems)
 
     def embedding_table(
         self, name: str, dim: int, num_embeddings: int | None = None,

@@ -10,9 +10,19 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
+from hogshard.proto.errors import ConfigError
+from hogshard.ps.rules import make_rule
 from hogshard.scheduler.placement import Chunk, DenseTableSpec
+from hogshard.worker.futures import Future
+
+if TYPE_CHECKING:
+    from hogshard.worker.client import PSClient
+
+FLOAT32 = np.dtype("<f4")
 
 
 class DenseTable:
@@ -50,3 +60,51 @@ def by_server(table: DenseTable, chunks: Sequence[Chunk] | None) -> dict[int, li
         chunk = table.by_id[chunk.chunk_id]  # its current owner
         grouped.setdefault(chunk.server, []).append(chunk)
     return grouped
+
+def open_dense_table(client: PSClient, name: str, size: int, rule: dict[str, Any],
+                     init: np.ndarray | None, chunk_elems: int) -> DenseTable:
+    """What :meth:`PSClient.dense_table` does: with ``init``, declare the table, fill every
+    server's chunks and flag it ready; without, wait until it is ready and check its spec."""
+    make_rule(rule)  # refuse a bad rule here, before anything is declared
+    spec = DenseTableSpec(name, int(size), int(chunk_elems), dict(rule))
+    if init is None:
+        reply = client._control.call(
+            "get_table", {"table": name, "wait": True}, timeout=client.settings.connect_timeout
+        )
+        table = DenseTable.from_reply(reply.header)
+        if (table.spec.size, table.spec.rule) != (spec.size, spec.rule):
+            raise ConfigError(
+                f"table {name!r} was declared as {table.spec.to_wire()}; this worker "
+                f"expects {spec.to_wire()}"
+            )
+        _track(client, table, reply.header)
+        return table
+    init = np.ascontiguousarray(init, dtype=FLOAT32).reshape(-1)
+    if init.size != size:
+        raise ConfigError(f"init has {init.size} elements; table {name!r} has {size}")
+    request = {"table": name, "size": spec.size, "chunk_elems": spec.chunk_elems,
+               "rule": spec.rule}
+    reply = client._control.call("declare_table", request,
+                                 timeout=client.settings.connect_timeout)
+    table = DenseTable.from_reply(reply.header)
+    futures = []
+    for rank, chunks in table.by_server.items():
+        fields = {
+            "table": name, "rule": spec.rule, "size": spec.size,
+            "chunk_elems": table.spec.chunk_elems,
+            "layout": [[c.chunk_id, c.offset, c.length] for c in chunks],
+        }
+        if table.replication > 1:
+            fields["replication"] = table.replication
+        arrays = [init[c.offset:c.offset + c.length] for c in chunks]
+        futures.append(client._request(rank, "init", fields, arrays))
+    Future.gather(futures, client._pump).result(client.settings.request_timeout)
+    client._control.call("table_ready", {"table": name}, timeout=client.settings.request_timeout)
+    _track(client, table, reply.header)
+    return table
+
+
+def _track(client: PSClient, table: DenseTable, view: dict[str, Any]) -> None:
+    """A replicated table's map is followed (worker/rerouting.py)."""
+    if table.replication > 1:
+        client.rerouter.track(table, view.get("map_epoch"))
