@@ -66,7 +66,7 @@ class PrimaryReplication:
             staleness: list[int | None] = [None] * len(chunks)
             needs: dict[int, int] = {}
             if len(fresh) < len(chunks):
-                needs = {rank: link.sent for rank, link in self.replicas.links.items()}
+                needs = self.replicas.forwarded_so_far()
             for i, value in zip(fresh, applied, strict=True):
                 staleness[i] = value
             for rank, seq in self.replicas.forward(table, updates, push_id).items():
@@ -75,8 +75,7 @@ class PrimaryReplication:
             if len(fresh) < len(chunks):
                 fields["duplicates"] = [c.chunk_id for i, c in enumerate(chunks)
                                         if i not in fresh]
-            self.replicas.held.append(HeldReply(identity, msg.request_id, fields, needs))
-            self._release_held()
+            self._hold(identity, msg.request_id, fields, needs)
 
         if not fresh:
             forward_and_hold([], [])
@@ -97,16 +96,21 @@ class PrimaryReplication:
             self.stats.duplicates += 1
             fields: dict[str, Any] = {"rows": [int(a.size) for a in msg.arrays[0::2]],
                                       "duplicate": True}
-            needs = {rank: link.sent for rank, link in self.replicas.links.items()}
+            needs = self.replicas.forwarded_so_far()
         else:
             fields = apply_rows(self, msg)
             if push_id is not None:
                 self.replicas.recent.add(push_id, shard)
             backup = self.replicas.roles[EMBEDDING_MAP].get(shard, (-1, -1))[1]
             if backup in self.replicas.links:
-                needs[backup] = self.replicas._send(backup, "emb_replicate", {
+                needs[backup] = self.replicas.send(backup, "emb_replicate", {
                     "tables": msg.get("tables"), "shard": shard, "push_id": push_id},
                     list(msg.arrays))
-        self.replicas.held.append(HeldReply(identity, msg.request_id, fields, needs))
-        self._release_held()
+        self._hold(identity, msg.request_id, fields, needs)
         return None
+
+    def _hold(self, identity: bytes, request_id: int, fields: dict[str, Any],
+              needs: dict[int, int]) -> None:
+        """Answer once each backup in ``needs`` has acknowledged that sequence number."""
+        self.replicas.held.append(HeldReply(identity, request_id, fields, needs))
+        self._release_held()

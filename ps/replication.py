@@ -239,7 +239,7 @@ class Replicator:
                                 chunk.version, keys, scalars])
                 arrays.extend([chunk.weights.copy(), *(chunk.state[k].copy() for k in keys)])
                 waiting.discard(chunk.chunk_id)
-            sent[backup] = self._send(backup, "replica_snapshot", {
+            sent[backup] = self.send(backup, "replica_snapshot", {
                 "table": name, "rule": table.rule_spec, "chunks": entries}, arrays)
         if not waiting:
             self._pending_snapshots.pop(name, None)
@@ -259,7 +259,7 @@ class Replicator:
                 specs.append(table.spec.to_wire())
                 keys.append(sorted(state))
                 arrays += [ids, rows, *(state[k] for k in sorted(state))]
-            sent[backup] = self._send(backup, "emb_snapshot", {
+            sent[backup] = self.send(backup, "emb_snapshot", {
                 "shard": shard, "tables": specs, "state_keys": keys}, arrays)
         return sent
 
@@ -275,12 +275,18 @@ class Replicator:
                 records, arrays = by_backup.setdefault(backup, ([], []))
                 records.append([chunk.chunk_id, scale, chunk.version, push_id])
                 arrays.append(grad)
-        return {backup: self._send(backup, "replicate", {"table": table.name,
+        return {backup: self.send(backup, "replicate", {"table": table.name,
                                                          "records": records}, arrays)
                 for backup, (records, arrays) in by_backup.items()}
 
-    def _send(self, backup: int, op: str, fields: dict[str, Any],
-              arrays: list[np.ndarray]) -> int:
+    def forwarded_so_far(self) -> dict[int, int]:
+        """{backup rank: sequence number of the last message sent to it}: what a reply must
+        wait for to follow everything forwarded before it (a push sent again)."""
+        return {rank: link.sent for rank, link in self.links.items()}
+
+    def send(self, backup: int, op: str, fields: dict[str, Any],
+             arrays: list[np.ndarray]) -> int:
+        """Send ``op`` to ``backup`` on its link; returns the message's sequence number."""
         link = self.links[backup]
         link.sent += 1
         fields = {**fields, "map_epoch": self.map_epoch, "seq": link.sent}

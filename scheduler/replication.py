@@ -128,10 +128,13 @@ class ReplicationOps:
             for name, table in self.tables.items():
                 if table.replication < 2:
                     continue
-                table.chunks, lost = drop_server(table.chunks, member.rank)
+                chunks, lost = drop_server(table.chunks, member.rank)
                 if lost:
                     log.error("table %s: chunks %s had no backup when %s died; their updates "
                               "since the last checkpoint are lost", name, lost, member.node_id)
+                if chunks == table.chunks:
+                    continue  # nothing of this table moved
+                table.chunks = chunks
                 self._map_changed(f"table {name}: {member.node_id} gone, backups promoted")
                 log.warning("table %s: %s is gone; its backups were promoted (map epoch %d)",
                             name, member.node_id, self.map_epoch)

@@ -32,7 +32,7 @@ from hogshard.ps.row_rules import make_row_rule
 from hogshard.scheduler.replication import EMBEDDING_MAP
 from hogshard.worker.futures import Future
 from hogshard.worker.rerouting import Route
-from hogshard.worker.tables import DenseTable
+from hogshard.worker.tables import DenseTable, follow_map
 
 if TYPE_CHECKING:
     from hogshard.worker.client import PSClient
@@ -80,7 +80,7 @@ def _find_embedding_map(client: PSClient) -> None:
     table = DenseTable.from_reply(reply.header)
     if table.replication > 1:
         client.embedding_map = table
-        client.rerouter.track(table, reply.get("map_epoch"))
+        follow_map(client, table, reply.header)
 
 
 def _shards(client: PSClient) -> list[tuple[int, int]]:
@@ -139,11 +139,12 @@ def _fields(client: PSClient, tables: Sequence[EmbeddingHandle], clock: int | No
     return fields
 
 
-def _route(client: PSClient, shard: int, build: Any) -> Route | None:
-    """How to send a request again when its shard moves (replication only)."""
+def _route(client: PSClient, shard: int, fields: dict[str, Any], arrays: list[np.ndarray],
+           on_reply: Any = None) -> Route | None:
+    """How to send a request again, unchanged, when its shard moves (replication only)."""
     if client.embedding_map is None:
         return None
-    return Route(client.embedding_map, [shard], lambda _chunks: build())
+    return Route(client.embedding_map, [shard], lambda _chunks: (fields, arrays, on_reply))
 
 
 def pull_rows(
@@ -154,21 +155,18 @@ def pull_rows(
     clock: int | None = None,
 ) -> Future:
     """Fetch the rows of ``ids[t]`` of every table into ``outs[t]`` (float32, len x dim),
-    written when the future completes. One request per server for all the tables."""
+    written when the future completes. One request per shard for all the tables."""
     plans = _plan(client, tables, ids, outs, "pull_rows", "out", "output")
     futures = []
     for shard, rank in _shards(client):
-        def build(shard: int = shard) -> tuple[dict[str, Any], list[np.ndarray], Any]:
-            def land(message: Any) -> None:
-                for (_, out, split), rows in zip(plans, message.arrays, strict=True):
-                    out[split[shard]] = rows
+        def land(message: Any, shard: int = shard) -> None:
+            for (_, out, split), rows in zip(plans, message.arrays, strict=True):
+                out[split[shard]] = rows
 
-            arrays = [table_ids[split[shard]] for table_ids, _, split in plans]
-            return _fields(client, tables, clock, shard), arrays, land
-
-        fields, arrays, on_reply = build()
-        futures.append(client._request(rank, "emb_pull", fields, arrays, on_reply=on_reply,
-                                       route=_route(client, shard, build)))
+        fields = _fields(client, tables, clock, shard)
+        arrays = [table_ids[split[shard]] for table_ids, _, split in plans]
+        futures.append(client._request(rank, "emb_pull", fields, arrays, on_reply=land,
+                                       route=_route(client, shard, fields, arrays, land)))
     return Future.gather(futures, client._pump)
 
 
@@ -191,13 +189,8 @@ def push_rows(
         for table_ids, table_grads, split in plans:
             arrays += [table_ids[split[shard]], table_grads[split[shard]]]
         client.bytes_pushed += sum(a.nbytes for a in arrays)
-
-        def build(fields: dict[str, Any] = fields, arrays: list[np.ndarray] = arrays
-                  ) -> tuple[dict[str, Any], list[np.ndarray], Any]:
-            return fields, arrays, None
-
         futures.append(client._request(rank, "emb_push", fields, arrays,
-                                       route=_route(client, shard, build)))
+                                       route=_route(client, shard, fields, arrays)))
     return Future.gather(futures, client._pump)
 
 

@@ -77,7 +77,7 @@ def open_dense_table(client: PSClient, name: str, size: int, rule: dict[str, Any
                 f"table {name!r} was declared as {table.spec.to_wire()}; this worker "
                 f"expects {spec.to_wire()}"
             )
-        _track(client, table, reply.header)
+        follow_map(client, table, reply.header)
         return table
     init = np.ascontiguousarray(init, dtype=FLOAT32).reshape(-1)
     if init.size != size:
@@ -100,11 +100,11 @@ def open_dense_table(client: PSClient, name: str, size: int, rule: dict[str, Any
         futures.append(client._request(rank, "init", fields, arrays))
     Future.gather(futures, client._pump).result(client.settings.request_timeout)
     client._control.call("table_ready", {"table": name}, timeout=client.settings.request_timeout)
-    _track(client, table, reply.header)
+    follow_map(client, table, reply.header)
     return table
 
 
-def _track(client: PSClient, table: DenseTable, view: dict[str, Any]) -> None:
-    """A replicated table's map is followed (worker/rerouting.py)."""
+def follow_map(client: PSClient, table: DenseTable, view: dict[str, Any]) -> None:
+    """Follow a replicated table's placement as backups are promoted (worker/rerouting.py)."""
     if table.replication > 1:
         client.rerouter.track(table, view.get("map_epoch"))
