@@ -248,7 +248,7 @@ class PSClient:
 
             def build(chunks: list[Chunk], base: dict[str, Any] = base,
                       parts: dict[int, tuple[int, Any, list[np.ndarray]]] = parts
-                        ) -> tuple[dict[str, Any], list[np.ndarray], Any]:
+                      ) -> tuple[dict[str, Any], list[np.ndarray], Any]:
                 mine = [parts[c.chunk_id] for c in chunks]
                 fields = {**base, "chunks": [c.chunk_id for c in chunks],
                           "versions": [version for version, _, _ in mine]}
