@@ -190,7 +190,7 @@ def scheduler(bind: str, policy: str, servers: int, heartbeat_interval: float,
         tmp = Path(address_file + ".tmp")
         tmp.write_text(service.address)
         tmp.rename(address_file)
-    click.echo(f"scheduler listening on {service.address}", err=True)
+    click.echo(f"scheduler listening on {service.listening}", err=True)
     _serve(service)
 
 

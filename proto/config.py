@@ -57,7 +57,9 @@ class ClientSettings:
     ``codec``: the gradient compression policy, e.g. ``topk:0.01,min_size=4096`` (none if unset);
     ``keys``: a CURVE keys folder (``hogshard keys generate DIR``; plain TCP if unset);
     ``max_in_flight``: requests a client keeps in flight at most; a new one first waits for a
-    reply (backpressure: a worker that outruns the servers slows down instead of queueing).
+    reply (backpressure: a worker that outruns the servers slows down instead of queueing);
+    ``log_level``, ``log_format``: how a training script logs (``text``, ``logfmt`` or ``json``;
+    ``hogshard worker`` passes its own ``--log-format`` on).
     """
 
     scheduler: str = DEFAULT_SCHEDULER
@@ -68,6 +70,8 @@ class ClientSettings:
     codec: str | None = None
     keys: str | None = None
     max_in_flight: int = 256
+    log_level: str = "INFO"
+    log_format: str = "text"
 
     def __post_init__(self) -> None:
         for name in ("request_timeout", "connect_timeout"):

@@ -123,8 +123,15 @@ class Scheduler(CheckpointOps, ReplicationOps, RecoveryOps, HeartbeatOps):
         self._context = context or zmq.Context()
         self._security = security
         self._sock, self.address = bind_router(self._context, bind, security=security)
-        log.info("scheduler listening on %s policy=%s servers=%d",
-                 self.address, self.policy.spec, expected_servers)
+        log.info("scheduler listening on %s policy=%s servers=%d", self.listening,
+                 self.policy.spec, expected_servers)
+
+    @property
+    def listening(self) -> str:
+        """The endpoint bound (``tcp://0.0.0.0:7000``), and the address to reach it from this
+        host when that differs."""
+        bound = self._sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+        return bound if bound == self.address else f"{bound} (from this host: {self.address})"
 
     # ---- loop -------------------------------------------------------------------------------
 

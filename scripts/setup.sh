@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv (once) and install hogshard with its worker, example and test extras.
-# torch comes from the CPU build pinned below, installed first so nothing pulls a CUDA build.
+# torch comes from the CPU build pinned below (the CPU wheel index where it is reachable),
+# installed first so nothing pulls a CUDA build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TORCH_VERSION="${HOGSHARD_TORCH_VERSION:-2.13.0}"
@@ -15,8 +16,17 @@ want="$(cat setup.cfg pyproject.toml | sha256sum | cut -c1-16)-torch${TORCH_VERS
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/python -m pip install --quiet --upgrade pip 2>/dev/null || true
   if ! .venv/bin/python -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION')" 2>/dev/null; then
-    echo "installing torch==${TORCH_VERSION} (CPU build)..." >&2
-    .venv/bin/python -m pip install --quiet "torch==${TORCH_VERSION}" numpy 2>&1 | grep -v '^WARNING: Location' >&2 || true
+    # The CPU wheel index where it answers (elsewhere a bare torch==X is the multi-GB CUDA
+    # build); where it does not (an offline machine with a local CPU wheel), the plain name.
+    cpu_index="${HOGSHARD_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}"
+    torch_args=()
+    if .venv/bin/python -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + '/torch/', timeout=5)" "$cpu_index" 2>/dev/null; then
+      torch_args=(--extra-index-url "$cpu_index")
+      echo "installing torch==${TORCH_VERSION} (CPU build, from $cpu_index)..." >&2
+    else
+      echo "installing torch==${TORCH_VERSION} by its plain name: the CPU wheel index does not answer (without a local CPU wheel, pip takes the CUDA build)..." >&2
+    fi
+    .venv/bin/python -m pip install --quiet "${torch_args[@]}" "torch==${TORCH_VERSION}" numpy 2>&1 | grep -v '^WARNING: Location' >&2 || true
     .venv/bin/python -c "import torch" || {
       echo "could not install torch==${TORCH_VERSION}; install a CPU build of torch into .venv by hand" >&2
       exit 1

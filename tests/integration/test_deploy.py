@@ -55,7 +55,9 @@ SERVICE_SCHEMA = {
         "image": {"type": "string"},
         "build": {"type": "object", "additionalProperties": False, "required": ["context"],
                   "properties": {"context": {"type": "string"}, "dockerfile": {"type": "string"},
-                                 "target": {"type": "string"}}},
+                                 "target": {"type": "string"},
+                                 "args": {"type": "object", "additionalProperties": {
+                                     "type": ["string", "null"]}}}},
         "command": _STRINGS,
         "environment": {"type": "object",
                         "additionalProperties": {"type": ["string", "number", "null"]}},
@@ -79,8 +81,7 @@ COMPOSE_SCHEMA = {
     "type": "object",
     "additionalProperties": False,
     "patternProperties": {"^x-": {}},
-    "properties": {
-        "name": {"type": "string"},
+    "properties": {  # no top-level "name": docker-compose 1.29 refuses it
         "services": {"type": "object", "additionalProperties": SERVICE_SCHEMA},
         "volumes": {"type": "object"},
         "secrets": {"type": "object", "additionalProperties": {
@@ -160,24 +161,31 @@ def merge_compose(base: dict[str, Any], overlay: dict[str, Any]) -> dict[str, An
 
 # ---- validation (no sockets) ---------------------------------------------------------------
 
-def docker_compose_available() -> bool:
-    if shutil.which("docker") is None:
-        return False
-    try:
-        return subprocess.run(["docker", "compose", "version"], capture_output=True,
-                              timeout=20).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
+def compose_cli() -> list[str] | None:
+    """``docker-compose`` (Debian's 1.29) or ``docker compose`` (v2), whichever answers."""
+    for argv in (["docker-compose"], ["docker", "compose"]):
+        if shutil.which(argv[0]) is None:
+            continue
+        try:
+            if subprocess.run([*argv, "version"], capture_output=True,
+                              timeout=20).returncode == 0:
+                return argv
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+    return None
 
 
 @pytest.mark.timeout(60)
 def test_compose_passes_docker_compose_config(tmp_path: Path) -> None:
-    if not docker_compose_available():
-        pytest.skip("no `docker compose` on this machine; the schema test below covers it")
+    """Both compose flavours accept the files (1.29 refuses e.g. a top-level ``name:``)."""
+    compose = compose_cli()
+    if compose is None:
+        pytest.skip("no docker-compose or `docker compose` here; the schema test covers it")
     keys = tmp_path / "keys"
     keys.mkdir()
     for files in ([COMPOSE], *([COMPOSE, overlay] for overlay in OVERLAYS)):
-        argv = ["docker", "compose", *sum((["-f", str(f)] for f in files), []), "config", "-q"]
+        argv = [*compose, *sum((["-f", str(f)] for f in files), []), "-p", "hogshard-check",
+                "config", "-q"]
         done = subprocess.run(argv, capture_output=True, text=True, timeout=30,
                               env={**os.environ, "HOGSHARD_KEYS_DIR": str(keys)})
         assert done.returncode == 0, done.stderr

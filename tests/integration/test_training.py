@@ -135,3 +135,24 @@ def test_one_worker_ssp0_sgd_with_overlap_is_sequential_sgd(procs, tmp_path: Pat
     diff = _sequential_vs_local(procs, tmp_path, "sgd", ("--overlap", "--chunk-elems", "4096",
                                                          "--bucket-bytes", "32768"))
     assert diff <= 1e-5, f"cluster (overlap) and local SGD weights differ by {diff:.3g}"
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(240, method="signal")
+def test_fallback_data_set_trains_long_enough_to_mean_something(procs, tmp_path: Path) -> None:
+    """Without Fashion-MNIST (an empty ``--data`` folder, as on a fresh clone) the example
+    says loudly that it trains on the fallback, scales one epoch of Fashion-MNIST's size to
+    that small data set, and reaches >= 0.9 (one epoch of the 1437 digits used to end at
+    chance)."""
+    (tmp_path / "no-data").mkdir()
+    report_path = tmp_path / "report.json"
+    output = _launch(procs, "launch-fallback", ["--servers", "2", "--workers", "2",
+                                                "--policy", "async"],
+                     ["--data", str(tmp_path / "no-data"), "--epochs", "1",
+                      "--report", str(report_path)], timeout=200.0)
+    assert "NOT FASHION-MNIST" in output, output[-3000:]
+    report = json.loads(report_path.read_text())
+    assert report["dataset"] == "sklearn-digits"
+    assert report["epochs"] == 40, report  # 60,000 / 1437 rounds up to 42, capped at 40
+    assert report["test_accuracy"] >= 0.9, report
+    assert "(a fallback: NOT Fashion-MNIST)" in output, output[-3000:]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -629,17 +630,20 @@ def test_raise_if_error_passes_ok() -> None:
 
 
 def test_tracked_send_waits_for_every_zero_copy_frame(
-    ctx: zmq.Context, sockets: list[zmq.Socket]
+    ctx: zmq.Context, sockets: list[zmq.Socket], tmp_path: Path
 ) -> None:
     """A pull reply ending in a short chunk: its last frame is copied (done at once), but the
-    tracker must stay pending while the large frame before it may still be read from."""
-    router, endpoint = bind_router(ctx, "tcp://127.0.0.1:0")
-    sockets.append(router)
+    tracker must stay pending while the large frame before it may still be read from. The
+    dealer connects before anything is bound there, so the message waits in its queue (no race
+    with libzmq's I/O thread) until the router binds and reads it."""
+    endpoint = f"ipc://{tmp_path / 'tracked.sock'}"
     dealer = connect_dealer(ctx, endpoint)
     sockets.append(dealer)
     tracker = send(dealer, request_header("pull", 1, "t"),
                    [np.ones(1 << 20, "<f4"), np.ones(10, "<f4")], track=True)
     assert tracker is not None and not tracker.done
+    router, _ = bind_router(ctx, endpoint)
+    sockets.append(router)
     assert router.poll(POLL_MS, zmq.POLLIN)
     router.recv_multipart()
     tracker.wait(POLL_MS / 1000)
