@@ -15,10 +15,12 @@ Example::
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import logging
 import secrets
 import time
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -100,6 +102,9 @@ class PSClient:
         self._heartbeat = Heartbeat(self, self._control_context,
                                     reply.get("heartbeat_interval"))
         self._heartbeat.start()
+        # a script that ends on an exception never closes its client; collecting a context
+        # whose sockets are still open (the heartbeat thread's) would hang the exit
+        atexit.register(_close_at_exit, weakref.ref(self))
         servers = self._control.call("wait_servers", timeout=self.settings.connect_timeout)
         self._servers: dict[int, zmq.Socket] = {}
         self._addresses: dict[int, tuple[str, Any]] = {}  # rank -> (address, incarnation)
@@ -449,3 +454,9 @@ class PSClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _close_at_exit(ref: weakref.ref[PSClient]) -> None:
+    client = ref()
+    if client is not None and not client._closed:
+        client.close(leave=False)

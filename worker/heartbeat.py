@@ -50,6 +50,9 @@ class Heartbeat(threading.Thread):
                     if isinstance(reply.get("failed"), str) and self._client.failure is None:
                         log.error("the job failed: %s", reply.get("failed"))
                         self._client.failure = ServerLostError(reply.get("failed"))
+                    if isinstance(reply.get("failed"), str) and self._client.failure is None:
+                        log.error("the job failed: %s", reply.get("failed"))
+                        self._client.failure = ServerLostError(reply.get("failed"))
                 except UnknownMemberError as err:
                     if self.stopped.is_set():
                         break
