@@ -66,6 +66,15 @@ def ranked_cluster(cluster_factory: Any, timeout: float, *scheduler_args: str) -
     return cluster, binds
 
 
+def training(procs: Any, cluster: Any, total: int, delay: str, until: int) -> Any:
+    """A train_worker.py of ``total`` steps, returned once it has done ``until`` of them."""
+    worker = procs.spawn("worker", [PYTHON, TRAIN_WORKER, "--steps", str(total),
+                                    "--step-delay", delay], env=worker_env(cluster.address))
+    procs.wait_until(lambda: steps(worker) >= until, 60.0, f"{until} steps",
+                     on_timeout=procs.report)
+    return worker
+
+
 def kill_and_restart(cluster: Any, binds: list[str], rank: int) -> Any:
     """SIGKILL server ``rank`` and start a new process under the same rank and address."""
     victim = cluster.servers[rank]
@@ -99,9 +108,7 @@ def chunk_versions(cluster: Any, context: zmq.Context, table: str) -> dict[str, 
 def test_restarted_server_takes_its_rank_back_restored_from_the_checkpoint(
         procs, cluster_factory, tmp_path: Path) -> None:
     cluster, binds = ranked_cluster(cluster_factory, SLOW_TIMEOUT)
-    worker = procs.spawn("worker", [PYTHON, TRAIN_WORKER, "--steps", "300", "--step-delay",
-                                    "0.02"], env=worker_env(cluster.address))
-    procs.wait_until(lambda: steps(worker) >= 30, 60.0, "30 steps", on_timeout=procs.report)
+    worker = training(procs, cluster, 300, "0.02", until=30)
     ckpt = cluster.channel.call("checkpoint", {"dir": str(tmp_path / "ckpt")},
                                 timeout=60.0).get("path")
     at_checkpoint = steps(worker)
@@ -165,9 +172,7 @@ def test_restarted_server_takes_its_rank_back_as_the_backup(
 def test_lost_server_without_replica_or_checkpoint_fails_workers_in_bounded_time(
         procs, cluster_factory) -> None:
     cluster, _ = ranked_cluster(cluster_factory, FAST_TIMEOUT)
-    worker = procs.spawn("worker", [PYTHON, TRAIN_WORKER, "--steps", "100000", "--step-delay",
-                                    "0.01"], env=worker_env(cluster.address))
-    procs.wait_until(lambda: steps(worker) >= 20, 60.0, "20 steps", on_timeout=procs.report)
+    worker = training(procs, cluster, 100000, "0.01", until=20)
     cluster.servers[1].signal_group(signal.SIGKILL)
     killed_at = time.monotonic()
     bound = FAST_TIMEOUT * (1 + LOST_GRACE_TIMEOUTS) + MARGIN_S
@@ -183,9 +188,7 @@ def test_lost_server_without_replica_or_checkpoint_fails_workers_in_bounded_time
 def test_restart_without_checkpoint_fails_the_job_and_writes_no_checkpoint(
         procs, cluster_factory, tmp_path: Path) -> None:
     cluster, binds = ranked_cluster(cluster_factory, SLOW_TIMEOUT)
-    worker = procs.spawn("worker", [PYTHON, TRAIN_WORKER, "--steps", "100000", "--step-delay",
-                                    "0.01"], env=worker_env(cluster.address))
-    procs.wait_until(lambda: steps(worker) >= 20, 60.0, "20 steps", on_timeout=procs.report)
+    worker = training(procs, cluster, 100000, "0.01", until=20)
     again = kill_and_restart(cluster, binds, 1)
     again.wait_for_output(r"server-1 serving on", 30.0)
     worker.wait_for_output(r"ServerLostError: server-1 came back as a new process", 30.0)
