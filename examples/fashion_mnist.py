@@ -190,6 +190,11 @@ def main(argv: list[str] | None = None) -> int:
         from hogshard import PSClient, PSOptimizer
 
         client = PSClient.from_env()
+        if client.surplus:  # a finished worker's rank is never handed out again
+            log.warning("rank %d is beyond the job's %d workers: every data shard is trained or "
+                        "being trained; nothing to do", client.rank, client.settings.num_workers)
+            client.close()
+            return 0
         rank, workers = client.rank, client.settings.num_workers
         context.rank = rank
         policy, servers = client.policy, client.num_servers

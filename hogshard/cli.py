@@ -414,6 +414,8 @@ def _serve(service) -> None:
         service.serve_forever()
     except KeyboardInterrupt:
         service.stop()
+    if getattr(service, "fenced", None):
+        raise SystemExit(f"hogshard: {service.node_id} stopped, fenced off: {service.fenced}")
 
 
 def _add_deployment_commands() -> None:

@@ -68,4 +68,13 @@ class ClusterView:
             f"server errors={errors}",
             f"staleness: n={st['count']} mean={st['mean']:.2f} p50={st['p50']} p99={st['p99']} "
             f"max={st['max']}",
+            *self.recovery_lines(),
         ]
+
+    def recovery_lines(self) -> list[str]:
+        """One line per server that came back as a new process, and the job's failure."""
+        lines = [f"recovered {r['node_id']} from {r['from']}: {r['lost_updates']} chunk updates "
+                 "lost" for r in self.status.get("recoveries", [])]
+        if self.status.get("failed"):
+            lines.append(f"FAILED: {self.status['failed']}")
+        return lines

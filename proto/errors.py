@@ -30,6 +30,8 @@ class ErrorCode(enum.StrEnum):
     INTERNAL = "INTERNAL"
     BAD_CHECKPOINT = "BAD_CHECKPOINT"
     NOT_OWNER = "NOT_OWNER"
+    FENCED = "FENCED"
+    SERVER_LOST = "SERVER_LOST"
 
 
 class HogshardError(Exception):
@@ -125,6 +127,21 @@ class NotOwnerError(HogshardError):
     code = ErrorCode.NOT_OWNER
 
 
+class FencedError(HogshardError):
+    """A newer incarnation of this server's rank has registered: this process is replaced and
+    must stop (its heartbeats and registrations are refused from now on)."""
+
+    code = ErrorCode.FENCED
+
+
+class ServerLostError(HogshardError):
+    """A server holding part of the model is gone and nothing (no backup, no complete
+    checkpoint) can give its chunks back, or a request names a server that is not live. The
+    message names the server."""
+
+    code = ErrorCode.SERVER_LOST
+
+
 _BY_CODE: dict[ErrorCode, type[HogshardError]] = {
     ErrorCode.MALFORMED: ProtocolError,
     ErrorCode.BAD_VERSION: VersionMismatchError,
@@ -140,6 +157,8 @@ _BY_CODE: dict[ErrorCode, type[HogshardError]] = {
     ErrorCode.TIMEOUT: RequestTimeoutError,
     ErrorCode.BAD_CHECKPOINT: CheckpointError,
     ErrorCode.NOT_OWNER: NotOwnerError,
+    ErrorCode.FENCED: FencedError,
+    ErrorCode.SERVER_LOST: ServerLostError,
 }
 
 

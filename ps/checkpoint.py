@@ -63,7 +63,8 @@ def save_shard(store: DenseStore, embeddings: EmbeddingStore, rank: int,
     meta = {"format": SHARD_FORMAT, "rank": rank, "tables": tables, "clocks": dict(clocks)}
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
     path = atomic_write(Path(ckpt) / shard_file(rank), lambda f: np.savez(f, **arrays))
-    entries = [file_entry(path, rank=rank, kind="dense")]
+    held = {table.name: sorted(table.chunks) for table in store.tables.values()}
+    entries = [file_entry(path, rank=rank, kind="dense", chunks=held)]
     if embeddings.tables:
         emb = Path(ckpt) / embedding_file(rank)
         embeddings.save(emb)  # written through a temporary name and renamed
@@ -146,7 +147,9 @@ class ShardCheckpointing:
             Path(path).mkdir(parents=True, exist_ok=True)
             files = save_shard(self.store, self.embeddings, self.rank, self._observed_clocks,
                                Path(path))
-            self._checkpoint_report = {"path": path, "files": files}
+            self._checkpoint_report = {"path": path, "files": files,
+                                       "updates": self.stats.updates,
+                                       "incarnation": self.incarnation}
             log.info("%s wrote checkpoint %s", self.node_id, path)
         except (OSError, HogshardError, ValueError) as err:
             log.error("%s cannot write checkpoint %s: %r", self.node_id, path, err)
@@ -154,7 +157,8 @@ class ShardCheckpointing:
         self._heartbeat_due = 0.0  # report at once
 
     def _restore(self, path: str) -> None:
-        """Load this rank's shard from a verified checkpoint (before serving anything)."""
+        """Load this rank's shard from a verified checkpoint (before serving anything, or
+        when the scheduler's ``register`` reply says this rank's chunks were lost)."""
         ckpt = resolve_checkpoint(Path(path))
         manifest = load_manifest(ckpt, verify_ranks={self.rank})
         self._observed_clocks = restore_shard(self.store, self.embeddings, manifest, self.rank,

@@ -74,6 +74,7 @@ class BackupLink:
     rank: int
     address: str
     socket: zmq.Socket
+    incarnation: int | None = None  # the backup's process: sent with every message
     sent: int = 0
     acked: int = 0
     fenced: str | None = None  # why the backup refused us (it was promoted)
@@ -167,7 +168,10 @@ class Replicator:
                 self.embedding_shards = int(view["table"]["size"])
         in_use = {backup for roles in self.roles.values()
                   for primary, backup in roles.values() if primary == rank and backup >= 0}
-        replaced = self._update_links(in_use, {int(r): a for r, a in servers.items()})
+        incarnations = reply.get("incarnations")
+        replaced = self._update_links(
+            in_use, {int(r): (a, incarnations.get(r) if isinstance(incarnations, dict) else None)
+                     for r, a in servers.items()})
         snapshots: dict[int, int] = {}
         for name, roles in self.roles.items():
             for chunk_id, (primary, backup) in roles.items():
@@ -187,19 +191,22 @@ class Replicator:
                  sum(1 for r in self.roles.values() for p, _ in r.values() if p == rank),
                  sum(1 for r in self.roles.values() for _, b in r.values() if b == rank))
 
-    def _update_links(self, in_use: set[int], addresses: dict[int, str]) -> set[int]:
-        """Keep one DEALER per backup rank in use; returns ranks whose link is new."""
+    def _update_links(self, in_use: set[int],
+                      addresses: dict[int, tuple[str, int | None]]) -> set[int]:
+        """Keep one DEALER per backup rank in use, to its current process ({rank: (address,
+        incarnation)}); returns ranks whose link is new (their backup needs snapshots)."""
         fresh = set()
         for rank in list(self.links):
             link = self.links[rank]
-            if rank not in in_use or addresses.get(rank) != link.address:
+            if rank not in in_use or addresses.get(rank) != (link.address, link.incarnation):
                 link.socket.close(0)
                 del self.links[rank]
                 self.links_version += 1
         for rank in in_use:
             if rank not in self.links and rank in addresses:
-                sock = connect_dealer(self._context, addresses[rank], security=self._security)
-                self.links[rank] = BackupLink(rank, addresses[rank], sock)
+                address, incarnation = addresses[rank]
+                sock = connect_dealer(self._context, address, security=self._security)
+                self.links[rank] = BackupLink(rank, address, sock, incarnation)
                 fresh.add(rank)
                 self.links_version += 1
         return fresh
@@ -290,6 +297,8 @@ class Replicator:
         link = self.links[backup]
         link.sent += 1
         fields = {**fields, "map_epoch": self.map_epoch, "seq": link.sent}
+        if link.incarnation is not None:  # a new process under that rank refuses it
+            fields["incarnation"] = link.incarnation
         send(link.socket, request_header(op, link.sent, self.sender, **fields), arrays)
         return link.sent
 

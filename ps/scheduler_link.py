@@ -17,7 +17,7 @@ import logging
 import time
 from typing import Any
 
-from hogshard.proto.errors import ErrorCode, HogshardError, NotOwnerError
+from hogshard.proto.errors import ErrorCode, FencedError, HogshardError, NotOwnerError
 from hogshard.proto.transport import ERROR
 from hogshard.proto.wire import Message
 from hogshard.scheduler.policy import ConsistencyPolicy, parse_policy
@@ -37,7 +37,8 @@ class SchedulerLink:
         self._heartbeat_due = now + self.heartbeat_interval
         self._heartbeat_sent_at = now
         fields: dict[str, Any] = {"stats": self.stats.to_wire(),
-                                  "map_epoch": self.replicas.map_epoch}
+                                  "map_epoch": self.replicas.map_epoch,
+                                  "incarnation": self.incarnation}
         if self._checkpoint_report is not None:
             fields["checkpoint"] = self._checkpoint_report
         self._heartbeat_in_flight = self._scheduler.start("heartbeat", fields)
@@ -47,6 +48,9 @@ class SchedulerLink:
             if reply.request_id != self._heartbeat_in_flight:
                 continue
             if reply.op == ERROR:
+                if reply.get("code") == ErrorCode.FENCED.value:
+                    self._fenced(str(reply.get("message")))
+                    return
                 if reply.get("code") != ErrorCode.UNKNOWN_MEMBER.value:
                     log.warning("scheduler refused heartbeat: %s", reply.get("message"))
                     continue
@@ -54,6 +58,9 @@ class SchedulerLink:
                 self._settle_updates()
                 try:
                     self._register(self.rank, timeout=5.0)
+                except FencedError as err:
+                    self._fenced(err.message)
+                    return
                 except HogshardError as err:
                     log.warning("registration failed (%s); serving on", err.message)
                     continue
@@ -88,7 +95,7 @@ class SchedulerLink:
 
     def _register(self, rank_hint: int | None, timeout: float) -> None:
         fields: dict[str, Any] = {"role": "server", "address": self.address,
-                                  "rank_hint": rank_hint}
+                                  "rank_hint": rank_hint, "incarnation": self.incarnation}
         tables = self._table_report()
         if tables:  # a restarted scheduler relearns the shard map from these
             fields["tables"] = tables
@@ -99,6 +106,11 @@ class SchedulerLink:
         self.heartbeat_interval: float = reply.get("heartbeat_interval")
         self.heartbeat_timeout: float = reply.get("heartbeat_timeout") or 5.0
         self._scheduler.sender = self.node_id
+        restore = reply.get("restore")
+        if isinstance(restore, dict) and isinstance(restore.get("path"), str):
+            log.warning("%s: the chunks of this rank were lost with its previous process; "
+                        "restoring them from %s", self.node_id, restore["path"])
+            self._restore(restore["path"])
         if self.replicas is not None:  # declared dead and back: own nothing until told
             for held in self.replicas.forget_roles():
                 self._fail(held.identity, held.request_id, NotOwnerError(
@@ -106,6 +118,13 @@ class SchedulerLink:
                     "after a map refresh"))
             self.replicas.sender = self.node_id
         log.info("%s serving on %s policy=%s", self.node_id, self.address, self.policy.spec)
+
+    def _fenced(self, why: str) -> None:
+        """A newer process has taken this server's rank: stop serving at once."""
+        log.error("%s (incarnation %d) is fenced off: %s; stopping", self.node_id,
+                  self.incarnation, why)
+        self.fenced = why
+        self._stop.set()
 
     def _table_report(self) -> dict[str, Any]:
         """The dense tables held here, for ``register`` (PROTOCOL.md): spec and own chunks."""

@@ -13,6 +13,7 @@ Example::
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -25,6 +26,7 @@ import zmq
 from hogshard.proto.dispatch import run_handler
 from hogshard.proto.errors import (
     HogshardError,
+    NotOwnerError,
     ProtocolError,
     TooLargeError,
 )
@@ -106,7 +108,11 @@ class ShardServer(SchedulerLink, PrimaryReplication, ShardCheckpointing, Threade
         self._left: dict[str, float] = {}  # workers that said they left, and when
         self._links_seen = -1  # Replicator.links_version the poller watches
         self._stop = threading.Event()
-        self._scheduler = RpcChannel(self._context, scheduler, sender="server-?",
+        # heartbeats on a context of their own: a backup link connecting to a host whose
+        # name is slow to resolve blocks its context's I/O thread (inproc needs the shared one)
+        self._control_context = self._context if scheduler.startswith("inproc://") \
+            else zmq.Context()
+        self._scheduler = RpcChannel(self._control_context, scheduler, sender="server-?",
                                      security=security)
         self._membership_known = False
         self._pending_switch: tuple[ConsistencyPolicy, int, int] | None = None
@@ -114,6 +120,9 @@ class ShardServer(SchedulerLink, PrimaryReplication, ShardCheckpointing, Threade
         self._checkpoint_report: dict[str, Any] | None = None
         self._table_sizes: dict[str, tuple[int, int]] = {}  # name -> (size, chunk_elems)
         self.replicas: Replicator | None = None
+        #: Drawn at start: requests addressed to another incarnation of this rank are refused.
+        self.incarnation = secrets.randbits(48)
+        self.fenced: str | None = None  # why a newer process under this rank replaced this one
         self._register(rank_hint, register_timeout)
         self.replicas = Replicator(self._context, security, self.heartbeat_timeout,
                                    sender=self.node_id)
@@ -167,6 +176,8 @@ class ShardServer(SchedulerLink, PrimaryReplication, ShardCheckpointing, Threade
         self.replicas.close()
         self._sock.close(0)
         self._scheduler.close()
+        if self._control_context is not self._context:
+            self._control_context.term()
         if self._own_context:
             if self._security is not None:
                 self._security.stop(self._context)
@@ -180,6 +191,11 @@ class ShardServer(SchedulerLink, PrimaryReplication, ShardCheckpointing, Threade
         identity, message, request_id = recv_routed(self._sock, self.limits)
         if isinstance(message, HogshardError):
             self._fail(identity, request_id, message)
+            return
+        if message.get("incarnation") not in (None, self.incarnation):
+            self._fail(identity, request_id, NotOwnerError(
+                f"{self.node_id} is a new process (incarnation {self.incarnation}); the request "
+                f"was for incarnation {message.get('incarnation')}: fetch the map and retry"))
             return
         if self._updates is not None and message.op not in CONCURRENT_OPS:
             self._settle_updates()  # this op may read or replace weights wholesale

@@ -21,15 +21,17 @@ from typing import Any
 from hogshard.proto.errors import ConfigError, ConflictError, HogshardError, ProtocolError
 from hogshard.proto.manifest import load_manifest, resolve_checkpoint
 from hogshard.proto.wire import Message
+from hogshard.scheduler.checkpointing import Round
 from hogshard.scheduler.placement import Chunk, DenseTableSpec, PlacedTable
 from hogshard.scheduler.policy import parse_policy
+from hogshard.scheduler.replication import EMBEDDING_MAP
 
 log = logging.getLogger(__name__)
 
 
 class CheckpointOps:
     """Mixed into the Scheduler; uses its ``members``, ``tables``, ``policy``,
-    ``expected_servers``, ``checkpoints`` and ``_table_view``."""
+    ``expected_servers``, ``checkpoints``, ``lost_shards`` and ``_table_view``."""
 
     def _job_description(self) -> dict[str, Any]:
         """What the manifest records besides the files: policy, shard map, clocks."""
@@ -45,7 +47,18 @@ class CheckpointOps:
         if ranks != list(range(self.expected_servers)):
             raise ConflictError(f"live server ranks {ranks}; a checkpoint needs every rank "
                                 f"0..{self.expected_servers - 1}")
-        return self.checkpoints.start(parent, ranks, self._job_description, time.monotonic())
+        lost = self.lost_shards
+        if lost.failed is not None or lost.lost:
+            raise ConflictError("a checkpoint needs every chunk; lost: "
+                                f"{lost.failed or sorted(s.node_id for s in lost.lost.values())}")
+        expected: dict[int, dict[str, set[int]]] = {}
+        for name, table in self.tables.items():
+            if name != EMBEDDING_MAP:
+                for chunk in table.chunks:
+                    expected.setdefault(chunk.server, {}).setdefault(name, set()).add(
+                        chunk.chunk_id)
+        return self.checkpoints.start(parent, ranks, self._job_description, time.monotonic(),
+                                      expected)
 
     def _tick_checkpoints(self, now: float) -> None:
         self.checkpoints.check(now, {m.rank for m in self.members.live("server")})
@@ -76,6 +89,8 @@ class CheckpointOps:
             self.tables[name] = PlacedTable(DenseTableSpec(**view["table"]),
                                        [Chunk.from_wire(c) for c in view["chunks"]], ready=True)
         self.restored_clock = min(manifest.get("clocks", {}).values(), default=0)
+        self.checkpoints.complete = Round(ckpt, set(range(self.expected_servers)),
+                                          self._job_description, 0.0, manifest=manifest)
         self.members.epoch = int(manifest.get("epoch", 0)) + 1
         log.info("restored %s: tables %s, policy %s, clock %d", ckpt, sorted(self.tables),
                  self.policy.spec, self.restored_clock)

@@ -39,6 +39,16 @@ class Round:
     files: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     error: str | None = None
     manifest: dict[str, Any] | None = None
+    #: rank -> table -> the chunk ids its shard file must hold (those it is primary of).
+    expected: dict[int, dict[str, set[int]]] = field(default_factory=dict)
+    #: rank -> the server's ``updates`` counter at its cut, and the incarnation that cut it.
+    updates: dict[int, tuple[int, Any]] = field(default_factory=dict)
+
+    def updates_since(self, rank: int, incarnation: Any, updates: int) -> int:
+        """Chunk updates a server of ``incarnation`` that counted ``updates`` in all applied
+        after this checkpoint's cut of ``rank`` (all of them if another process cut it)."""
+        cut, cut_by = self.updates.get(rank, (0, None))
+        return max(0, updates - cut) if cut_by == incarnation else updates
 
 
 class CheckpointRounds:
@@ -53,6 +63,9 @@ class CheckpointRounds:
         self.timeout = timeout
         self.current: Round | None = None
         self.last: Round | None = None
+        #: The newest complete checkpoint (this scheduler's last complete round, or the one it
+        #: was restored from): what a server that lost its chunks is restored from.
+        self.complete: Round | None = None
         self._next_due = time.monotonic() + every if every else float("inf")
 
     def due(self, now: float) -> bool:
@@ -64,7 +77,7 @@ class CheckpointRounds:
             self._next_due = now + self.every
 
     def start(self, parent: Path, ranks: list[int], describe: Callable[[], dict[str, Any]],
-              now: float) -> Round:
+              now: float, expected: dict[int, dict[str, set[int]]] | None = None) -> Round:
         if self.current is not None:
             raise ConflictError(f"a checkpoint into {self.current.path} is in progress; "
                                 "expected one at a time")
@@ -75,7 +88,7 @@ class CheckpointRounds:
             path = new_checkpoint_dir(parent, next_sequence(parent))
         except OSError as err:
             raise CheckpointError(f"cannot create a checkpoint in {parent}: {err}") from None
-        self.current = Round(path, set(ranks), describe, now)
+        self.current = Round(path, set(ranks), describe, now, expected=expected or {})
         if self.every:
             self._next_due = now + self.every
         log.info("checkpoint %s of servers %s started", path, sorted(ranks))
@@ -102,7 +115,14 @@ class CheckpointRounds:
         if not isinstance(files, list) or not all(isinstance(f, dict) for f in files):
             self._fail(f"server {rank} reported no files")
             return
+        missing = _missing_chunks(r.expected.get(rank, {}), files)
+        if missing:
+            self._fail(f"server {rank}'s shard file lacks chunks {missing} the shard map gives "
+                       "it (it lost them); not a complete checkpoint")
+            return
         r.files[rank] = files
+        if type(report.get("updates")) is int:
+            r.updates[rank] = (report["updates"], report.get("incarnation"))
         if set(r.files) == r.ranks:
             self._finish()
 
@@ -130,7 +150,7 @@ class CheckpointRounds:
             return
         r.manifest = manifest
         log.info("checkpoint %s complete (%d files)", r.path, len(manifest["files"]))
-        self.last, self.current = r, None
+        self.last, self.current, self.complete = r, None, r
 
     def _fail(self, why: str) -> None:
         r = self.current
@@ -150,3 +170,16 @@ class CheckpointRounds:
             return {"path": str(r.path), "files": r.manifest["files"]}
 
         return ready
+
+
+def _missing_chunks(expected: dict[str, set[int]], files: list[dict[str, Any]]
+                    ) -> dict[str, list[int]]:
+    """The chunks of ``expected`` that no dense entry of ``files`` lists."""
+    held: dict[str, set[int]] = {}
+    for entry in files:
+        chunks = entry.get("chunks") if entry.get("kind") == "dense" else None
+        if isinstance(chunks, dict):
+            for table, ids in chunks.items():
+                held.setdefault(str(table), set()).update(i for i in ids if type(i) is int)
+    return {table: sorted(ids - held.get(table, set()))
+            for table, ids in expected.items() if ids - held.get(table, set())}

@@ -18,10 +18,11 @@ from hogshard.proto.wire import Message
 
 class HeartbeatOps:
     """Mixed into the Scheduler; uses its ``members``, ``barriers``, ``released_barriers``,
-    ``checkpoints``, ``policy`` fields and ``_replica_fields``."""
+    ``checkpoints``, ``lost_shards``, ``policy`` fields and ``_replica_fields``."""
 
     def _heartbeat(self, msg: Message) -> dict[str, Any]:
-        member = self.members.touch(msg.get("from", ""), time.monotonic())
+        member = self.members.touch(msg.get("from", ""), time.monotonic(),
+                                    msg.get("incarnation"))
         if isinstance(msg.get("clock"), int):
             now = time.monotonic()
             if member.clock_at and now > member.clock_at:
@@ -41,6 +42,8 @@ class HeartbeatOps:
             member.progress = msg.get("progress")
         reply: dict[str, Any] = {"epoch": self.members.epoch, "shutdown": self.shutting_down,
                                  **self._replica_fields(member, msg.get("map_epoch"))}
+        if self.lost_shards.failed is not None:
+            reply["failed"] = self.lost_shards.failed
         if member.role == "server":
             self.checkpoints.report(member.rank, msg.get("checkpoint"))
             request = self.checkpoints.request_for(member.rank)

@@ -18,7 +18,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
-from hogshard.proto.errors import ConfigError, UnknownMemberError
+from hogshard.proto.errors import ConfigError, FencedError, UnknownMemberError
 
 ROLES = ("server", "worker")
 
@@ -45,6 +45,11 @@ class Member:
     stats_at: float = 0.0
     clock_at: float = 0.0
     clock_rate: float = 0.0
+    #: Servers: a number the process drew when it started (None: not sent). A registration
+    #: under this rank with another incarnation replaces this member.
+    incarnation: int | None = None
+    #: The member this one replaced under the same node id (its predecessor's own is dropped).
+    previous: Member | None = field(default=None, repr=False)
 
     @property
     def node_id(self) -> str:
@@ -57,32 +62,77 @@ class Member:
 
 class MembershipTable:
     """Ranks are the lowest free for the role (a requested rank is honoured when free), so a
-    restarted process can take the rank of the one that died."""
+    restarted process can take the rank of the one that died. A worker rank whose worker left
+    (``done``) is never handed out again: its share of the data is trained. A server that asks
+    for its rank under a new incarnation takes it over from a live holder (see :meth:`fence`)."""
+
+    #: Replaced incarnations remembered per rank.
+    MAX_FENCED = 64
 
     def __init__(self, heartbeat_timeout: float) -> None:
         self.heartbeat_timeout = heartbeat_timeout
         self._members: dict[str, Member] = {}
+        self._fenced: dict[str, list[int]] = {}  # node id -> incarnations replaced
         self.epoch = 0
 
     def __iter__(self):
         return iter(list(self._members.values()))
 
     def register(
-        self, role: str, address: str, now: float, rank_hint: int | None = None, clock: int = 0
+        self, role: str, address: str, now: float, rank_hint: int | None = None, clock: int = 0,
+        incarnation: int | None = None,
     ) -> Member:
         if role not in ROLES:
             raise ConfigError(f"unknown role {role!r}; expected one of {ROLES}")
         if rank_hint is not None and (not isinstance(rank_hint, int) or isinstance(rank_hint, bool)):
             raise ConfigError(f"rank_hint must be an integer or absent; got {rank_hint!r}")
-        taken = {m.rank for m in self._members.values() if m.role == role and m.alive}
+        if incarnation is not None and type(incarnation) is not int:
+            raise ConfigError(f"incarnation must be an integer or absent; got {incarnation!r}")
+        same = self._members.get(f"{role}-{rank_hint}")
+        if incarnation is not None and same is not None and same.alive \
+                and same.incarnation == incarnation:
+            same.address, same.last_seen = address, now  # the same process, registering again
+            self.epoch += 1
+            return same
+        taken = {m.rank for m in self._members.values() if m.role == role and (
+            m.alive or (role == "worker" and m.state is MemberState.DONE))}
         if rank_hint is not None and rank_hint >= 0 and rank_hint not in taken:
             rank = rank_hint
         else:
             rank = next(r for r in range(len(taken) + 1) if r not in taken)
-        member = Member(role, rank, address, registered_at=now, last_seen=now, clock=clock)
+        if incarnation is not None and any(incarnation in self._fenced.get(f"{role}-{r}", ())
+                                           for r in (rank, rank_hint)):
+            raise FencedError(f"{role}-{rank} incarnation {incarnation} was replaced by a newer "
+                              "process under this rank; this one must stop")
+        member = Member(role, rank, address, registered_at=now, last_seen=now, clock=clock,
+                        incarnation=incarnation)
+        member.previous = self._members.get(member.node_id)
+        if member.previous is not None:
+            member.previous.previous = None
         self._members[member.node_id] = member
         self.epoch += 1
         return member
+
+    def fence(self, role: str, rank: Any, incarnation: Any) -> Member | None:
+        """Before a registration under ``rank`` with ``incarnation``: a live member holding
+        that rank under another incarnation is a process that died before its silence was
+        noticed (a quick restart), or a stale one. It is declared dead and returned, and its
+        incarnation is refused from now on (:class:`FencedError`)."""
+        if type(rank) is not int or rank < 0 or type(incarnation) is not int:
+            return None
+        node_id = f"{role}-{rank}"
+        if incarnation in self._fenced.get(node_id, ()):
+            raise FencedError(f"{node_id} incarnation {incarnation} was replaced by a newer "
+                              "process under this rank; this one must stop")
+        holder = self._members.get(node_id)
+        if holder is None or not holder.alive or holder.incarnation in (None, incarnation):
+            return None
+        holder.state = MemberState.DEAD
+        fenced = self._fenced.setdefault(node_id, [])
+        fenced.append(holder.incarnation)
+        del fenced[:-self.MAX_FENCED]
+        self.epoch += 1
+        return holder
 
     def get(self, node_id: str) -> Member:
         member = self._members.get(node_id)
@@ -93,7 +143,11 @@ class MembershipTable:
             )
         return member
 
-    def touch(self, node_id: str, now: float) -> Member:
+    def touch(self, node_id: str, now: float, incarnation: Any = None) -> Member:
+        """A heartbeat from ``node_id``; one from a replaced incarnation is refused."""
+        if type(incarnation) is int and incarnation in self._fenced.get(node_id, ()):
+            raise FencedError(f"{node_id} incarnation {incarnation} was replaced by a newer "
+                              "process under this rank; this one must stop")
         member = self.get(node_id)
         member.last_seen = now
         return member
@@ -128,3 +182,9 @@ class MembershipTable:
     def min_live_clock(self) -> int:
         clocks = self.live_clocks()
         return min(clocks.values()) if clocks else 0
+
+
+def server_list(servers: list[Member]) -> list[dict[str, Any]]:
+    """``[{rank, address, incarnation}]`` of servers, as replies list them."""
+    return [{"rank": m.rank, "address": m.address, "incarnation": m.incarnation}
+            for m in servers]

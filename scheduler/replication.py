@@ -174,4 +174,6 @@ class ReplicationOps:
         if member.role == "server" and known_epoch != self.map_epoch:
             fields["assignments"] = assignments_for(self.tables, member.rank)
             fields["servers"] = {str(m.rank): m.address for m in self.members.live("server")}
+            fields["incarnations"] = {str(m.rank): m.incarnation
+                                      for m in self.members.live("server")}
         return fields

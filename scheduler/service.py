@@ -38,7 +38,8 @@ from hogshard.proto.wire import Message
 from hogshard.scheduler.checkpoint_ops import CheckpointOps
 from hogshard.scheduler.checkpointing import CheckpointRounds
 from hogshard.scheduler.heartbeats import HeartbeatOps
-from hogshard.scheduler.membership import MembershipTable
+from hogshard.scheduler.lost import LostShards
+from hogshard.scheduler.membership import MembershipTable, server_list
 from hogshard.scheduler.placement import (
     DEFAULT_CHUNK_ELEMS,
     Chunk,
@@ -48,6 +49,7 @@ from hogshard.scheduler.placement import (
 )
 from hogshard.scheduler.policy import parse_policy
 from hogshard.scheduler.recovery import RecoveryOps, parse_table_report
+from hogshard.scheduler.rejoin import RejoinOps
 from hogshard.scheduler.replication import EMBEDDING_MAP, ReplicationOps, check_replication
 
 log = logging.getLogger(__name__)
@@ -74,7 +76,7 @@ class _Waiter:
     ready: Callable[[], dict[str, Any] | None]
 
 
-class Scheduler(CheckpointOps, ReplicationOps, RecoveryOps, HeartbeatOps):
+class Scheduler(CheckpointOps, ReplicationOps, RecoveryOps, RejoinOps, HeartbeatOps):
     """The control plane of one job. Not thread-safe: run ``serve_forever`` in one thread and
     stop it with ``stop()`` from any thread."""
 
@@ -105,6 +107,7 @@ class Scheduler(CheckpointOps, ReplicationOps, RecoveryOps, HeartbeatOps):
         self.expected_servers = expected_servers
         self.heartbeat_interval = heartbeat_interval
         self.members = MembershipTable(heartbeat_timeout)
+        self.lost_shards = LostShards(heartbeat_timeout)
         self.tables: dict[str, PlacedTable] = {}
         self.barriers: dict[str, set[str]] = {}
         self.released_barriers: set[str] = set()
@@ -145,7 +148,8 @@ class Scheduler(CheckpointOps, ReplicationOps, RecoveryOps, HeartbeatOps):
                 dead = self.members.expire(time.monotonic())
                 if dead:
                     self._log_membership()
-                    self._servers_lost(dead)
+                    self._members_gone(dead)
+                self._tick_lost(time.monotonic())
                 self._tick_checkpoints(time.monotonic())
                 self._release_waiters()
         finally:
@@ -214,15 +218,13 @@ class Scheduler(CheckpointOps, ReplicationOps, RecoveryOps, HeartbeatOps):
             start_clock = msg.get("clock")  # a worker rejoining a restarted scheduler
         reported = parse_table_report(msg.get("tables")) \
             if role == "server" and msg.get("tables") is not None else {}
-        member = self.members.register(
-            role, str(msg.get("address", "")), time.monotonic(),
-            rank_hint=msg.get("rank_hint"), clock=start_clock,
-        )
+        member, restore = self._join(role, msg, start_clock)
         self._adopt_tables(member.rank, reported)
         if role == "server":
             self._fill_backups()
         self._log_membership()
-        return {
+        extra = {"restore": restore} if restore is not None else {}
+        return {**extra,
             "node_id": member.node_id,
             "rank": member.rank,
             "policy": self.policy.spec,
@@ -237,7 +239,7 @@ class Scheduler(CheckpointOps, ReplicationOps, RecoveryOps, HeartbeatOps):
         if len(servers) < self.expected_servers:
             return None
         return {
-            "servers": [{"rank": m.rank, "address": m.address} for m in servers],
+            "servers": server_list(servers),
             "epoch": self.members.epoch,
         }
 
@@ -245,6 +247,7 @@ class Scheduler(CheckpointOps, ReplicationOps, RecoveryOps, HeartbeatOps):
         return self._servers_view
 
     def _declare_table(self, msg: Message) -> dict[str, Any]:
+        self._check_not_failed()
         servers = self.members.live("server")
         size = _positive_int(msg.get("size"), "size", MAX_TABLE_ELEMS)
         requested = msg.get("chunk_elems")
@@ -293,11 +296,11 @@ class Scheduler(CheckpointOps, ReplicationOps, RecoveryOps, HeartbeatOps):
             "replication": table.replication,
             "epoch": self.members.epoch,
             "map_epoch": self.map_epoch,
-            "servers": [{"rank": m.rank, "address": m.address}
-                        for m in self.members.live("server")],
+            "servers": server_list(self.members.live("server")),
         }
 
     def _lookup(self, name: Any) -> PlacedTable:
+        self._check_not_failed()
         table = self.tables.get(str(name))
         if table is None:
             raise UnknownTableError(
@@ -316,6 +319,7 @@ class Scheduler(CheckpointOps, ReplicationOps, RecoveryOps, HeartbeatOps):
             return self._table_view(self._lookup(name))
 
         def ready() -> dict[str, Any] | None:
+            self._check_not_failed()
             table = self.tables.get(name)
             return self._table_view(table) if table is not None and table.ready else None
 
@@ -383,6 +387,7 @@ class Scheduler(CheckpointOps, ReplicationOps, RecoveryOps, HeartbeatOps):
             "tables": {name: self._table_view(t) for name, t in self.tables.items()},
             "map_history": list(self.map_history),
             "errors": dict(self._errors),
+            **self._recovery_status(),
         }
 
     _HANDLERS: dict[str, Callable[[Scheduler, Message], Any]] = {

@@ -15,10 +15,12 @@ Example::
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import logging
 import secrets
 import time
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,6 +33,7 @@ from hogshard.proto.errors import (
     ErrorCode,
     HogshardError,
     RequestTimeoutError,
+    ServerLostError,
     UnknownMemberError,
 )
 from hogshard.proto.security import load_security
@@ -73,8 +76,17 @@ class PSClient:
         self.updates_acked = 0  # chunk updates the servers acknowledged as applied
         self.progress: dict[str, Any] = {}
         self.security = load_security(self.settings.keys)
-        self._control = RpcChannel(self._context, self.settings.scheduler, sender="worker-?",
-                                   security=self.security)
+        # Control and heartbeats get a context (and I/O thread) of their own: a data-plane
+        # socket connecting to a host whose name is slow to resolve blocks its context's I/O
+        # thread, and must not silence the heartbeats (an in-process scheduler on inproc://
+        # needs the shared context).
+        inproc = self.settings.scheduler.startswith("inproc://")
+        self._control_context = self._context if inproc else zmq.Context()
+        self._control = RpcChannel(self._control_context, self.settings.scheduler,
+                                   sender="worker-?", security=self.security)
+        #: Set by the heartbeat thread when the scheduler says the job lost a shard for good;
+        #: every request from then on raises it.
+        self.failure: ServerLostError | None = None
         self._ids = itertools.count(1)
         self._push_ids = itertools.count(1)
         self._incarnation = secrets.randbits(30)  # push ids stay unique across restarts
@@ -87,11 +99,16 @@ class PSClient:
         )
         self._adopt_registration(reply.header)
         self.policy: str = reply.get("policy")
-        self._heartbeat = Heartbeat(self, self._context, reply.get("heartbeat_interval"))
+        self._heartbeat = Heartbeat(self, self._control_context,
+                                    reply.get("heartbeat_interval"))
         self._heartbeat.start()
+        # a script that ends on an exception never closes its client; collecting a context
+        # whose sockets are still open (the heartbeat thread's) would hang the exit
+        atexit.register(_close_at_exit, weakref.ref(self))
         servers = self._control.call("wait_servers", timeout=self.settings.connect_timeout)
         self._servers: dict[int, zmq.Socket] = {}
-        self._addresses: dict[int, str] = {}
+        self._addresses: dict[int, tuple[str, Any]] = {}  # rank -> (address, incarnation)
+        self._links: dict[int, int] = {}  # rank -> how many sockets were opened to it
         self._poller = zmq.Poller()
         self._connect_servers(servers.get("servers"))
         #: The servers embedding rows are hashed over (fixed for the client's life: a rank
@@ -103,22 +120,39 @@ class PSClient:
                  self.node_id, len(self._servers), self.policy, self.clock)
 
     def _connect_servers(self, servers: Sequence[dict[str, Any]]) -> None:
-        """One DEALER per live server; a server gone or moved loses its socket (and what was
-        queued on it), one new or moved gets a fresh one."""
-        live = {int(s["rank"]): str(s["address"]) for s in servers}
+        """One DEALER per live server; a server gone, moved or restarted (a new incarnation)
+        loses its socket (and what was queued on it), one new gets a fresh one: requests
+        sent on the old socket are sent again by the rerouter."""
+        live = {int(s["rank"]): (str(s["address"]), s.get("incarnation")) for s in servers}
         for rank in list(self._servers):
             if self._addresses.get(rank) != live.get(rank):
                 self._poller.unregister(self._servers[rank])
                 self._servers.pop(rank).close(0)
-        for rank, address in live.items():
+        for rank, (address, incarnation) in live.items():
             if rank not in self._servers:
                 sock = connect_dealer(self._context, address, security=self.security)
-                self._servers[rank], self._addresses[rank] = sock, address
+                self._servers[rank] = sock
+                self._addresses[rank] = (address, incarnation)
+                self._links[rank] = self._links.get(rank, 0) + 1
                 self._poller.register(sock, zmq.POLLIN)
 
     @property
     def num_servers(self) -> int:
         return len(self._servers)
+
+    @property
+    def surplus(self) -> bool:
+        """Whether this worker's rank is beyond the job's ``num_workers``: every data shard
+        (rank) of the job is trained or being trained, since the rank of a worker that left
+        is never handed out again. A script that shards its data by rank has nothing to do.
+
+        Example::
+
+            if client.surplus:
+                log.info("every shard of this job is taken or trained; nothing to do")
+                client.close(); return 0
+        """
+        return self.rank >= self.settings.num_workers
 
     @classmethod
     def from_env(cls, context: zmq.Context | None = None) -> PSClient:
@@ -200,11 +234,22 @@ class PSClient:
     def _send_request(self, rank: int, op: str, fields: dict[str, Any],
                       arrays: Sequence[np.ndarray], on_reply: Any, route: Route | None,
                       wait_for_room: bool = True) -> PendingRequest:
+        if self.failure is not None:
+            raise self.failure
         if wait_for_room and len(self._book) >= self.settings.max_in_flight:
             self._wait_for_room()
+        sock = self._servers.get(rank)
+        if sock is None:
+            raise ServerLostError(
+                f"{op}: server-{rank} holds chunks this request needs but is not a live server "
+                f"of the job (live: {sorted(self._servers)}); it was lost or has not come back")
         request_id = next(self._ids)
-        send(self._servers[rank], request_header(op, request_id, self.node_id, **fields), arrays)
-        pending = PendingRequest(request_id, op, rank, on_reply, route=route)
+        incarnation = self._addresses[rank][1]
+        if incarnation is not None:  # a new process under that rank refuses it (NOT_OWNER)
+            fields = {**fields, "incarnation": incarnation}
+        send(sock, request_header(op, request_id, self.node_id, **fields), arrays)
+        pending = PendingRequest(request_id, op, rank, on_reply, route=route,
+                                 link=self._links[rank])
         self._book.add(pending)
         return pending
 
@@ -319,10 +364,9 @@ class PSClient:
             self.updates_acked += len(duplicates)
 
     @staticmethod
-    def _route(table: DenseTable, chunks: list[Chunk], build: Any) -> Route | None:
-        """How to send a request to a replicated table again if its chunks move."""
-        if table.replication < 2:
-            return None
+    def _route(table: DenseTable, chunks: list[Chunk], build: Any) -> Route:
+        """How to send a request again if its chunks move (a backup promoted) or their
+        server is replaced by a new process (restored from a checkpoint)."""
         return Route(table, [c.chunk_id for c in chunks], build)
 
     @staticmethod
@@ -338,7 +382,10 @@ class PSClient:
 
     def _pump(self, timeout: float) -> None:
         """Wait up to ``timeout`` seconds for replies and settle the requests they answer
-        (sending again, first, what must move to a chunk's new owner)."""
+        (sending again, first, what must move to a chunk's new owner). Raises the job's
+        failure (:class:`ServerLostError`) once the scheduler has reported one."""
+        if self.failure is not None:
+            raise self.failure
         if self.rerouter.tables:
             now = time.monotonic()
             self.rerouter.run(now)
@@ -397,6 +444,8 @@ class PSClient:
         for sock in self._servers.values():
             sock.close(0)
         self._control.close()
+        if self._control_context is not self._context:
+            self._control_context.term()
         if self._own_context:
             self._context.term()
 
@@ -405,3 +454,9 @@ class PSClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _close_at_exit(ref: weakref.ref[PSClient]) -> None:
+    client = ref()
+    if client is not None and not client._closed:
+        client.close(leave=False)

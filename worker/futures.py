@@ -39,6 +39,7 @@ class PendingRequest:
     parent: PendingRequest | None = field(default=None, repr=False)
     children: int = 0  # sent again as this many requests, not all done yet
     attempts: int = 0
+    link: int = 0  # which socket to ``server`` it went out on (PSClient._links)
 
     def settle(self, message: Message) -> None:
         try:

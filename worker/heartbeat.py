@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import zmq
 
-from hogshard.proto.errors import HogshardError, UnknownMemberError
+from hogshard.proto.errors import HogshardError, ServerLostError, UnknownMemberError
 from hogshard.proto.transport import RpcChannel
 
 if TYPE_CHECKING:
@@ -47,6 +47,12 @@ class Heartbeat(threading.Thread):
                         timeout=max(2.0, 4 * self._interval),
                     )
                     self._client.rerouter.announced = reply.get("map_epoch")
+                    if isinstance(reply.get("failed"), str) and self._client.failure is None:
+                        log.error("the job failed: %s", reply.get("failed"))
+                        self._client.failure = ServerLostError(reply.get("failed"))
+                    if isinstance(reply.get("failed"), str) and self._client.failure is None:
+                        log.error("the job failed: %s", reply.get("failed"))
+                        self._client.failure = ServerLostError(reply.get("failed"))
                 except UnknownMemberError as err:
                     if self.stopped.is_set():
                         break

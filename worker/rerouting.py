@@ -129,7 +129,8 @@ class Rerouter:
             if route is None:
                 continue
             owners = {route.table.by_id[c].server for c in route.chunk_ids}
-            if owners != {pending.server} or pending.server not in client._servers:
+            if owners != {pending.server} or pending.server not in client._servers \
+                    or client._links.get(pending.server) != pending.link:
                 client._book.pop(pending.request_id)
                 self._resend(pending)
 

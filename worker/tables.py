@@ -105,6 +105,6 @@ def open_dense_table(client: PSClient, name: str, size: int, rule: dict[str, Any
 
 
 def follow_map(client: PSClient, table: DenseTable, view: dict[str, Any]) -> None:
-    """Follow a replicated table's placement as backups are promoted (worker/rerouting.py)."""
-    if table.replication > 1:
-        client.rerouter.track(table, view.get("map_epoch"))
+    """Follow a table's placement as backups are promoted, and its servers as they are
+    replaced by new processes (worker/rerouting.py)."""
+    client.rerouter.track(table, view.get("map_epoch"))

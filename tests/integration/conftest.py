@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,13 +78,16 @@ def cluster_factory(procs: Any, tmp_path: Path, zmq_ctx: zmq.Context):
     channels: list[RpcChannel] = []
 
     def start(servers: int = 2, policy: str = "async", heartbeat_interval: float = 0.2,
-              heartbeat_timeout: float = 3.0) -> Cluster:
+              heartbeat_timeout: float = 3.0, scheduler_args: Sequence[str] = (),
+              server_args: Callable[[int], Sequence[str]] | None = None) -> Cluster:
+        """``scheduler_args`` go to the scheduler, ``server_args(i)`` to server ``i``."""
         scheduler, address = start_scheduler(
             procs, tmp_path, "--policy", policy, "--servers", str(servers),
             "--heartbeat-interval", str(heartbeat_interval),
-            "--heartbeat-timeout", str(heartbeat_timeout),
+            "--heartbeat-timeout", str(heartbeat_timeout), *scheduler_args,
         )
-        server_procs = [procs.hogshard(f"server{i}", "server", "--scheduler", address)
+        server_procs = [procs.hogshard(f"server{i}", "server", "--scheduler", address,
+                                       *(server_args(i) if server_args else ()))
                         for i in range(servers)]
         channel = RpcChannel(zmq_ctx, address, sender="test")
         channels.append(channel)

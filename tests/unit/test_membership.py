@@ -9,7 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hogshard.proto.errors import ConfigError, ErrorCode, HogshardError, UnknownMemberError
+from hogshard.proto.errors import (
+    ConfigError,
+    ErrorCode,
+    FencedError,
+    HogshardError,
+    UnknownMemberError,
+)
 from hogshard.scheduler.membership import MembershipTable, MemberState
 
 TIMEOUT = 3.0
@@ -46,8 +52,9 @@ def test_ranks_count_up_per_role(table: MembershipTable) -> None:
 def test_lowest_free_rank_fills_gaps(table: MembershipTable) -> None:
     for _ in range(4):
         table.register("worker", "", now=0.0)
-    table.leave("worker-1")
-    table.leave("worker-2")
+    table.touch("worker-0", now=TIMEOUT + 1)
+    table.touch("worker-3", now=TIMEOUT + 1)
+    assert [m.node_id for m in table.expire(now=TIMEOUT + 1)] == ["worker-1", "worker-2"]
     assert table.register("worker", "", now=1.0).rank == 1
     assert table.register("worker", "", now=1.0).rank == 2
     assert table.register("worker", "", now=1.0).rank == 4
@@ -279,6 +286,9 @@ def test_random_history_keeps_ranks_unique_and_lowest_free(history) -> None:
     for op, role, arg in history:
         if op == "register":
             taken = {m.rank for m in table.live(role)}
+            if role == "worker":  # a rank whose worker left is never handed out again
+                taken |= {m.rank for m in table if m.role == role
+                          and m.state is MemberState.DONE}
             hint = arg if arg >= 0 and arg % 2 == 0 else None
             member = table.register(role, "", now=now, rank_hint=hint)
             if hint is not None and hint not in taken:
@@ -305,3 +315,45 @@ def test_random_history_keeps_ranks_unique_and_lowest_free(history) -> None:
             live_ranks = ranks(table, r)
             assert len(live_ranks) == len(set(live_ranks))
             assert all(now - m.last_seen <= TIMEOUT or op != "tick" for m in table.live(r))
+
+
+# ---------------------------------------------------------------------------------------------
+# finished worker ranks, server incarnations
+# ---------------------------------------------------------------------------------------------
+
+
+def test_rank_of_a_finished_worker_is_not_handed_out_again(table: MembershipTable) -> None:
+    table.register("worker", "", now=0.0)
+    table.register("worker", "", now=0.0)
+    table.leave("worker-0")
+    assert table.register("worker", "", now=1.0).rank == 2  # not 0: its data is trained
+    assert table.register("worker", "", now=1.0, rank_hint=0).rank == 3
+    table.expire(now=10.0)  # all silent: a dead worker's rank is free for its restart
+    assert table.register("worker", "", now=11.0).rank == 1
+
+
+def test_a_new_incarnation_takes_its_rank_over_and_the_old_is_fenced(
+        table: MembershipTable) -> None:
+    old = table.register("server", "tcp://a:1", now=0.0, rank_hint=1, incarnation=7)
+    assert table.fence("server", 1, 7) is None  # the same process: nothing to fence
+    replaced = table.fence("server", 1, 8)
+    assert replaced is old and old.state is MemberState.DEAD
+    new = table.register("server", "tcp://a:1", now=0.5, rank_hint=1, incarnation=8)
+    assert (new.node_id, new.incarnation, new.previous) == ("server-1", 8, old)
+    with pytest.raises(FencedError, match="replaced"):
+        table.touch("server-1", now=0.6, incarnation=7)
+    with pytest.raises(FencedError):
+        table.fence("server", 1, 7)
+    with pytest.raises(FencedError):
+        table.register("server", "tcp://a:1", now=0.7, rank_hint=1, incarnation=7)
+    assert table.touch("server-1", now=0.8, incarnation=8) is new
+    assert FencedError("x").code is ErrorCode.FENCED
+
+
+def test_the_same_incarnation_registering_again_keeps_its_entry(table: MembershipTable) -> None:
+    first = table.register("server", "tcp://a:1", now=0.0, rank_hint=0, incarnation=5)
+    again = table.register("server", "tcp://a:2", now=1.0, rank_hint=0, incarnation=5)
+    assert again is first and again.address == "tcp://a:2" and ranks(table, "server") == [0]
+    # without an incarnation a live rank is never taken over
+    assert table.fence("server", 0, None) is None
+    assert table.register("server", "", now=1.0, rank_hint=0).rank == 1
