@@ -109,7 +109,14 @@ class Rerouter:
             for name, table in self.tables.items():
                 reply = client._control.call("get_table", {"table": name},
                                              timeout=client.settings.connect_timeout)
-                table.update([Chunk.from_wire(c) for c in reply.get("chunks")])
+                chunks = [Chunk.from_wire(c) for c in reply.get("chunks")]
+                if {c.chunk_id for c in chunks} != set(table.by_id):
+                    # A restarted scheduler rebuilds the map as servers re-register: until
+                    # every chunk is placed again, the old placement is the better guess.
+                    log.info("%s: the map of %s places %d of its %d chunks yet; keeping the "
+                             "old one", client.node_id, name, len(chunks), len(table.by_id))
+                    return
+                table.update(chunks)
                 servers, epoch = reply.get("servers") or [], reply.get("map_epoch")
         except HogshardError as err:
             log.info("%s: cannot fetch the shard map yet (%s)", client.node_id, err.message)
