@@ -7,6 +7,9 @@ Run it through the launcher (rank 0 evaluates the final weights and writes the r
 
 or alone with plain torch.optim, as a baseline: ``python examples/fashion_mnist.py --local``.
 Without ``--data`` it reads ../shared/data/fashion-mnist and falls back to scikit-learn's digits.
+``--device`` (``auto``: cuda when torch sees one) picks where the model trains; on CUDA cuDNN
+is made deterministic, so two runs of the same job (e.g. ``--local`` and one worker under
+``ssp:0``) compute the same gradients.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from hogshard.datasets import ImageDataset, load_image_dataset
+from hogshard.proto.errors import ConfigError
+from hogshard.worker.device import DEVICE_CHOICES, resolve_device
 
 log = logging.getLogger("fashion_mnist")
 
@@ -56,13 +61,14 @@ def batch_order(n: int, epoch: int, seed: int, rank: int, workers: int) -> np.nd
 
 
 def batches(data: ImageDataset, epochs: int, batch: int, seed: int, rank: int, workers: int,
-            limit: int | None):
+            limit: int | None, device: torch.device | str = "cpu"):
     n = min(len(data.train_y), limit) if limit else len(data.train_y)
     for epoch in range(epochs):
         order = batch_order(n, epoch, seed, rank, workers)
         for start in range(0, len(order), batch):
             index = order[start:start + batch]
-            yield torch.from_numpy(data.train_x[index]), torch.from_numpy(data.train_y[index])
+            yield (torch.from_numpy(data.train_x[index]).to(device),
+                   torch.from_numpy(data.train_y[index]).to(device))
 
 
 def steps_per_run(data: ImageDataset, epochs: int, batch: int, rank: int, workers: int,
@@ -75,10 +81,11 @@ def steps_per_run(data: ImageDataset, epochs: int, batch: int, rank: int, worker
 @torch.no_grad()
 def accuracy(model: nn.Module, x: np.ndarray, y: np.ndarray) -> float:
     model.eval()
+    device = next(model.parameters()).device
     correct = 0
     for start in range(0, len(y), 1000):
-        logits = model(torch.from_numpy(x[start:start + 1000]))
-        correct += int((logits.argmax(1).numpy() == y[start:start + 1000]).sum())
+        logits = model(torch.from_numpy(x[start:start + 1000]).to(device))
+        correct += int((logits.argmax(1).cpu().numpy() == y[start:start + 1000]).sum())
     model.train()
     return correct / len(y)
 
@@ -125,7 +132,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "weights; async, softsync or ssp:S with S >= 1)")
     p.add_argument("--local", action="store_true",
                    help="train in this process with torch.optim (no cluster), as a baseline")
-    return p.parse_args(argv)
+    p.add_argument("--device", default="auto", choices=DEVICE_CHOICES,
+                   help="where the model trains (auto: cuda when available, else cpu)")
+    args = p.parse_args(argv)
+    try:
+        args.device = resolve_device(args.device)
+    except ConfigError as exc:
+        p.error(str(exc))
+    return args
 
 
 def rule_hyper(args: argparse.Namespace) -> dict:
@@ -145,7 +159,7 @@ def local_optimizer(model: nn.Module, args: argparse.Namespace) -> torch.optim.O
 
 
 def flat_weights(model: nn.Module) -> np.ndarray:
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu().numpy()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -153,7 +167,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(int(os.environ.get("HOGSHARD_TORCH_THREADS", "1")))
     data = load_image_dataset(args.data)
-    model = make_model(data, args.seed)
+    if args.device.type == "cuda":
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
+    model = make_model(data, args.seed).to(args.device)
 
     if args.local:
         client = None
@@ -171,12 +188,12 @@ def main(argv: list[str] | None = None) -> int:
                                 **rule_hyper(args))
 
     total = steps_per_run(data, args.epochs, args.batch, rank, workers, args.limit)
-    log.info("rank %d of %d: %s, %d steps of batch %d, rule %s lr %g", rank, workers, data.name,
-             total, args.batch, args.rule, args.lr)
+    log.info("rank %d of %d: %s, %d steps of batch %d, rule %s lr %g, on %s", rank, workers,
+             data.name, total, args.batch, args.rule, args.lr, args.device)
     started, seen, ema, done = time.monotonic(), 0, None, 0
     history, sampled_at = [], -float("inf")  # rank 0's samples for `hogshard report`
     for step, (x, y) in enumerate(batches(data, args.epochs, args.batch, args.seed, rank,
-                                          workers, args.limit)):
+                                          workers, args.limit, args.device)):
         optimizer.zero_grad()
         logits = model(x)
         loss = F.cross_entropy(logits, y)
@@ -217,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
                                 "staleness_p99"],
             "history": history,
             "codec": codec, "steps": done, "parameters": flat_weights(model).size,
-            "bytes_pushed_per_step": bytes_per_step,
+            "bytes_pushed_per_step": bytes_per_step, "device": str(args.device),
         }
         if args.report:
             args.report.write_text(json.dumps(report, indent=2))
