@@ -31,11 +31,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hogshard.proto.errors import ConfigError
 from hogshard.proto.hashing import init_rows
 from hogshard.ps.embedding import EmbeddingSpec
 from hogshard.recsys_data import RecsysDataset, auc, load_open_bandit, logloss, synthetic_criteo
-from hogshard.worker.device import DEVICE_CHOICES, resolve_device
+from hogshard.worker.device import add_device_argument
 
 log = logging.getLogger("dlrm")
 
@@ -236,14 +235,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-baseline", action="store_true",
                    help="skip the single-process baseline in the report")
     p.add_argument("--local", action="store_true", help="only the single-process baseline")
-    p.add_argument("--device", default="auto", choices=DEVICE_CHOICES,
-                   help="where the model trains (auto: cuda when available, else cpu)")
-    args = p.parse_args(argv)
-    try:
-        args.device = resolve_device(args.device)
-    except ConfigError as exc:
-        p.error(str(exc))
-    return args
+    add_device_argument(p)
+    return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,8 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hogshard.datasets import ImageDataset, load_image_dataset
-from hogshard.proto.errors import ConfigError
-from hogshard.worker.device import DEVICE_CHOICES, resolve_device
+from hogshard.worker.device import add_device_argument
 
 log = logging.getLogger("fashion_mnist")
 
@@ -132,14 +131,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "weights; async, softsync or ssp:S with S >= 1)")
     p.add_argument("--local", action="store_true",
                    help="train in this process with torch.optim (no cluster), as a baseline")
-    p.add_argument("--device", default="auto", choices=DEVICE_CHOICES,
-                   help="where the model trains (auto: cuda when available, else cpu)")
-    args = p.parse_args(argv)
-    try:
-        args.device = resolve_device(args.device)
-    except ConfigError as exc:
-        p.error(str(exc))
-    return args
+    add_device_argument(p)
+    return p.parse_args(argv)
 
 
 def rule_hyper(args: argparse.Namespace) -> dict:

@@ -27,6 +27,7 @@ Example::
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -199,6 +200,26 @@ def resolve_device(spec: str) -> torch.device:
         raise ConfigError(f"device {spec!r} asked for, but this torch "
                           f"({torch.__version__}) sees no CUDA device")
     return device
+
+
+def add_device_argument(parser: argparse.ArgumentParser) -> None:
+    """``--device auto|cpu|cuda[:N]`` on a script's parser; it parses to a ``torch.device``
+    (an unusable device is a usage error).
+
+    >>> p = argparse.ArgumentParser(); add_device_argument(p)
+    >>> p.parse_args(["--device", "cpu"]).device
+    device(type='cpu')
+    """
+    parser.add_argument("--device", type=_parse_device, default="auto",
+                        metavar="{" + ",".join(DEVICE_CHOICES) + "}",
+                        help="where the model trains (auto: cuda when available, else cpu)")
+
+
+def _parse_device(text: str) -> torch.device:
+    try:
+        return resolve_device(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def host_empty(shape: tuple[int, ...], device: torch.device,
