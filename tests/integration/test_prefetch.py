@@ -14,6 +14,7 @@ from torch import nn
 
 from hogshard.proto.config import ClientSettings
 from hogshard.worker.client import PSClient
+from hogshard.worker.device import HostBuffer, HostMirror
 from hogshard.worker.optimizer import PSOptimizer
 
 STEPS = 12
@@ -35,9 +36,59 @@ def flat(model: nn.Module) -> np.ndarray:
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu().numpy().copy()
 
 
+class _Waited:
+    """A copy that ends when waited on; counts the waits."""
+
+    def __init__(self, mirror: _TwoBufferMirror) -> None:
+        self.mirror = mirror
+
+    def ready(self) -> bool:
+        return False
+
+    def wait(self) -> None:
+        self.mirror.waits += 1
+
+
+class _TwoBufferMirror(HostMirror):
+    """The CPU mirror staged like the CUDA one: prefetches land in two host buffers in turn,
+    and a buffer stays busy after its upload until it is waited on."""
+
+    staging_depth = 2
+
+    def __init__(self, params: list[nn.Parameter]) -> None:
+        super().__init__(params)
+        self.waits = 0
+
+    def upload(self, source: HostBuffer) -> None:
+        super().upload(source)
+        source.busy = _Waited(self)
+
+
 @pytest.mark.integration
 @pytest.mark.timeout(90, method="signal")
 def test_prefetch_uses_weights_one_step_older_exactly(cluster_factory, device: str) -> None:
+    _check_prefetch_schedule(cluster_factory, device)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(90, method="signal")
+def test_prefetch_through_two_staging_buffers_is_the_same_schedule(
+        cluster_factory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU's staging (two buffers in turn, each written only after its last upload is
+    waited for), exercised with CPU copies: the same weights, step by step."""
+    mirrors: list[_TwoBufferMirror] = []
+
+    def make(params: list[nn.Parameter]) -> _TwoBufferMirror:
+        mirrors.append(_TwoBufferMirror(params))
+        return mirrors[-1]
+
+    monkeypatch.setattr("hogshard.worker.optimizer.make_mirror", make)
+    _check_prefetch_schedule(cluster_factory, "cpu")
+    # every prefetch after the first two lands in a buffer uploaded two steps before
+    assert mirrors[0].waits >= STEPS - 2
+
+
+def _check_prefetch_schedule(cluster_factory, device: str) -> None:
     address = cluster_factory(servers=1, policy="async").address
 
     torch.manual_seed(0)
