@@ -13,7 +13,8 @@ round ends with ``torch.cuda.synchronize()``. Reported: median ms per step and t
     python benchmarks/gpu_step.py --batch 16384 --rounds 7
 
 Without a CUDA device it says so on stderr and exits 0 (``--json`` then holds
-``{"skipped": REASON}``), so it can run anywhere.
+``{"skipped": REASON}``), so it can run anywhere. ``--device cpu --sizes 1m`` runs the same
+cells on the CPU with a 1 M model: a check of the script itself, not a measurement to record.
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ from hogshard.proto.config import ClientSettings  # noqa: E402
 from hogshard.worker.client import PSClient  # noqa: E402
 from hogshard.worker.optimizer import PSOptimizer  # noqa: E402
 
-#: name -> (width, layers) of the MLP
-SIZES = {"25m": (2048, 6), "100m": (4096, 6)}
+#: name -> (width, layers) of the MLP; "1m" is for checking the script on a CPU
+SIZES = {"1m": (512, 4), "25m": (2048, 6), "100m": (4096, 6)}
 MODES = ("local", "hogshard", "hogshard+prefetch")
 
 
@@ -62,6 +63,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=None, help="steps per round and mode (8; 4 quick)")
     p.add_argument("--servers", type=int, default=2)
     p.add_argument("--chunk-elems", type=int, default=1 << 20)
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                   help="cpu: run the cells on the CPU, to check the script (not a GPU figure)")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
     args.sizes = [s.strip().lower() for s in args.sizes.split(",") if s.strip()]
@@ -100,19 +103,24 @@ def steppers(size: str, args: argparse.Namespace, client: PSClient, device: torc
     return params, steps
 
 
-def measure(steps: dict[str, Callable[[], None]], rounds: int, per_round: int
-            ) -> dict[str, list[float]]:
+def measure(steps: dict[str, Callable[[], None]], rounds: int, per_round: int,
+            device: torch.device) -> dict[str, list[float]]:
     """Seconds per step of each mode, one sample per round, modes interleaved."""
+
+    def synchronize() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
     for step in steps.values():  # warm-up: allocations, cuBLAS handles, first pulls
         step()
-    torch.cuda.synchronize()
+    synchronize()
     times: dict[str, list[float]] = {mode: [] for mode in steps}
     for _ in range(rounds):
         for mode, step in steps.items():
             start = time.perf_counter()
             for _ in range(per_round):
                 step()
-            torch.cuda.synchronize()
+            synchronize()
             times[mode].append((time.perf_counter() - start) / per_round)
     return times
 
@@ -126,31 +134,32 @@ def skip(reason: str, json_path: Path | None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if not torch.cuda.is_available():
+    if args.device == "cuda" and not torch.cuda.is_available():
         return skip(f"no CUDA device visible to torch {torch.__version__} "
                     f"({torch.version.cuda or 'a CPU-only build'})", args.json)
     rounds = args.rounds or (3 if args.quick else 5)
     per_round = args.steps or (4 if args.quick else 8)
-    device = torch.device("cuda")
+    device = torch.device(args.device)
     address = start_servers(Path(tempfile.mkdtemp(prefix="hogshard-gpu-step-")), args.servers)
     rows = []
     for size in args.sizes:
         client = PSClient(ClientSettings(scheduler=address))
         try:
             params, steps = steppers(size, args, client, device)
-            times = measure(steps, rounds, per_round)
+            times = measure(steps, rounds, per_round, device)
         finally:
             client.close()
         del steps
-        torch.cuda.empty_cache()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
         local = statistics.median(times["local"])
         for mode, samples in times.items():
             median = statistics.median(samples)
             rows.append({"size": size, "params": params, "mode": mode, "step_ms": median * 1e3,
                          "vs_local": median / local, "samples_ms": [t * 1e3 for t in samples]})
-    gpu = torch.cuda.get_device_name(device)
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (script check)"
     load = os.getloadavg()
-    print(f"{gpu}, torch {torch.__version__}, batch {args.batch}, {args.servers} servers; "
+    print(f"{gpu}, torch {torch.__version__}, batch {args.batch}, {args.servers} server(s); "
           f"median over {rounds} rounds of {per_round} steps; load {load[0]:.2f}")
     print(f"{'size':<6} {'params':>8} {'mode':<18} {'ms/step':>9} {'vs local':>9}")
     for r in rows:
