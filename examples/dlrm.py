@@ -11,6 +11,8 @@ servers as hashed rows (``RemoteEmbeddingBag``, row-wise Adagrad); the MLPs are 
 Rank 0 evaluates AUC and log-loss on the held-out split and, with ``--report``, also trains the
 same model in one process with ``torch.nn.EmbeddingBag`` tables (same init, data, epochs and
 update rules) and writes both (``auc``, ``baseline_auc``, ...) to the JSON report.
+``--device`` (``auto``: cuda when torch sees one) is where the MLPs and pooled vectors live,
+for both; the remote bags' ids stay on the host, where their rows are looked up.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from torch import nn
 from hogshard.proto.hashing import init_rows
 from hogshard.ps.embedding import EmbeddingSpec
 from hogshard.recsys_data import RecsysDataset, auc, load_open_bandit, logloss, synthetic_criteo
+from hogshard.worker.device import add_device_argument
 
 log = logging.getLogger("dlrm")
 
@@ -92,7 +95,7 @@ class LocalRowWiseAdagrad:
 
     def __init__(self, bags: list[nn.Module], lr: float, eps: float = 1e-8) -> None:
         self.bags, self.lr, self.eps = bags, lr, eps
-        self.sums = [torch.zeros(b.weight.shape[0]) for b in bags]
+        self.sums = [torch.zeros(b.weight.shape[0], device=b.weight.device) for b in bags]
 
     @torch.no_grad()
     def step(self) -> None:
@@ -107,22 +110,28 @@ class LocalRowWiseAdagrad:
 
 
 def batches(data: RecsysDataset, sparse: np.ndarray, epoch: int, args: argparse.Namespace,
-            rank: int, workers: int):
+            rank: int, workers: int, ids_device: torch.device):
+    """Dense features and labels on ``args.device``, the ids on ``ids_device``."""
     order = np.random.default_rng([args.seed, epoch]).permutation(data.train)[rank::workers]
     for start in range(0, order.size, args.batch):
         index = order[start:start + args.batch]
-        yield (torch.from_numpy(data.dense[index]),
-               [torch.from_numpy(sparse[index, f:f + 1]) for f in range(sparse.shape[1])],
-               torch.from_numpy(data.labels[index]))
+        yield (torch.from_numpy(data.dense[index]).to(args.device),
+               [torch.from_numpy(sparse[index, f:f + 1]).to(ids_device)
+                for f in range(sparse.shape[1])],
+               torch.from_numpy(data.labels[index]).to(args.device))
 
 
 @torch.no_grad()
-def evaluate(model: DLRM, data: RecsysDataset, sparse: np.ndarray) -> tuple[float, float]:
+def evaluate(model: DLRM, data: RecsysDataset, sparse: np.ndarray,
+             ids_device: torch.device) -> tuple[float, float]:
+    device = next(model.parameters()).device
     probs = []
     for start in range(0, data.test.size, 4096):
         index = data.test[start:start + 4096]
-        feats = [torch.from_numpy(sparse[index, f:f + 1]) for f in range(sparse.shape[1])]
-        probs.append(torch.sigmoid(model(torch.from_numpy(data.dense[index]), feats)).numpy())
+        feats = [torch.from_numpy(sparse[index, f:f + 1]).to(ids_device)
+                 for f in range(sparse.shape[1])]
+        dense = torch.from_numpy(data.dense[index]).to(device)
+        probs.append(torch.sigmoid(model(dense, feats)).cpu().numpy())
     p, y = np.concatenate(probs), data.labels[data.test]
     return auc(p, y), logloss(p, y)
 
@@ -131,13 +140,13 @@ def train_local(args: argparse.Namespace, data: RecsysDataset) -> dict[str, floa
     """The baseline: the same model in one process with torch.nn.EmbeddingBag tables."""
     torch.manual_seed(args.seed)
     bags, compact = local_bags(args, data)
-    model = DLRM(data.dense.shape[1], bags, args.dim)
+    model = DLRM(data.dense.shape[1], bags, args.dim).to(args.device)
     dense_params = [p for n, p in model.named_parameters() if not n.startswith("bags.")]
     dense_opt = torch.optim.Adam(dense_params, lr=args.lr, foreach=False)
     sparse_opt = LocalRowWiseAdagrad(bags, args.emb_lr)
     started, seen = time.monotonic(), 0
     for epoch in range(args.epochs):
-        for dense, feats, y in batches(data, compact, epoch, args, 0, 1):
+        for dense, feats, y in batches(data, compact, epoch, args, 0, 1, args.device):
             dense_opt.zero_grad()
             F.binary_cross_entropy_with_logits(model(dense, feats), y).backward()
             dense_opt.step()
@@ -145,7 +154,7 @@ def train_local(args: argparse.Namespace, data: RecsysDataset) -> dict[str, floa
             seen += len(y)
     wall = time.monotonic() - started
     model.eval()
-    result_auc, result_logloss = evaluate(model, data, compact)
+    result_auc, result_logloss = evaluate(model, data, compact, args.device)
     return {"auc": result_auc, "logloss": result_logloss, "samples_per_second": seen / wall,
             "wall_seconds": wall}
 
@@ -161,13 +170,14 @@ def train_remote(args: argparse.Namespace, data: RecsysDataset) -> dict[str, Any
     bags = [RemoteEmbeddingBag(client, s.name, s.num_embeddings, s.dim, mode="sum",
                                rule=s.rule, seed=s.seed)
             for s in (table_spec(args, data, f) for f in range(data.num_sparse))]
-    model = DLRM(data.dense.shape[1], bags, args.dim)
+    model = DLRM(data.dense.shape[1], bags, args.dim).to(args.device)  # moves the bags too
     opt = PSOptimizer(client, model.named_parameters(), rule="adam", lr=args.lr,
                       table="dlrm-dense", embeddings=bags)
     steps = args.epochs * -(-len(range(rank, data.train.size, workers)) // args.batch)
+    host = torch.device("cpu")  # the bags look their ids up on the host
     started, seen, step, ema = time.monotonic(), 0, 0, None
     for epoch in range(args.epochs):
-        for dense, feats, y in batches(data, data.sparse, epoch, args, rank, workers):
+        for dense, feats, y in batches(data, data.sparse, epoch, args, rank, workers, host):
             prefetch(list(zip(bags, feats, strict=True)))
             opt.zero_grad()
             loss = F.binary_cross_entropy_with_logits(model(dense, feats), y)
@@ -185,7 +195,7 @@ def train_remote(args: argparse.Namespace, data: RecsysDataset) -> dict[str, Any
     if rank == 0:
         opt.pull()
         model.eval()
-        result_auc, result_logloss = evaluate(model, data, data.sparse)
+        result_auc, result_logloss = evaluate(model, data, data.sparse, host)
         stats = embedding_stats(client)
         report = {"auc": result_auc, "logloss": result_logloss,
                   "samples_per_second": data.train.size * args.epochs / total_wall,
@@ -225,6 +235,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-baseline", action="store_true",
                    help="skip the single-process baseline in the report")
     p.add_argument("--local", action="store_true", help="only the single-process baseline")
+    add_device_argument(p)
     return p.parse_args(argv)
 
 
@@ -248,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     if report is not None:
         report.update({"data": data.name, "oracle_auc": data.oracle_auc, "epochs": args.epochs,
                        "batch": args.batch, "dim": args.dim, "train": int(data.train.size),
-                       "test": int(data.test.size)})
+                       "test": int(data.test.size), "device": str(args.device)})
         log.info("report: %s", json.dumps(report))
         if args.report:
             args.report.write_text(json.dumps(report, indent=2))

@@ -10,6 +10,9 @@ Without ``--data`` it reads ../shared/data/fashion-mnist; where that is absent i
 scikit-learn's digits (1,437 training images of 8x8), says so loudly, and scales the epochs so
 that the run sees as many samples as the same epochs of Fashion-MNIST would (capped at
 ``--max-fallback-epochs``): enough to reach about 0.95 there.
+``--device`` (``auto``: cuda when torch sees one) picks where the model trains; on CUDA cuDNN
+is made deterministic, so two runs of the same job (e.g. ``--local`` and one worker under
+``ssp:0``) compute the same gradients.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from torch import nn
 from hogshard.datasets import ImageDataset, load_image_dataset
 from hogshard.logs import configure_logging
 from hogshard.proto.config import ClientSettings
+from hogshard.worker.device import add_device_argument
 
 log = logging.getLogger("fashion_mnist")
 
@@ -64,13 +68,14 @@ def batch_order(n: int, epoch: int, seed: int, rank: int, workers: int) -> np.nd
 
 
 def batches(data: ImageDataset, epochs: int, batch: int, seed: int, rank: int, workers: int,
-            limit: int | None):
+            limit: int | None, device: torch.device | str = "cpu"):
     n = min(len(data.train_y), limit) if limit else len(data.train_y)
     for epoch in range(epochs):
         order = batch_order(n, epoch, seed, rank, workers)
         for start in range(0, len(order), batch):
             index = order[start:start + batch]
-            yield torch.from_numpy(data.train_x[index]), torch.from_numpy(data.train_y[index])
+            yield (torch.from_numpy(data.train_x[index]).to(device),
+                   torch.from_numpy(data.train_y[index]).to(device))
 
 
 def steps_per_run(data: ImageDataset, epochs: int, batch: int, rank: int, workers: int,
@@ -83,10 +88,11 @@ def steps_per_run(data: ImageDataset, epochs: int, batch: int, rank: int, worker
 @torch.no_grad()
 def accuracy(model: nn.Module, x: np.ndarray, y: np.ndarray) -> float:
     model.eval()
+    device = next(model.parameters()).device
     correct = 0
     for start in range(0, len(y), 1000):
-        logits = model(torch.from_numpy(x[start:start + 1000]))
-        correct += int((logits.argmax(1).numpy() == y[start:start + 1000]).sum())
+        logits = model(torch.from_numpy(x[start:start + 1000]).to(device))
+        correct += int((logits.argmax(1).cpu().numpy() == y[start:start + 1000]).sum())
     model.train()
     return correct / len(y)
 
@@ -135,6 +141,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="on the small fallback data set, epochs are scaled up to this at most")
     p.add_argument("--local", action="store_true",
                    help="train in this process with torch.optim (no cluster), as a baseline")
+    add_device_argument(p)
     return p.parse_args(argv)
 
 
@@ -155,7 +162,7 @@ def local_optimizer(model: nn.Module, args: argparse.Namespace) -> torch.optim.O
 
 
 def flat_weights(model: nn.Module) -> np.ndarray:
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu().numpy()
 
 
 def fallback_epochs(data: ImageDataset, epochs: int, limit: int | None, cap: int) -> int:
@@ -180,7 +187,10 @@ def main(argv: list[str] | None = None) -> int:
                     "epochs instead of %d; pass --data DIR with the Fashion-MNIST idx files for "
                     "the real one", data.name, len(data.train_y), epochs, args.epochs)
         args.epochs = epochs
-    model = make_model(data, args.seed)
+    if args.device.type == "cuda":
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
+    model = make_model(data, args.seed).to(args.device)
 
     if args.local:
         client = None
@@ -204,12 +214,12 @@ def main(argv: list[str] | None = None) -> int:
                                 **rule_hyper(args))
 
     total = steps_per_run(data, args.epochs, args.batch, rank, workers, args.limit)
-    log.info("rank %d of %d: %s, %d steps of batch %d, rule %s lr %g", rank, workers, data.name,
-             total, args.batch, args.rule, args.lr)
+    log.info("rank %d of %d: %s, %d steps of batch %d, rule %s lr %g, on %s", rank, workers,
+             data.name, total, args.batch, args.rule, args.lr, args.device)
     started, seen, ema, done = time.monotonic(), 0, None, 0
     history, sampled_at = [], -float("inf")  # rank 0's samples for `hogshard report`
     for step, (x, y) in enumerate(batches(data, args.epochs, args.batch, args.seed, rank,
-                                          workers, args.limit)):
+                                          workers, args.limit, args.device)):
         optimizer.zero_grad()
         logits = model(x)
         loss = F.cross_entropy(logits, y)
@@ -256,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
                                 "staleness_p99"],
             "history": history,
             "codec": codec, "steps": done, "parameters": flat_weights(model).size,
-            "bytes_pushed_per_step": bytes_per_step,
+            "bytes_pushed_per_step": bytes_per_step, "device": str(args.device),
             "updates_applied": applied, "updates_acknowledged_rank0": acknowledged,
         }
         if args.report:

@@ -295,3 +295,23 @@ def procs(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ProcessMan
             print("\n===== logs of the processes this test started =====")
             print(manager.report())
         manager.cleanup()
+
+
+# ---- devices --------------------------------------------------------------------------------
+
+#: Every device a worker-side test that touches tensors runs on (the ``device`` fixture).
+DEVICES = ("cpu", "cuda")
+
+
+@pytest.fixture(params=DEVICES)
+def device(request: pytest.FixtureRequest) -> str:
+    """``"cpu"``, then ``"cuda"`` where torch sees a CUDA device (skipped, with the reason,
+    elsewhere). torch is imported only by tests that use the fixture."""
+    name = str(request.param)
+    if name == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            build = torch.version.cuda or "a CPU-only build"
+            pytest.skip(f"no CUDA device visible to torch {torch.__version__} ({build})")
+    return name

@@ -7,6 +7,11 @@ gradients of duplicate ids into that leaf. At the optimizer step :func:`push_gra
 the row gradients of every bag in one request per server (``PSOptimizer(embeddings=[...])``
 does it with the dense push).
 
+On a CUDA model (the bag follows ``model.to(device)``, or takes ``device=``) the rows are
+pulled into pinned host memory and copied to the device without blocking; the row gradients
+come back through pinned memory before they are pushed. Indices may be on either device (the
+unique ids are computed on the host, where the request is built).
+
 Example::
 
     bag = RemoteEmbeddingBag(client, "user", num_embeddings=None, embedding_dim=16, mode="sum",
@@ -20,7 +25,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -29,6 +34,7 @@ from torch import nn
 
 from hogshard.proto.errors import ConfigError
 from hogshard.worker.client import PSClient
+from hogshard.worker.device import host_empty, to_device, to_host
 from hogshard.worker.futures import Future
 from hogshard.worker.sparse import EmbeddingHandle
 
@@ -36,19 +42,21 @@ from hogshard.worker.sparse import EmbeddingHandle
 class _Fetched:
     """Rows pulled for one batch of indices: the unique ids, the inverse map, the rows."""
 
-    def __init__(self, indices: torch.Tensor, dim: int) -> None:
-        flat = indices.reshape(-1).to(torch.int64).numpy()
+    def __init__(self, indices: torch.Tensor, dim: int, device: torch.device) -> None:
+        flat = indices.detach().reshape(-1).to("cpu", torch.int64).numpy()
         self.key = indices
         self.ids, inverse = np.unique(flat, return_inverse=True)
         self.inverse = torch.from_numpy(inverse.reshape(indices.shape).astype(np.int64))
-        self.rows = np.empty((self.ids.size, dim), np.float32)
+        self.rows_tensor = host_empty((self.ids.size, dim), device)  # pinned for a GPU
+        self.rows = self.rows_tensor.numpy()
         self.future: Future | None = None
 
 
 class RemoteEmbeddingBag(nn.Module):
     """``nn.EmbeddingBag`` over (indices, offsets[, per_sample_weights]) with ``sum`` or
     ``mean`` pooling, backed by a sharded embedding table. It holds no ``nn.Parameter``: its
-    rows are updated by the servers' row-wise rule."""
+    rows are updated by the servers' row-wise rule. Its device is ``device`` (cpu by default),
+    and then wherever ``.to()`` moves the module."""
 
     def __init__(
         self,
@@ -61,6 +69,7 @@ class RemoteEmbeddingBag(nn.Module):
         seed: int = 0,
         init_scale: float | None = None,
         max_rows: int | None = None,
+        device: torch.device | str | None = None,
     ) -> None:
         super().__init__()
         if mode not in ("sum", "mean"):
@@ -73,6 +82,13 @@ class RemoteEmbeddingBag(nn.Module):
             name, embedding_dim, num_embeddings, rule, seed, init_scale, max_rows)
         self._prefetched: _Fetched | None = None
         self._touched: list[tuple[np.ndarray, torch.Tensor]] = []
+        # no parameters to follow .to(); an empty buffer carries the device
+        self.register_buffer("_device_anchor", torch.empty(0, device=device), persistent=False)
+
+    @property
+    def device(self) -> torch.device:
+        """Where the pooled output (and the rows it is made of) live."""
+        return cast(torch.Tensor, self._device_anchor).device
 
     def extra_repr(self) -> str:
         return (f"{self.handle.name!r}, {self.num_embeddings}, {self.embedding_dim}, "
@@ -80,7 +96,7 @@ class RemoteEmbeddingBag(nn.Module):
 
     def fetch(self, indices: torch.Tensor) -> _Fetched:
         """Start pulling the rows of ``indices`` (used by :func:`prefetch`)."""
-        fetched = _Fetched(indices, self.embedding_dim)
+        fetched = _Fetched(indices, self.embedding_dim, self.device)
         fetched.future = self.client.pull_rows([self.handle], [fetched.ids], [fetched.rows])
         return fetched
 
@@ -96,19 +112,26 @@ class RemoteEmbeddingBag(nn.Module):
             fetched = self.fetch(indices)
         if fetched.future is not None:
             fetched.future.result(self.client.settings.request_timeout)
-        weight = torch.from_numpy(fetched.rows)
+        device = self.device
+        weight = to_device(fetched.rows_tensor, device)
         if torch.is_grad_enabled():
             weight.requires_grad_(True)
             self._touched.append((fetched.ids, weight))
-        return F.embedding_bag(fetched.inverse, weight, offsets, mode=self.mode,
-                               per_sample_weights=per_sample_weights)
+        if offsets is not None:
+            offsets = to_device(offsets, device)
+        if per_sample_weights is not None:
+            per_sample_weights = to_device(per_sample_weights, device)
+        return F.embedding_bag(to_device(fetched.inverse, device), weight, offsets,
+                               mode=self.mode, per_sample_weights=per_sample_weights)
 
     def row_gradients(self) -> tuple[np.ndarray, np.ndarray] | None:
         """The (ids, summed row gradients) of every forward since the last call, or None."""
         touched, self._touched = self._touched, []
-        pieces = [(ids, w.grad.numpy()) for ids, w in touched if w.grad is not None]
-        if not pieces:
+        with_grads = [(ids, w.grad) for ids, w in touched if w.grad is not None]
+        if not with_grads:
             return None
+        pieces = list(zip([ids for ids, _ in with_grads],
+                          to_host([g for _, g in with_grads]), strict=True))
         if len(pieces) == 1:
             return pieces[0]
         ids = np.concatenate([p[0] for p in pieces])
@@ -125,7 +148,7 @@ def prefetch(pairs: Sequence[tuple[RemoteEmbeddingBag, torch.Tensor]]) -> Future
     if not pairs:
         return None
     client = pairs[0][0].client
-    fetched = [_Fetched(indices, bag.embedding_dim) for bag, indices in pairs]
+    fetched = [_Fetched(indices, bag.embedding_dim, bag.device) for bag, indices in pairs]
     future = client.pull_rows([bag.handle for bag, _ in pairs], [f.ids for f in fetched],
                               [f.rows for f in fetched])
     for (bag, _), f in zip(pairs, fetched, strict=True):

@@ -1,8 +1,10 @@
 """``PSOptimizer``: a torch-optimizer-shaped front for training against the parameter servers.
 
-The model's parameters are re-pointed into one flat float32 buffer, so a pull lands straight in
-the weights. Each ``step`` pushes the gradients (the servers apply the update rule), advances
-the worker's clock and pulls fresh weights; under SSP the pull waits for slow workers.
+The model's parameters are re-pointed into one flat float32 buffer on their device. On the CPU
+a pull lands straight in the weights; on a GPU the worker keeps pinned host mirrors of the
+weights and gradients and overlaps the copies with compute (:mod:`hogshard.worker.device`).
+Each ``step`` pushes the gradients (the servers apply the update rule), advances the worker's
+clock and pulls fresh weights; under SSP the pull waits for slow workers.
 
 Example::
 
@@ -21,7 +23,6 @@ import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 
 from hogshard.proto.errors import ConfigError
@@ -29,24 +30,12 @@ from hogshard.scheduler.placement import DEFAULT_CHUNK_ELEMS
 from hogshard.scheduler.policy import SSPPolicy, parse_policy
 from hogshard.worker.client import DenseTable, PSClient
 from hogshard.worker.compression import CompressionPolicy, Compressor
+from hogshard.worker.device import HostBuffer, make_mirror
 from hogshard.worker.embedding import RemoteEmbeddingBag, push_gradients
 from hogshard.worker.futures import Future
 from hogshard.worker.overlap import DEFAULT_BUCKET_BYTES, GradientBuckets, make_buckets
 
 log = logging.getLogger(__name__)
-
-
-def flatten_into_views(params: list[torch.nn.Parameter]) -> torch.Tensor:
-    """Copy the parameters into one flat float32 tensor and make each parameter a view of it."""
-    total = sum(p.numel() for p in params)
-    flat = torch.empty(total, dtype=torch.float32)
-    offset = 0
-    for p in params:
-        n = p.numel()
-        flat[offset:offset + n].copy_(p.data.reshape(-1))
-        p.data = flat[offset:offset + n].view_as(p)
-        offset += n
-    return flat
 
 
 class PSOptimizer:
@@ -66,6 +55,9 @@ class PSOptimizer:
     next step computes, and is installed at the end of that step, so the weights a step uses
     are one step older (allowed under ``async``, ``softsync`` and ``ssp:S`` with S >= 1, where
     it adds one clock of staleness; refused under ``hardsync`` and ``ssp:0``).
+    The parameters stay on their device (all on one: ``cpu`` or ``cuda``); on CUDA gradients
+    and weights cross to and from pinned host buffers on side streams, and the next forward
+    waits for the new weights on the GPU (an event), not on the CPU.
     """
 
     def __init__(
@@ -93,10 +85,9 @@ class PSOptimizer:
         self.compressor = Compressor(CompressionPolicy.parse(spec)) if spec else None
         self.names = [n for n, _ in named]
         self.params = [p for _, p in named]
-        self._flat = flatten_into_views(self.params)
-        self._weights = self._flat.numpy()
-        self._grads = np.zeros_like(self._weights)
-        self._grads_tensor = torch.from_numpy(self._grads)
+        self._mirror = make_mirror(self.params)
+        self._weights = self._mirror.weights.array
+        self._grads = self._mirror.grads.array
         rule_spec = {"rule": rule, **hyper}
         self.table: DenseTable = client.dense_table(
             table, self._weights.size, rule_spec,
@@ -105,19 +96,24 @@ class PSOptimizer:
         client.pull(self.table, self._weights, clock=client.clock).result(
             client.settings.request_timeout
         )
+        self._mirror.upload(self._mirror.weights)
         self.steps = 0
         self.embeddings = list(embeddings)  # RemoteEmbeddingBags pushed with every step
         if overlap is None:  # by default where it can help: the table fills several buckets
             overlap = len(make_buckets(self.table.chunks, bucket_bytes)) > 1
         self._buckets = (
-            GradientBuckets(self.params, self.table.chunks, self._grads, self._push_early,
+            GradientBuckets(self.params, self.table.chunks, self._mirror, self._push_early,
                             bucket_bytes)
             if overlap else None
         )
         self.prefetch = prefetch
         if prefetch:
             check_prefetch(client.policy)
-        self._staged = np.empty_like(self._weights) if prefetch else None
+        # host buffers prefetched weights land in, used in turn (two on a GPU: one can be read
+        # by an upload while the next pull lands in the other)
+        self._staging = ([self._mirror.new_buffer() for _ in range(self._mirror.staging_depth)]
+                         if prefetch else [])
+        self._staged: HostBuffer | None = None  # where the prefetch in flight lands
         self._staged_versions: dict[int, int] = {}
         self._prefetched: Future | None = None
 
@@ -144,15 +140,13 @@ class PSOptimizer:
                 p.grad.zero_()
 
     def _gather_grads(self) -> None:
-        offset = 0
-        for p in self.params:
-            n = p.numel()
-            target = self._grads_tensor[offset:offset + n]
+        mirror = self._mirror
+        for p, (start, stop) in zip(self.params, mirror.ranges, strict=True):
             if p.grad is None:
-                target.zero_()
+                self._grads[start:stop] = 0.0
             else:
-                target.copy_(p.grad.reshape(-1))
-            offset += n
+                mirror.copy_grad(start, stop, p.grad)
+        mirror.fence().wait()
 
     def step(self, closure: Any = None) -> Any:
         """Push this step's gradients, then pull the weights for the next one."""
@@ -169,13 +163,17 @@ class PSOptimizer:
         with torch.no_grad():
             if self.prefetch:
                 self._install_prefetched(timeout)
-                pull = self._prefetched = client.pull(self.table, self._staged, clock=client.clock,
-                                                      versions=self._staged_versions)
+                self._staged = self._staging[self.steps % len(self._staging)]
+                pull = self._prefetched = client.pull(
+                    self.table, self._staged.writable(), clock=client.clock,
+                    versions=self._staged_versions)
             else:
-                pull = client.pull(self.table, self._weights, clock=client.clock)
+                pull = client.pull(self.table, self._mirror.weights.writable(),
+                                   clock=client.clock)
             push.result(timeout)
             if not self.prefetch:
                 pull.result(timeout)
+                self._mirror.upload(self._mirror.weights)
             if rows is not None:
                 rows.result(timeout)
         self.steps += 1
@@ -183,11 +181,11 @@ class PSOptimizer:
 
     def _install_prefetched(self, timeout: float) -> None:
         """Put the weights pulled during this step (sent at the end of the last) in use."""
-        if self._prefetched is None:
+        if self._prefetched is None or self._staged is None:
             return
         self._prefetched.result(timeout)
         self._prefetched = None
-        np.copyto(self._weights, self._staged)
+        self._mirror.upload(self._staged)
         self.table.pulled_versions.update(self._staged_versions)
 
     def pull(self) -> None:
@@ -197,7 +195,8 @@ class PSOptimizer:
             if self._prefetched is not None:  # superseded by this pull
                 self._prefetched.result(timeout)
                 self._prefetched = None
-            self.client.pull(self.table, self._weights).result(timeout)
+            self.client.pull(self.table, self._mirror.weights.writable()).result(timeout)
+            self._mirror.upload(self._mirror.weights)
 
     def state_dict(self) -> dict[str, Any]:
         return {

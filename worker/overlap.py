@@ -1,16 +1,20 @@
 """Pushing gradients while backward still runs: DDP-style buckets over the table's chunks.
 
 The flat table is cut into buckets of whole chunks (about ``bucket_bytes`` each, last layers
-first). A ``post_accumulate_grad`` hook on every parameter copies its gradient into the flat
-gradient buffer; when every parameter that overlaps a bucket has its gradient, the bucket is
-pushed at once (``partial``: the step's pull, sent by ``PSOptimizer.step``, completes the step
-on the servers), while autograd computes the gradients of earlier layers. Nothing is received
-during backward: replies are read in ``step``, after backward, so weights never change under
-autograd.
+first). A ``post_accumulate_grad`` hook on every parameter copies its gradient into the host
+gradient buffer (through the :class:`~hogshard.worker.device.DeviceMirror`: in place on the
+CPU, on a side stream from a GPU); when every parameter that overlaps a bucket has its
+gradient, and the bucket's copies have reached the host, the bucket is pushed (``partial``: the
+step's pull, sent by ``PSOptimizer.step``, completes the step on the servers), while autograd
+computes the gradients of earlier layers. On the CPU a bucket leaves in the hook that completes
+it; a GPU bucket whose copy is still running leaves from a later hook, in order, or at
+``finish``. Nothing is received during backward: replies are read in ``step``, after
+backward, so weights never change under autograd.
 
 Example (what ``PSOptimizer(overlap=True)`` does)::
 
-    buckets = GradientBuckets(params, table.chunks, flat_grads, push_bucket, bucket_bytes=4 << 20)
+    mirror = make_mirror(params)
+    buckets = GradientBuckets(params, table.chunks, mirror, push_bucket, bucket_bytes=4 << 20)
     loss.backward()          # buckets leave as they fill
     futures = buckets.finish()  # push what is left (unused parameters count as zero)
 """
@@ -18,14 +22,15 @@ Example (what ``PSOptimizer(overlap=True)`` does)::
 from __future__ import annotations
 
 import bisect
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 
 from hogshard.proto.errors import ConfigError
 from hogshard.scheduler.placement import Chunk
+from hogshard.worker.device import DeviceMirror, Fence
 
 DEFAULT_BUCKET_BYTES = 4 << 20
 
@@ -56,16 +61,15 @@ class GradientBuckets:
     """Tracks which buckets are complete during one backward pass and pushes them."""
 
     def __init__(self, params: Sequence[torch.nn.Parameter], chunks: Sequence[Chunk],
-                 grads: np.ndarray, push: PushBucket,
+                 mirror: DeviceMirror, push: PushBucket,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
+        if len(mirror.ranges) != len(params):
+            raise ConfigError(f"the mirror holds {len(mirror.ranges)} parameters; "
+                              f"{len(params)} given")
         self.buckets = make_buckets(chunks, bucket_bytes)
-        self._grads = torch.from_numpy(grads)
+        self._mirror = mirror
         self._push = push
-        self._ranges: list[tuple[int, int]] = []
-        offset = 0
-        for p in params:
-            self._ranges.append((offset, offset + p.numel()))
-            offset += p.numel()
+        self._ranges = list(mirror.ranges)
         starts = [s for s, _ in self._ranges]
         # parameter index -> the buckets it overlaps; bucket -> how many parameters it waits on
         self._param_buckets: list[list[int]] = [[] for _ in params]
@@ -90,7 +94,8 @@ class GradientBuckets:
     def _reset(self) -> None:
         self._fired = [False] * len(self._ranges)
         self._remaining = list(self._needed)
-        self._sent = [False] * len(self.buckets)
+        self._sent = [False] * len(self.buckets)  # pushed, or waiting for its copy to the host
+        self._copying: deque[tuple[int, Fence]] = deque()
         self.futures: list[Any] = []
 
     def _hook_for(self, index: int) -> Callable[[torch.Tensor], None]:
@@ -107,26 +112,37 @@ class GradientBuckets:
                     "PSOptimizer(overlap=True) pushes gradients during backward; call backward "
                     "once per step, or pass overlap=False to accumulate gradients")
         if param.grad is not None:
-            self._grads[s:e].copy_(param.grad.reshape(-1))
-        if self._fired[index]:
-            return
-        self._fired[index] = True
-        for b in mine:
-            self._remaining[b] -= 1
-            if self._remaining[b] == 0:
-                self._send(b)
+            self._mirror.copy_grad(s, e, param.grad)
+        if not self._fired[index]:
+            self._fired[index] = True
+            for b in mine:
+                self._remaining[b] -= 1
+                if self._remaining[b] == 0:
+                    self._sent[b] = True
+                    self._copying.append((b, self._mirror.fence()))
+        self._send_copied(wait=False)
 
-    def _send(self, b: int) -> None:
-        self._sent[b] = True
-        self.futures.append(self._push(self.buckets[b]))
+    def _send_copied(self, wait: bool) -> None:
+        """Push the complete buckets whose gradients are on the host, in the order they
+        completed (all of them if ``wait``)."""
+        while self._copying:
+            b, fence = self._copying[0]
+            if not wait and not fence.ready():
+                return
+            fence.wait()
+            self._copying.popleft()
+            self.futures.append(self._push(self.buckets[b]))
 
     def finish(self, push_rest: Callable[[list[Chunk]], Any]) -> list[Any]:
         """After backward: zero the gradients of parameters that got none, send the buckets not
         sent yet in one ``push_rest`` call, and start the next step. Returns every future."""
+        grads = self._mirror.grads.array
         for i, fired in enumerate(self._fired):
             if not fired:
                 s, e = self._ranges[i]
-                self._grads[s:e].zero_()
+                grads[s:e] = 0.0
+        self._mirror.fence().wait()  # every gradient copy queued so far is on the host
+        self._send_copied(wait=True)
         rest = [c for b, bucket in enumerate(self.buckets) if not self._sent[b] for c in bucket]
         futures = self.futures
         if rest:
@@ -136,7 +152,8 @@ class GradientBuckets:
 
     @property
     def sent_early(self) -> int:
-        """How many buckets of the current step have left during backward."""
+        """How many buckets of the current step have left during backward (or wait, complete,
+        for their copy to the host to end)."""
         return sum(self._sent)
 
     def remove(self) -> None:

@@ -88,11 +88,12 @@ def test_two_servers_three_workers_train(procs, tmp_path: Path, policy: str, dat
 SEQUENTIAL_FLAGS = ["--lr", "0.05", "--limit", "2048", "--epochs", "1"]
 
 
-def _sequential_vs_local(procs, tmp_path: Path, rule: str, cluster_flags: tuple = ()) -> float:
+def _sequential_vs_local(procs, tmp_path: Path, rule: str, cluster_flags: tuple = (),
+                         device: str = "cpu") -> float:
     """Train through the launcher (1 worker, 2 servers, ssp:0) and locally with torch.optim at
-    the same time; return the max abs difference of the final flat weights."""
+    the same time, both on ``device``; return the max abs difference of the final weights."""
     cluster_weights, local_weights = tmp_path / "A.npy", tmp_path / "B.npy"
-    flags = ["--rule", rule, *SEQUENTIAL_FLAGS]
+    flags = ["--rule", rule, "--device", device, *SEQUENTIAL_FLAGS]
     local = procs.spawn(f"local-{rule}", [PYTHON, EXAMPLE, "--local", *flags,
                                           "--save-weights", str(local_weights)])
     _launch(procs, f"launch-{rule}", ["--servers", "2", "--workers", "1", "--policy", "ssp:0"],
@@ -108,10 +109,10 @@ def _sequential_vs_local(procs, tmp_path: Path, rule: str, cluster_flags: tuple 
 
 @pytest.mark.integration
 @pytest.mark.timeout(120, method="signal")
-def test_one_worker_ssp0_sgd_is_sequential_sgd(procs, tmp_path: Path) -> None:
+def test_one_worker_ssp0_sgd_is_sequential_sgd(procs, tmp_path: Path, device: str) -> None:
     """One worker under ssp:0 with server-side SGD is plain sequential SGD: the final weights
-    equal torch.optim.SGD's in one process (32 steps of batch 64)."""
-    diff = _sequential_vs_local(procs, tmp_path, "sgd")
+    equal torch.optim.SGD's in one process (32 steps of batch 64), on each available device."""
+    diff = _sequential_vs_local(procs, tmp_path, "sgd", device=device)
     assert diff <= 1e-5, f"cluster and local SGD weights differ by {diff:.3g}"
 
 
@@ -129,11 +130,12 @@ def test_one_worker_ssp0_momentum_is_sequential_momentum(procs, tmp_path: Path) 
 
 @pytest.mark.integration
 @pytest.mark.timeout(120, method="signal")
-def test_one_worker_ssp0_sgd_with_overlap_is_sequential_sgd(procs, tmp_path: Path) -> None:
+def test_one_worker_ssp0_sgd_with_overlap_is_sequential_sgd(procs, tmp_path: Path,
+                                                           device: str) -> None:
     """With ``overlap`` (buckets of 2 chunks of 16 KiB pushed from backward hooks, to both
-    servers) one worker under ssp:0 is still exactly sequential SGD."""
+    servers) one worker under ssp:0 is still exactly sequential SGD, on each device."""
     diff = _sequential_vs_local(procs, tmp_path, "sgd", ("--overlap", "--chunk-elems", "4096",
-                                                         "--bucket-bytes", "32768"))
+                                                         "--bucket-bytes", "32768"), device)
     assert diff <= 1e-5, f"cluster (overlap) and local SGD weights differ by {diff:.3g}"
 
 
@@ -156,3 +158,26 @@ def test_fallback_data_set_trains_long_enough_to_mean_something(procs, tmp_path:
     assert report["epochs"] == 40, report  # 60,000 / 1437 rounds up to 42, capped at 40
     assert report["test_accuracy"] >= 0.9, report
     assert "(a fallback: NOT Fashion-MNIST)" in output, output[-3000:]
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300, method="signal")
+def test_two_cuda_workers_reach_the_accuracy_of_two_cpu_workers(procs, tmp_path: Path) -> None:
+    """The example with ``--device cuda`` and 2 workers (async, 2 servers) ends within 0.05 test
+    accuracy of the same job on the CPU (asynchrony alone moves it by about 0.01-0.02)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip(f"no CUDA device visible to torch {torch.__version__}")
+    digits = not HAVE_FASHION
+    accuracy = {}
+    for device in ("cuda", "cpu"):
+        report_path = tmp_path / f"{device}.json"
+        _launch(procs, f"launch-{device}", ["--servers", "2", "--workers", "2"],
+                [*TRAIN_FLAGS, "--epochs", "4" if digits else "1", "--device", device,
+                 "--report", str(report_path)])
+        report = json.loads(report_path.read_text())
+        assert report["device"].startswith(device) and report["workers"] == 2
+        accuracy[device] = report["test_accuracy"]
+    assert accuracy["cuda"] >= MIN_ACCURACY["sklearn-digits" if digits else "fashion-mnist"]
+    assert abs(accuracy["cuda"] - accuracy["cpu"]) <= 0.05, accuracy

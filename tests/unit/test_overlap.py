@@ -1,5 +1,7 @@
 """Gradient buckets (PSOptimizer overlap): which buckets leave during backward, in what order,
-with what gradients; no sockets (the push is a recording function)."""
+with what gradients; no sockets (the push is a recording function). The model runs on each
+available device; a mirror whose copies reach the host late (as a GPU's do) checks that a
+bucket never leaves before its gradients are on the host."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from torch import nn
 
 from hogshard.proto.errors import ConfigError
 from hogshard.scheduler.placement import Chunk
-from hogshard.worker.optimizer import flatten_into_views
+from hogshard.worker.device import DeviceMirror, HostBuffer, HostMirror, make_mirror
 from hogshard.worker.overlap import GradientBuckets, make_buckets
 
 
@@ -19,10 +21,28 @@ def _chunks(total: int, elems: int) -> list[Chunk]:
             for i in range((total + elems - 1) // elems)]
 
 
-def _model() -> nn.Module:
+def _model(device: str = "cpu") -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(),
-                         nn.Linear(16, 4))
+                         nn.Linear(16, 4)).to(device)
+
+
+class _Recorder:
+    """A push function that keeps each bucket's chunk ids and the host gradients it read."""
+
+    def __init__(self, mirror: DeviceMirror) -> None:
+        self.mirror = mirror
+        self.sent: list[tuple[list[int], np.ndarray]] = []
+
+    def __call__(self, bucket: list[Chunk]) -> str:
+        lo = min(c.offset for c in bucket)
+        hi = max(c.offset + c.length for c in bucket)
+        self.sent.append(([c.chunk_id for c in bucket], self.mirror.grads.array[lo:hi].copy()))
+        return "future"
+
+
+def _all_grads(params: list[nn.Parameter]) -> np.ndarray:
+    return torch.cat([p.grad.reshape(-1) for p in params]).cpu().numpy()
 
 
 def test_make_buckets_groups_whole_chunks_from_the_end() -> None:
@@ -34,58 +54,124 @@ def test_make_buckets_groups_whole_chunks_from_the_end() -> None:
         make_buckets(chunks, 0)
 
 
-def test_buckets_leave_during_backward_last_layers_first() -> None:
-    model = _model()
+def test_buckets_leave_during_backward_last_layers_first(device: str) -> None:
+    model = _model(device)
     params = list(model.parameters())
-    flat = flatten_into_views(params)
-    grads = np.zeros(flat.numel(), np.float32)
-    chunks = _chunks(flat.numel(), 64)
-    sent: list[tuple[list[int], np.ndarray]] = []
-
-    def push(bucket: list[Chunk]) -> str:
-        lo = min(c.offset for c in bucket)
-        hi = max(c.offset + c.length for c in bucket)
-        sent.append(([c.chunk_id for c in bucket], grads[lo:hi].copy()))
-        return "future"
-
-    buckets = GradientBuckets(params, chunks, grads, push, bucket_bytes=4 * 64)
-    x = torch.randn(5, 8)
+    mirror = make_mirror(params)
+    chunks = _chunks(mirror.flat.numel(), 64)
+    push = _Recorder(mirror)
+    buckets = GradientBuckets(params, chunks, mirror, push, bucket_bytes=4 * 64)
+    x = torch.randn(5, 8, device=device)
     model(x).square().sum().backward()
-    assert len(sent) == len(buckets.buckets) > 3  # every bucket left from a hook
-    assert sent[0][0][0] == len(chunks) - 1  # the last layer's chunk first
-    expected = torch.cat([p.grad.reshape(-1) for p in params]).numpy()
-    for ids, values in sent:
-        lo = min(chunks[i].offset for i in ids)
-        np.testing.assert_array_equal(values, expected[lo:lo + values.size])
+    if device == "cpu":  # a GPU bucket may still be copying when backward returns
+        assert len(push.sent) == len(buckets.buckets) > 3  # every bucket left from a hook
     rest: list[list[Chunk]] = []
     futures = buckets.finish(lambda chunks: rest.append(chunks) or "rest")
-    assert futures == ["future"] * len(sent) and rest == []
+    assert len(push.sent) == len(buckets.buckets) > 3 and rest == []
+    assert futures == ["future"] * len(push.sent)
+    assert push.sent[0][0][0] == len(chunks) - 1  # the last layer's chunk first
+    expected = _all_grads(params)
+    for ids, values in push.sent:
+        lo = min(chunks[i].offset for i in ids)
+        np.testing.assert_array_equal(values, expected[lo:lo + values.size])
     assert buckets.sent_early == 0  # reset for the next step
 
 
-def test_unused_parameters_are_zeroed_and_pushed_at_finish() -> None:
-    model = _model()
+def test_unused_parameters_are_zeroed_and_pushed_at_finish(device: str) -> None:
+    model = _model(device)
     params = list(model.parameters())
-    flatten_into_views(params)
-    grads = np.full(sum(p.numel() for p in params), 7.0, np.float32)
-    chunks = _chunks(grads.size, 1 << 20)  # one chunk: nothing can leave early
+    mirror = make_mirror(params)
+    mirror.grads.array[:] = 7.0
+    chunks = _chunks(mirror.flat.numel(), 1 << 20)  # one chunk: nothing can leave early
     sent: list[list[Chunk]] = []
-    buckets = GradientBuckets(params, chunks, grads, sent.append)
+    buckets = GradientBuckets(params, chunks, mirror, sent.append)
     model[0].weight.requires_grad_(False)
-    model(torch.randn(3, 8)).sum().backward()
+    model(torch.randn(3, 8, device=device)).sum().backward()
     assert sent == []
     rest: list[list[Chunk]] = []
     buckets.finish(rest.append)
     assert [c.chunk_id for c in rest[0]] == [0]
+    grads = mirror.grads.array
     assert np.all(grads[:model[0].weight.numel()] == 0)
+    np.testing.assert_array_equal(grads[model[0].weight.numel():], _all_grads(params[1:]))
 
 
-def test_second_backward_after_an_early_push_is_refused() -> None:
+def test_second_backward_after_an_early_push_is_refused(device: str) -> None:
+    model = _model(device)
+    params = list(model.parameters())
+    mirror = make_mirror(params)
+    GradientBuckets(params, _chunks(mirror.flat.numel(), 64), mirror, lambda b: None,
+                    bucket_bytes=1)
+    model(torch.randn(2, 8, device=device)).sum().backward()
+    with pytest.raises(ConfigError, match="once per step"):
+        model(torch.randn(2, 8, device=device)).sum().backward()
+
+
+class _SlowFence:
+    """A copy that reports done only from the ``polls``-th ``ready()`` on (or when waited)."""
+
+    def __init__(self, polls: int) -> None:
+        self.polls = polls
+
+    def ready(self) -> bool:
+        self.polls -= 1
+        return self.polls <= 0
+
+    def wait(self) -> None:
+        self.polls = 0
+
+
+class _LateMirror:
+    """The CPU mirror, except that gradient copies reach the host late, like a GPU's."""
+
+    def __init__(self, params: list[nn.Parameter], polls: int) -> None:
+        self._host = HostMirror(params)
+        self.device, self.flat, self.ranges = self._host.device, self._host.flat, self._host.ranges
+        self.weights, self.grads = self._host.weights, self._host.grads
+        self.staging_depth = 1
+        self.polls = polls
+        self.fences: list[_SlowFence] = []
+
+    def new_buffer(self) -> HostBuffer:
+        return self._host.new_buffer()
+
+    def copy_grad(self, start: int, stop: int, grad: torch.Tensor) -> None:
+        self._host.copy_grad(start, stop, grad)
+
+    def fence(self) -> _SlowFence:
+        self.fences.append(_SlowFence(self.polls))
+        return self.fences[-1]
+
+    def upload(self, source: HostBuffer) -> None:
+        self._host.upload(source)
+
+
+@pytest.mark.parametrize("polls", [2, 10**9], ids=["copied-during-backward", "copied-at-finish"])
+def test_a_bucket_leaves_only_once_its_copy_is_done_and_in_order(polls: int) -> None:
     model = _model()
     params = list(model.parameters())
-    flatten_into_views(params)
-    grads = np.zeros(sum(p.numel() for p in params), np.float32)
-    GradientBuckets(params, _chunks(grads.size, 64), grads, lambda b: None, bucket_bytes=1)
-    model(torch.randn(2, 8)).sum().backward()
-    with pytest.raises(ConfigError, match="once per step"):
-        model(torch.randn(2, 8)).sum().backward()
+    mirror = _LateMirror(params, polls)
+    chunks = _chunks(mirror.flat.numel(), 64)
+    push = _Recorder(mirror)
+    buckets = GradientBuckets(params, chunks, mirror, push, bucket_bytes=4 * 64)
+    model(torch.randn(5, 8)).square().sum().backward()
+    during = len(push.sent)
+    if polls == 2:  # checked at the hook that completed it and again at the next hook
+        assert 0 < during < len(buckets.buckets)
+    else:
+        assert during == 0
+    assert buckets.sent_early == len(buckets.buckets)  # all complete, some still copying
+    buckets.finish(lambda chunks: pytest.fail("every bucket was complete"))
+    assert [ids for ids, _ in push.sent] == [[c.chunk_id for c in b] for b in buckets.buckets]
+    expected = _all_grads(params)
+    for ids, values in push.sent:
+        lo = min(chunks[i].offset for i in ids)
+        np.testing.assert_array_equal(values, expected[lo:lo + values.size])
+
+
+def test_mirror_and_parameters_must_match() -> None:
+    model = _model()
+    params = list(model.parameters())
+    mirror = make_mirror(params)
+    with pytest.raises(ConfigError, match="parameters"):
+        GradientBuckets(params[:2], _chunks(mirror.flat.numel(), 64), mirror, lambda b: None)
