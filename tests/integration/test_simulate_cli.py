@@ -1,5 +1,6 @@
 """`hogshard simulate` as a user runs it: a real process, the real data (or the example's
-fallback), a JSON report; bad flags get a clear error and no report."""
+fallback), a JSON report; bad flags get a clear error and no report. (That a seed fixes the
+report is tested in tests/unit/test_simulation.py.)"""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-TIMEOUT = 300
+TIMEOUT = 600  # the process imports torch and reads the data set: slow on a loaded host
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
@@ -19,23 +20,21 @@ def run(*args: str) -> subprocess.CompletedProcess:
                           stdin=subprocess.DEVNULL, check=False)
 
 
-def test_simulate_writes_a_report_and_repeats_it_for_the_seed(tmp_path: Path) -> None:
-    args = ["--learners", "6", "--servers", "2", "--policy", "softsync:3+lr=mean",
-            "--rule", "sgd", "--lr", "0.05", "--batch", "16", "--limit", "384",
-            "--stragglers", "1", "--eval-every", "0.05", "--eval-subset", "200", "--seed", "5"]
-    reports = []
-    for name in ("a.json", "b.json"):
-        proc = run(*args, "--report", str(tmp_path / name))
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        assert "test accuracy" in proc.stdout and "staleness mean" in proc.stdout
-        reports.append(json.loads((tmp_path / name).read_text()))
-    first, second = reports
-    first.pop("wall_seconds"), second.pop("wall_seconds")
-    assert first == second
-    assert first["policy"] == "softsync:3+lr=mean" and first["learners"] == 6
-    assert first["gradients"] == 24 and len(first["servers_detail"]) == 2
-    assert 0.0 <= first["test_accuracy"] <= 1.0 and first["history"]
-    assert first["staleness_p99"] >= first["staleness"]["p50"]
+@pytest.mark.timeout(TIMEOUT)
+def test_simulate_writes_the_report(tmp_path: Path) -> None:
+    report = tmp_path / "sim.json"
+    proc = run("--learners", "6", "--servers", "2", "--policy", "softsync:3+lr=mean",
+               "--rule", "sgd", "--lr", "0.05", "--batch", "16", "--limit", "384",
+               "--stragglers", "1", "--eval-every", "0.05", "--eval-subset", "200", "--seed", "5",
+               "--report", str(report))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "test accuracy" in proc.stdout and "staleness mean" in proc.stdout
+    result = json.loads(report.read_text())
+    assert result["policy"] == "softsync:3+lr=mean" and result["learners"] == 6
+    assert result["gradients"] == 24 and len(result["servers_detail"]) == 2
+    assert 0.0 <= result["test_accuracy"] <= 1.0 and result["history"]
+    assert result["staleness_p99"] >= result["staleness"]["p50"]
+    assert result["seed"] == 5 and result["server_load"]["max_utilisation"] > 0
 
 
 @pytest.mark.parametrize(("args", "message"), [
