@@ -40,6 +40,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--limit", type=int, default=None, help="training images (3000; 1024 quick)")
     p.add_argument("--jitter", type=float, default=0.3,
                    help="the simulated compute-time coefficient of variation")
+    p.add_argument("--real-from", type=Path, default=None,
+                   help="take the real jobs from this earlier --json file (same recipe) and "
+                   "run only the simulated twins, e.g. with another --jitter")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
     args.learners = [int(x) for x in (args.learners or ("4" if args.quick else "4,8")).split(",")]
@@ -75,13 +78,18 @@ def main(argv: list[str] | None = None) -> int:
     data = load_image_dataset(None)
     tmp = Path(tempfile.mkdtemp(prefix="hogshard-simval-"))
     load_before = os.getloadavg()
+    earlier = {}
+    if args.real_from:
+        for row in json.loads(args.real_from.read_text())["rows"]:
+            for cell in row["real"]:
+                earlier[(row["learners"], row["policy"], cell["seed"])] = cell
     rows = []
     for learners in args.learners:
         for policy in args.policies:
             real, sim = [], []
             for seed in range(args.seeds):
-                cell = run_cell(policy, args, args.epochs, args.limit, tmp, seed=seed,
-                                workers=learners)
+                cell = earlier.get((learners, policy, seed)) or run_cell(
+                    policy, args, args.epochs, args.limit, tmp, seed=seed, workers=learners)
                 real.append(cell)
                 step_ms = 1000 * cell["train_s"] / cell["steps"] if cell.get("steps") else 20.0
                 twin = sim_cell(policy, args, seed, data, learners=learners,
