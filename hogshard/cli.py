@@ -106,7 +106,7 @@ def _check_policy(ctx: click.Context, param: click.Parameter, value: str) -> str
 def _policy_option(default: str = "async"):
     return _option("policy", default=default, callback=_check_policy,
                    help="consistency policy: async, hardsync, softsync:N or ssp:S, with optional "
-                   "+lr=staleness, +dc=LAMBDA, +maxstale=K")
+                   "+lr=staleness or +lr=mean, +dc=LAMBDA, +maxstale=K")
 
 
 def _metrics_options(command):
@@ -419,12 +419,15 @@ def _serve(service) -> None:
 
 
 def _add_deployment_commands() -> None:
-    """``hogshard slurm`` and ``hogshard report`` live in their own modules."""
+    """``hogshard slurm``, ``hogshard report`` and ``hogshard simulate`` live in their own
+    modules."""
     from hogshard.report import report
+    from hogshard.simulate import simulate
     from hogshard.slurm import slurm
 
     main.add_command(slurm)
     main.add_command(report)
+    main.add_command(simulate)
 
 
 _add_deployment_commands()

@@ -1,7 +1,8 @@
 """Applying pushed gradients to chunks as the consistency policy says.
 
 Per gradient: its staleness (the chunk's version now minus the version the worker pulled) is
-measured, ``+maxstale`` may drop it, ``+dc`` compensates it, ``+lr=staleness`` scales it. Then
+measured, ``+maxstale`` may drop it, ``+dc`` compensates it, ``+lr=staleness`` scales it (or
+``+lr=mean``, by the running mean staleness of the gradients taken since the policy began). Then
 either the update rule applies it at once (a group of one) or it joins the chunk's pending group,
 whose mean is applied when the group is complete (softsync: c gradients; hardsync: one from
 every live worker). The version does not move while a group fills, so staleness measured on
@@ -44,6 +45,9 @@ class UpdateApplier:
         self._groups: dict[tuple[str, int], _Group] = {}
         self._chunks: dict[tuple[str, int], tuple[DenseTable, DenseChunk]] = {}
         self._pulled: dict[tuple[str, str, int], np.ndarray] = {}
+        #: Sum and count of the staleness of the gradients taken under this policy (+lr=mean).
+        self._staleness_sum = 0
+        self._staleness_count = 0
         #: Called after each update with (table, chunk, gradient applied, lr scale): the
         #: server forwards it to the chunk's backup (ps/replication.py).
         self.on_apply: Callable[[DenseTable, DenseChunk, np.ndarray, float], None] | None = None
@@ -88,7 +92,9 @@ class UpdateApplier:
             result.append(staleness)
             if modifiers.dc_lambda:
                 grad = self._compensate(table.name, chunk, grad, sender)
-            scale = modifiers.lr_scale(staleness)
+            self._staleness_sum += staleness
+            self._staleness_count += 1
+            scale = modifiers.lr_scale(staleness, self._staleness_sum / self._staleness_count)
             if group_size == 1 and not self.policy.waits_for_apply:
                 if self.submit is not None:
                     chunk.version += 1
@@ -190,5 +196,6 @@ class UpdateApplier:
         for key in list(self._groups):
             self._apply_group(key)
         self.policy = policy
+        self._staleness_sum = self._staleness_count = 0
         if not policy.modifiers.dc_lambda:
             self._pulled.clear()

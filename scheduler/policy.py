@@ -10,7 +10,9 @@ Spec grammar: ``BASE[+MODIFIER...]``
                       live workers (Rudra n-softsync)
 ``ssp:S``             a worker that finished c steps pulls only when the slowest live worker
                       finished at least c - S (Petuum SSP; ``ssp:0`` is BSP)
-``+lr=staleness``     scale each gradient by 1 / max(1, staleness) (Rudra)
+``+lr=staleness``     scale each gradient by 1 / max(1, staleness) (per gradient)
+``+lr=mean``          scale each gradient by 1 / max(1, <staleness>), the running mean staleness
+                      of the gradients the server has taken (Rudra's alpha0 / <sigma>)
 ``+dc=LAMBDA``        delay compensation (DC-ASGD): g + LAMBDA * g * g * (w_now - w_pulled)
 ``+maxstale=K``       drop (and count) every gradient staler than K
 ====================  ======================================================================
@@ -35,7 +37,7 @@ from dataclasses import dataclass, field
 from hogshard.proto.errors import ConfigError
 
 KNOWN_POLICIES = ("async", "hardsync", "softsync:N", "ssp:S")
-KNOWN_MODIFIERS = ("lr=staleness", "dc=LAMBDA", "maxstale=K")
+KNOWN_MODIFIERS = ("lr=staleness", "lr=mean", "dc=LAMBDA", "maxstale=K")
 #: A plain decimal number (``float()`` alone would also take '1_0', 'nan' or ' 1').
 _DECIMAL = re.compile(r"[0-9]+(\.[0-9]*)?([eE][+-]?[0-9]+)?|\.[0-9]+([eE][+-]?[0-9]+)?")
 
@@ -45,6 +47,7 @@ class Modifiers:
     """Per-gradient adjustments that combine with any base policy."""
 
     lr_staleness: bool = False
+    lr_mean: bool = False
     dc_lambda: float = 0.0
     max_staleness: int | None = None
 
@@ -53,15 +56,22 @@ class Modifiers:
         parts = []
         if self.lr_staleness:
             parts.append("+lr=staleness")
+        if self.lr_mean:
+            parts.append("+lr=mean")
         if self.dc_lambda:
             parts.append(f"+dc={self.dc_lambda!r}")  # repr: the shortest exact round trip
         if self.max_staleness is not None:
             parts.append(f"+maxstale={self.max_staleness}")
         return "".join(parts)
 
-    def lr_scale(self, staleness: int) -> float:
-        """The factor on a gradient's step: 1 / max(1, staleness) under ``+lr=staleness``."""
-        return 1.0 / max(1, staleness) if self.lr_staleness else 1.0
+    def lr_scale(self, staleness: int, mean_staleness: float = 0.0) -> float:
+        """The factor on a gradient's step: 1 / max(1, staleness) under ``+lr=staleness``,
+        1 / max(1, mean_staleness) under ``+lr=mean`` (the caller keeps the running mean)."""
+        if self.lr_staleness:
+            return 1.0 / max(1, staleness)
+        if self.lr_mean:
+            return 1.0 / max(1.0, mean_staleness)
+        return 1.0
 
     def accepts(self, staleness: int) -> bool:
         """False for a gradient that ``+maxstale=K`` drops."""
@@ -155,8 +165,8 @@ def _parse_modifier(text: str, spec: str, found: dict[str, object]) -> None:
     key, _, value = text.partition("=")
     if key in found:
         raise ConfigError(f"policy {spec!r}: modifier {key!r} given twice")
-    if key == "lr" and value == "staleness":
-        found["lr_staleness"] = True
+    if key == "lr" and value in ("staleness", "mean"):
+        found[f"lr_{value}"] = True
         found[key] = True
         return
     try:
@@ -199,6 +209,7 @@ def parse_policy(spec: str) -> ConsistencyPolicy:
         _parse_modifier(text, spec, found)
     modifiers = Modifiers(
         lr_staleness=bool(found.get("lr_staleness", False)),
+        lr_mean=bool(found.get("lr_mean", False)),
         dc_lambda=float(found.get("dc_lambda", 0.0)),  # type: ignore[arg-type]
         max_staleness=found.get("max_staleness"),  # type: ignore[arg-type]
     )

@@ -309,6 +309,33 @@ def test_lr_staleness_scales_each_gradient_in_a_group() -> None:
     assert rig.version() == 3 and np.allclose(rig.weights(), -9.0)
 
 
+def test_lr_mean_scales_every_gradient_by_the_running_mean_staleness() -> None:
+    rig = Rig("async+lr=mean")
+    rig.push("worker-0", 1.0, WORKERS)  # staleness 0, mean 0: full step
+    assert np.allclose(rig.weights(), -1.0)
+    rig.push("worker-0", 0.0, WORKERS)
+    rig.push("worker-0", 0.0, WORKERS)  # version 3, staleness so far 0, 0, 0
+    assert rig.push("worker-1", 1.0, WORKERS, pulled=0) == 3  # mean (0+0+0+3)/4 < 1: step 1
+    assert np.allclose(rig.weights(), -2.0)
+    assert rig.push("worker-1", 1.0, WORKERS, pulled=0) == 4  # mean 7/5 = 1.4
+    assert np.allclose(rig.weights(), -2.0 - 1 / 1.4)
+    before = rig.weights()
+    assert rig.push("worker-2", 1.0, WORKERS) == 0  # a fresh gradient: mean 7/6, scaled too
+    assert np.allclose(np.subtract(before, rig.weights()), 6 / 7)
+
+
+def test_lr_mean_restarts_when_the_policy_changes() -> None:
+    rig = Rig("async+lr=mean")
+    for _ in range(4):
+        rig.push("worker-0", 0.0, WORKERS)
+    rig.push("worker-1", 0.0, WORKERS, pulled=0)  # staleness 4: mean 0.8
+    rig.push("worker-1", 0.0, WORKERS, pulled=0)  # staleness 5: mean 1.5
+    rig.applier.switch(parse_policy("softsync:8+lr=mean"))
+    before = rig.weights()
+    rig.push("worker-2", 1.0, WORKERS)  # the first gradient under the new policy: mean 0
+    assert np.allclose(np.subtract(before, rig.weights()), 1.0)
+
+
 def test_delay_compensation_matches_the_formula() -> None:
     """DC-ASGD: the applied gradient is g + lambda * g * g * (w_now - w_pulled)."""
     lam = 0.5

@@ -198,6 +198,8 @@ def test_parse_hardsync_and_softsync() -> None:
 @pytest.mark.parametrize(("spec", "canonical"), [
     ("softsync:4+lr=staleness", "softsync:4+lr=staleness"),
     ("softsync:4+maxstale=3+lr=staleness", "softsync:4+lr=staleness+maxstale=3"),
+    ("softsync:15+lr=mean", "softsync:15+lr=mean"),
+    ("ssp:2+maxstale=9+LR=MEAN", "ssp:2+lr=mean+maxstale=9"),
     ("HARDSYNC+DC=0.5", "hardsync+dc=0.5"),
     ("async+dc=0.1234567", "async+dc=0.1234567"),
     ("ssp:2+dc=1e-5+maxstale=0", "ssp:2+dc=1e-05+maxstale=0"),
@@ -220,6 +222,14 @@ def test_modifier_values() -> None:
     assert plain.lr_scale(100) == 1.0 and plain.accepts(10**9)
 
 
+def test_lr_mean_divides_by_the_mean_staleness_not_the_gradients_own() -> None:
+    m = parse_policy("softsync:4+lr=mean").modifiers
+    assert m.lr_mean and not m.lr_staleness
+    assert m.lr_scale(0, mean_staleness=4.0) == 0.25  # a fresh gradient is scaled too
+    assert m.lr_scale(9, mean_staleness=2.5) == 0.4
+    assert m.lr_scale(3, mean_staleness=0.5) == 1.0  # never above the base rate
+
+
 @FAST
 @given(st.floats(0.0, 1e6, allow_nan=False, allow_infinity=False))
 def test_dc_lambda_round_trips_exactly(lam: float) -> None:
@@ -231,6 +241,7 @@ def test_dc_lambda_round_trips_exactly(lam: float) -> None:
 @pytest.mark.parametrize("spec", [
     "softsync", "softsync:", "softsync:0", "softsync:-2", "softsync:x", "hardsync:2",
     "async+", "async+lr", "async+lr=1", "async+lr=staleness+lr=staleness", "async+dc",
+    "async+lr=staleness+lr=mean", "async+lr=means", "async+lr=mean+lr=mean",
     "async+dc=-1", "async+dc=nan", "async+dc=inf", "async+dc=1e400", "async+dc=1_0",
     "async+dc=+1", "async+maxstale", "async+maxstale=-1", "async+maxstale=1.5", "async+bogus=1",
     "async+maxstale=1+maxstale=2",

@@ -1,0 +1,134 @@
+"""The cluster simulator against the real cluster: the same jobs run as real processes
+(``hogshard launch``) and in the simulator (hogshard/sim/), side by side: mean and p99
+staleness, final test accuracy, over seeds.
+
+Each real job is ``hogshard launch --servers 1 --workers L --policy P -- python
+examples/fashion_mnist.py --rule sgd --lr LR --batch MU --epochs E --limit N --seed K`` (the
+harness of benchmarks/rudra.py). Its simulated twin has the same recipe and seed; its only
+input from the real job is timing: the learner's mean step time, rank 0's training seconds over
+its steps. Staleness and accuracy are then predictions. Targets: staleness mean and p99 within
+20 %, accuracy within 1 point (means over the seeds).
+
+    .venv/bin/python benchmarks/sim_validate.py --quick
+    nice -n 10 .venv/bin/python benchmarks/sim_validate.py --json /tmp/sim_validate.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from rudra import run_cell, sim_cell
+
+POLICIES = ("async", "softsync:2", "ssp:2", "hardsync")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="lambda = 4, async and hardsync, 1 seed")
+    p.add_argument("--learners", default=None, help="comma list of lambda (4,8)")
+    p.add_argument("--policies", default=None, help=f"comma list ({','.join(POLICIES)})")
+    p.add_argument("--seeds", type=int, default=None, help="seeds per cell (2; 1 quick)")
+    p.add_argument("--lr", type=float, default=0.1)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--limit", type=int, default=None, help="training images (3000; 1024 quick)")
+    p.add_argument("--jitter", type=float, default=0.3,
+                   help="the simulated compute-time coefficient of variation")
+    p.add_argument("--real-from", type=Path, default=None,
+                   help="take the real jobs from this earlier --json file (same recipe) and "
+                   "run only the simulated twins, e.g. with another --jitter")
+    p.add_argument("--json", type=Path, default=None)
+    args = p.parse_args(argv)
+    args.learners = [int(x) for x in (args.learners or ("4" if args.quick else "4,8")).split(",")]
+    args.policies = (args.policies or ("async,hardsync" if args.quick else ",".join(POLICIES))
+                     ).split(",")
+    args.seeds = args.seeds or (1 if args.quick else 2)
+    args.limit = args.limit or (1024 if args.quick else 3000)
+    return args
+
+
+def mean(values: list[float | None]) -> float | None:
+    kept = [v for v in values if v is not None]
+    return statistics.fmean(kept) if kept else None
+
+
+def ratio(sim: float | None, real: float | None) -> float | None:
+    if sim is None or real is None:
+        return None
+    return sim / real if real else (1.0 if sim == 0 else None)
+
+
+def fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    import torch
+
+    from hogshard.datasets import load_image_dataset
+
+    torch.set_num_threads(1)
+    data = load_image_dataset(None)
+    tmp = Path(tempfile.mkdtemp(prefix="hogshard-simval-"))
+    load_before = os.getloadavg()
+    earlier = {}
+    if args.real_from:
+        for row in json.loads(args.real_from.read_text())["rows"]:
+            for cell in row["real"]:
+                earlier[(row["learners"], row["policy"], cell["seed"])] = cell
+    rows = []
+    for learners in args.learners:
+        for policy in args.policies:
+            real, sim = [], []
+            for seed in range(args.seeds):
+                cell = earlier.get((learners, policy, seed)) or run_cell(
+                    policy, args, args.epochs, args.limit, tmp, seed=seed, workers=learners)
+                real.append(cell)
+                step_ms = 1000 * cell["train_s"] / cell["steps"] if cell.get("steps") else 20.0
+                twin = sim_cell(policy, args, seed, data, learners=learners,
+                                compute_ms=step_ms, jitter=args.jitter)
+                twin["step_ms"] = step_ms
+                sim.append(twin)
+                print(f"lambda={learners} {policy:<11} seed {seed}: real acc "
+                      f"{fmt(cell.get('accuracy'), '.4f')} st {fmt(cell.get('staleness_mean'), '.2f')}"
+                      f"/{fmt(cell.get('staleness_p99'), 'd')} | sim acc {twin['accuracy']:.4f} "
+                      f"st {twin['staleness_mean']:.2f}/{twin['staleness_p99']} "
+                      f"(step {step_ms:.0f} ms, real {cell['wall_s']:.0f} s)", flush=True)
+            row = {"learners": learners, "policy": policy, "real": real, "sim": sim}
+            for key in ("accuracy", "staleness_mean", "staleness_p99"):
+                row[f"real_{key}"] = mean([r.get(key) for r in real])
+                row[f"sim_{key}"] = mean([s.get(key) for s in sim])
+            rows.append(row)
+    print(f"\n{data.name}: sgd lr {args.lr:g}, batch {args.batch}, {args.epochs} epoch(s) of "
+          f"{args.limit} images, {args.seeds} seed(s); load average {load_before[0]:.1f} "
+          f"before, {os.getloadavg()[0]:.1f} after\n")
+    print("| lambda | policy | real st mean | sim | ratio | real st p99 | sim | ratio | "
+          "real acc | sim acc | diff (pts) |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for row in rows:
+        diff = (None if row["sim_accuracy"] is None or row["real_accuracy"] is None
+                else 100 * (row["sim_accuracy"] - row["real_accuracy"]))
+        print(f"| {row['learners']} | {row['policy']} | {fmt(row['real_staleness_mean'], '.2f')} "
+              f"| {fmt(row['sim_staleness_mean'], '.2f')} | "
+              f"{fmt(ratio(row['sim_staleness_mean'], row['real_staleness_mean']), '.2f')} | "
+              f"{fmt(row['real_staleness_p99'], '.1f')} | {fmt(row['sim_staleness_p99'], '.1f')} | "
+              f"{fmt(ratio(row['sim_staleness_p99'], row['real_staleness_p99']), '.2f')} | "
+              f"{fmt(row['real_accuracy'], '.4f')} | {fmt(row['sim_accuracy'], '.4f')} | "
+              f"{fmt(diff, '+.1f')} |")
+    if args.json:
+        args.json.write_text(json.dumps({"args": {k: v for k, v in vars(args).items()
+                                                  if k != "json"},
+                                         "load_before": load_before, "rows": rows}, indent=2,
+                                        default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,125 @@
+"""``hogshard simulate``: a whole job in one process, on a simulated clock (hogshard/sim/).
+
+Example::
+
+    hogshard simulate --learners 30 --servers 2 --policy softsync:15+lr=mean --rule sgd \\
+        --lr 0.3 --batch 8 --report sim.json
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import click
+
+from hogshard.proto.errors import HogshardError
+
+DEFAULT_COMPUTE_MS = 20.0
+
+
+def _policy(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    from hogshard.scheduler.policy import parse_policy
+
+    try:
+        return parse_policy(value).spec
+    except HogshardError as err:
+        raise click.BadParameter(err.message) from None
+
+
+def _positive(**kwargs: Any) -> click.FloatRange:
+    return click.FloatRange(min=0.0, min_open=True, **kwargs)
+
+
+@click.command()
+@click.option("--learners", default=4, show_default=True, type=click.IntRange(min=1),
+              help="virtual learners (lambda)")
+@click.option("--servers", default=1, show_default=True, type=click.IntRange(min=1),
+              help="virtual shard servers (the model is cut into one chunk per server)")
+@click.option("--policy", default="async", show_default=True, callback=_policy,
+              help="consistency policy, as for the scheduler: async, hardsync, softsync:N, "
+              "ssp:S, with +lr=staleness, +lr=mean, +dc=LAMBDA, +maxstale=K")
+@click.option("--data", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              default=None, help="Fashion-MNIST idx folder (default: the shared data; the "
+              "example's fallback when absent)")
+@click.option("--seed", default=0, show_default=True, type=int,
+              help="fixes the model, the data order and every simulated time")
+@click.option("--report", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="write the JSON report here")
+@click.option("--rule", default="adam", show_default=True,
+              type=click.Choice(["sgd", "momentum", "adagrad", "adam"]),
+              help="server update rule")
+@click.option("--lr", default=1e-3, show_default=True, type=_positive(), help="learning rate")
+@click.option("--momentum", default=0.9, show_default=True, type=click.FloatRange(0, 1),
+              help="with --rule momentum")
+@click.option("--batch", default=64, show_default=True, type=click.IntRange(min=1),
+              help="per-learner batch (mu)")
+@click.option("--epochs", default=1, show_default=True, type=click.IntRange(min=1))
+@click.option("--limit", default=None, type=click.IntRange(min=1),
+              help="use only the first N training images")
+@click.option("--compute-ms", default=DEFAULT_COMPUTE_MS, show_default=True, type=_positive(),
+              help="a learner's mean compute time per step, in simulated milliseconds")
+@click.option("--jitter", default=0.1, show_default=True, type=click.FloatRange(min=0),
+              help="coefficient of variation of the compute time (log-normal)")
+@click.option("--stragglers", default=0, show_default=True, type=click.IntRange(min=0),
+              help="this many learners compute --slowdown times slower")
+@click.option("--slowdown", default=3.0, show_default=True, type=click.FloatRange(min=1),
+              help="the stragglers' compute-time factor")
+@click.option("--start-spread", default=0.0, show_default=True, type=click.FloatRange(min=0),
+              help="learners start at uniform random times in [0, S] simulated seconds")
+@click.option("--latency-us", default=None, type=click.FloatRange(min=0),
+              help="one-way message latency (default fitted from benchmarks/pushpull.py)")
+@click.option("--bandwidth-gbps", default=None, type=_positive(),
+              help="link bandwidth in GB/s (default fitted from benchmarks/pushpull.py)")
+@click.option("--server-us", default=None, type=click.FloatRange(min=0),
+              help="a server's fixed work per message (default fitted)")
+@click.option("--server-gbps", default=None, type=_positive(),
+              help="a server's bytes per second when decoding, applying or copying (default "
+              "fitted)")
+@click.option("--eval-every", default=None, type=_positive(),
+              help="sample test accuracy every this many simulated seconds (the report's "
+              "history)")
+@click.option("--eval-subset", default=1000, show_default=True, type=click.IntRange(min=1),
+              help="test images per history sample (the final accuracy uses all)")
+@click.option("--torch-threads", default=1, show_default=True, type=click.IntRange(min=1))
+def simulate(learners: int, servers: int, policy: str, data: Path | None, seed: int,
+             report: Path, rule: str, lr: float, momentum: float, batch: int, epochs: int,
+             limit: int | None, compute_ms: float, jitter: float, stragglers: int,
+             slowdown: float, start_spread: float, latency_us: float | None,
+             bandwidth_gbps: float | None, server_us: float | None, server_gbps: float | None,
+             eval_every: float | None, eval_subset: int, torch_threads: int) -> None:
+    """Simulate a job of LEARNERS learners and SERVERS servers in this process: the real
+    policies, server stores and update rules, the example's model and data, on a
+    discrete-event clock. Writes test accuracy, staleness, clock gap and server load."""
+    import torch
+
+    from hogshard.sim import ComputeModel, NetworkModel, SimConfig, Simulation
+
+    torch.set_num_threads(torch_threads)
+    net = NetworkModel()
+    network = NetworkModel(
+        latency_s=net.latency_s if latency_us is None else latency_us * 1e-6,
+        link_bytes_per_s=net.link_bytes_per_s if bandwidth_gbps is None else bandwidth_gbps * 1e9,
+        server_s=net.server_s if server_us is None else server_us * 1e-6,
+        server_bytes_per_s=(net.server_bytes_per_s if server_gbps is None
+                            else server_gbps * 1e9))
+    try:
+        config = SimConfig(learners=learners, servers=servers, policy=policy, rule=rule, lr=lr,
+                           momentum=momentum, batch=batch, epochs=epochs, limit=limit, seed=seed,
+                           compute=ComputeModel(compute_ms / 1000, jitter, stragglers, slowdown),
+                           network=network, start_spread_s=start_spread,
+                           eval_every_s=eval_every, eval_subset=eval_subset, data_dir=data)
+        result = Simulation(config).run()
+    except HogshardError as err:
+        raise click.ClickException(err.message) from None
+    tmp = report.with_name(report.name + f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(result, indent=2))
+    tmp.replace(report)
+    click.echo(f"{result['policy']}: {learners} learners, {servers} servers, "
+               f"{result['gradients']} gradients in {result['simulated_seconds']:.2f} simulated s "
+               f"({result['wall_seconds']:.1f} s wall); test accuracy "
+               f"{result['test_accuracy']:.4f}; staleness mean {result['staleness_mean']:.2f} "
+               f"p99 {result['staleness_p99']}; clock gap max {result['clock_gap']['max']}; "
+               f"server utilisation max {result['server_load']['max_utilisation']:.2f}")

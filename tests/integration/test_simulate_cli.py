@@ -1,0 +1,52 @@
+"""`hogshard simulate` as a user runs it: a real process, the real data (or the example's
+fallback), a JSON report; bad flags get a clear error and no report. (That a seed fixes the
+report is tested in tests/unit/test_simulation.py.)"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TIMEOUT = 600  # the process imports torch and reads the data set: slow on a loaded host
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hogshard", "simulate", *args],
+                          capture_output=True, text=True, timeout=TIMEOUT,
+                          stdin=subprocess.DEVNULL, check=False)
+
+
+@pytest.mark.timeout(TIMEOUT)
+def test_simulate_writes_the_report(tmp_path: Path) -> None:
+    report = tmp_path / "sim.json"
+    proc = run("--learners", "6", "--servers", "2", "--policy", "softsync:3+lr=mean",
+               "--rule", "sgd", "--lr", "0.05", "--batch", "16", "--limit", "384",
+               "--stragglers", "1", "--eval-every", "0.05", "--eval-subset", "200", "--seed", "5",
+               "--report", str(report))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "test accuracy" in proc.stdout and "staleness mean" in proc.stdout
+    result = json.loads(report.read_text())
+    assert result["policy"] == "softsync:3+lr=mean" and result["learners"] == 6
+    assert result["gradients"] == 24 and len(result["servers_detail"]) == 2
+    assert 0.0 <= result["test_accuracy"] <= 1.0 and result["history"]
+    assert result["staleness_p99"] >= result["staleness"]["p50"]
+    assert result["seed"] == 5 and result["server_load"]["max_utilisation"] > 0
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--policy", "softsync:0"], "softsync takes an integer"),
+    (["--learners", "0"], "--learners"),
+    (["--data", "/nonexistent/fmnist"], "does not exist"),
+    (["--lr", "-1"], "--lr"),
+])
+def test_bad_flags_are_refused_with_a_clear_message(tmp_path: Path, args: list[str],
+                                                    message: str) -> None:
+    report = tmp_path / "r.json"
+    proc = run(*args, "--report", str(report))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert message in proc.stderr and "Traceback" not in proc.stderr
+    assert not report.exists()
