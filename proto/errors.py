@@ -30,6 +30,7 @@ class ErrorCode(enum.StrEnum):
     INTERNAL = "INTERNAL"
     BAD_CHECKPOINT = "BAD_CHECKPOINT"
     NOT_OWNER = "NOT_OWNER"
+    FORBIDDEN = "FORBIDDEN"
 
 
 class HogshardError(Exception):
@@ -125,6 +126,13 @@ class NotOwnerError(HogshardError):
     code = ErrorCode.NOT_OWNER
 
 
+class ForbiddenError(HogshardError):
+    """The sender may not send this op: its CURVE key's role does not allow it, or (for the
+    server-to-server ops) the shard map does not name it as the chunk's primary."""
+
+    code = ErrorCode.FORBIDDEN
+
+
 _BY_CODE: dict[ErrorCode, type[HogshardError]] = {
     ErrorCode.MALFORMED: ProtocolError,
     ErrorCode.BAD_VERSION: VersionMismatchError,
@@ -140,6 +148,7 @@ _BY_CODE: dict[ErrorCode, type[HogshardError]] = {
     ErrorCode.TIMEOUT: RequestTimeoutError,
     ErrorCode.BAD_CHECKPOINT: CheckpointError,
     ErrorCode.NOT_OWNER: NotOwnerError,
+    ErrorCode.FORBIDDEN: ForbiddenError,
 }
 
 

@@ -98,6 +98,8 @@ class SchedulerLink:
         self.policy: ConsistencyPolicy = parse_policy(reply.get("policy"))
         self.heartbeat_interval: float = reply.get("heartbeat_interval")
         self.heartbeat_timeout: float = reply.get("heartbeat_timeout") or 5.0
+        if type(reply.get("replication")) is int:
+            self.peer_gate.replication = reply.get("replication")
         self._scheduler.sender = self.node_id
         if self.replicas is not None:  # declared dead and back: own nothing until told
             for held in self.replicas.forget_roles():
