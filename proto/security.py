@@ -46,6 +46,8 @@ from pathlib import Path
 from typing import Any
 
 import zmq
+from zmq.auth.thread import ThreadAuthenticator
+from zmq.utils import z85
 
 from hogshard.proto.errors import ConfigError
 from hogshard.proto.roles import KEY_NAMES, LEGACY, LEGACY_KEY_NAME, Role, role_of_key_name
@@ -156,6 +158,18 @@ def _load(path: Path, what: str) -> tuple[bytes, bytes | None]:
     return public, secret
 
 
+class _RoleAuthenticator(ThreadAuthenticator):
+    """A ZAP handler that names each CURVE connection by its key's role: the ``User-Id`` of
+    every message it sends (read by proto/service.py)."""
+
+    def __init__(self, context: zmq.Context, roles: dict[bytes, str]) -> None:
+        super().__init__(context, log=logging.getLogger(__name__ + ".zap"))
+        self.roles = roles
+
+    def curve_user_id(self, client_public_key: bytes) -> str:
+        return str(self.roles.get(z85.encode(client_public_key), Role.WORKER))
+
+
 class Security:
     """The CURVE keys of one process and the ZAP authenticators it started (one per ZeroMQ
     context that has a binding socket). ``stop(context)`` before terminating a context.
@@ -255,18 +269,12 @@ class Security:
     def _authenticator(self, context: zmq.Context) -> None:
         if id(context) in self._authenticators:
             return
-        from zmq.auth.thread import ThreadAuthenticator
-        from zmq.utils import z85
-
         roles = self.key_roles()
         if LEGACY in roles.values():
             log.warning("%s admits the shared client key (client.key), which may act in "
                         "every role; remove it once every process has its role key",
                         self.authorized)
-        auth = ThreadAuthenticator(context, log=logging.getLogger(__name__ + ".zap"))
-        # the User-Id of each connection, read back from its messages (proto/service.py)
-        auth.curve_user_id = lambda raw: str(  # type: ignore[method-assign]
-            roles.get(z85.encode(raw), Role.WORKER))
+        auth = _RoleAuthenticator(context, roles)
         auth.start()
         auth.configure_curve(domain="*", location=str(self.authorized))
         self._authenticators[id(context)] = auth

@@ -75,7 +75,7 @@ class ServiceCore:
         if spec is None:
             raise UnknownOpError(f"unknown op {message.op!r} for {self.service}; expected "
                                  f"one of {sorted(self.ops)}")
-        roles = roles_of(body[0].get(USER_ID)) if self.authenticated else None
+        roles = roles_of(str(body[0].get(USER_ID))) if self.authenticated else None
         if roles is not None:
             check_role(spec, roles, self.service)
             check_claimed_role(claimed_role(message.get("from")), roles, message.op)

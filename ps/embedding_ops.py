@@ -41,7 +41,7 @@ def check_shard_owner(server: ShardServer, msg: Message) -> int | None:
     shard = msg.get("shard")
     if shard is None:
         return None
-    if type(shard) is not int or not server.replicas.replicated(EMBEDDING_MAP):
+    if not server.replicas.replicated(EMBEDDING_MAP):
         raise NotOwnerError(f"server {server.rank} has no embedding shard {shard!r} (yet); "
                             "fetch the shard map and retry")
     server.replicas.check_primary(EMBEDDING_MAP, [shard], time.monotonic(), server.rank)

@@ -276,7 +276,7 @@ class ShardServer(SchedulerLink, PrimaryReplication, ShardCheckpointing, Threade
         updates)``, if given, runs on this thread once the updates are applied (at once
         without update threads); ``updates`` lists ``(chunk, grad, scale)`` for the backups."""
         sender = str(msg.get("from"))
-        clock = msg.get("clock") if isinstance(msg.get("clock"), int) else None
+        clock = msg.get("clock")
         self._maybe_switch(clock)
         if self.policy.modifiers.dc_lambda:
             self._settle_updates()  # compensation reads the weights
@@ -302,21 +302,21 @@ class ShardServer(SchedulerLink, PrimaryReplication, ShardCheckpointing, Threade
         if self.applier.waiting_on(sender, msg.get("table"), msg.get("chunks")):
             return False
         clock = msg.get("clock")
-        if not isinstance(clock, int):
+        if clock is None:
             return True
         return self.policy.may_pull(clock, self._live_clocks(sender, clock))
 
     def _pull(
         self, identity: bytes, msg: Message
     ) -> tuple[dict[str, Any], list[np.ndarray]] | None:
-        if isinstance(msg.get("clock"), int):
+        if msg.get("clock") is not None:
             self._note_sender(str(msg.get("from")))
         table, chunks = self.store.resolve(msg.get("table"), msg.get("chunks"))  # validate first
         if self.replicas.replicated(table.name):
             self.replicas.check_primary(table.name, [c.chunk_id for c in chunks],
                                         time.monotonic(), self.rank)
         clock, sender = msg.get("clock"), str(msg.get("from"))
-        if type(clock) is int and clock > self._observed_clocks.get(sender, 0):
+        if clock is not None and clock > self._observed_clocks.get(sender, 0):
             # its pushes of earlier steps came first on this connection: they are all in
             self._observed_clocks[sender] = clock
             if self._deferred:

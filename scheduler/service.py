@@ -197,7 +197,7 @@ class Scheduler(CheckpointOps, ReplicationOps, RecoveryOps, HeartbeatOps):
         check_claimed_role(role, self._core.sender_roles, "register")
         start_clock = max(self.members.min_live_clock(), self.restored_clock) \
             if role == "worker" else 0
-        if role == "worker" and type(msg.get("clock")) is int and msg.get("clock") >= 0:
+        if role == "worker" and msg.get("clock") is not None and msg.get("clock") >= 0:
             start_clock = msg.get("clock")  # a worker rejoining a restarted scheduler
         reported = parse_table_report(msg.get("tables")) \
             if role == "server" and msg.get("tables") is not None else {}
@@ -325,7 +325,7 @@ class Scheduler(CheckpointOps, ReplicationOps, RecoveryOps, HeartbeatOps):
 
     def _leave(self, msg: Message) -> dict[str, Any]:
         member = self.members.leave(msg.get("from", ""))
-        if isinstance(msg.get("clock"), int):
+        if msg.get("clock") is not None:
             member.clock = max(member.clock, msg.get("clock"))
         log.info("%s left (clock %d)", member.node_id, member.clock)
         return {}

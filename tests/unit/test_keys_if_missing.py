@@ -89,3 +89,21 @@ def test_an_unwritable_folder_is_a_clear_error(tmp_path: Path) -> None:
                 ensure_keys(folder)
         finally:
             folder.chmod(0o700)
+
+
+def test_help_readme_and_protocol_name_the_same_key_files() -> None:
+    """What each process mounts is said in three places; they must agree."""
+    root = Path(__file__).resolve().parents[2]
+    help_text = CliRunner().invoke(main, ["keys", "generate", "--help"]).output
+    readme = (root / "README.md").read_text()
+    section = readme[readme.index("### Security"):]
+    protocol = (root / "PROTOCOL.md").read_text()
+    for name in ("server.key_secret", "worker.key_secret", "shard.key_secret",
+                 "admin.key_secret", "authorized/"):
+        assert name in help_text and name in section and name in protocol, name
+    for line in ("worker     server.key, worker.key_secret",
+                 "server     server.key, server.key_secret, authorized/, shard.key_secret"):
+        assert line in help_text, line
+    assert "| worker | `server.key`, `worker.key_secret` |" in section
+    assert "| server | `server.key`, `server.key_secret`, `authorized/`, `shard.key_secret` |" \
+        in section
