@@ -196,6 +196,8 @@ class ShardServer(SchedulerLink, PrimaryReplication, ShardCheckpointing, Threade
     def _redo_peer_op(self, identity: bytes, message: Message, error: Exception | None) -> None:
         """Decide a server-to-server op the peer gate held, now that the map is known."""
         spec = self._OPS[message.op]
+        if error is None and self._updates is not None:
+            self._before(message)
         result = error if error is not None else guarded(
             message.op, lambda: spec.handler(self, identity, message))
         self._core.answer(identity, message.request_id, result)

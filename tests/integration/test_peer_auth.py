@@ -18,8 +18,11 @@ from zmq.utils.monitor import recv_monitor_message
 
 from hogshard.proto.transport import RpcChannel
 
+from . import test_bad_input
 from .conftest import STARTUP_S, start_scheduler
 from .test_bad_input import LR, TABLE, GoodClient, f4, raw_request
+
+live = test_bad_input.live  # the same fixture: two servers and a well-behaved client
 
 MIB = 1 << 20
 EMB = "emb"
@@ -57,16 +60,6 @@ def emb_rows(ctx: zmq.Context, address: str, ids: np.ndarray) -> np.ndarray:
         return np.frombuffer(reply[1], dtype="<f4").reshape(len(ids), DIM).copy()
     finally:
         sock.close(0)
-
-
-@pytest.fixture
-def live(cluster_factory, zmq_ctx):
-    cluster = cluster_factory(servers=2, policy="async")
-    good = GoodClient(zmq_ctx, cluster.address)
-    try:
-        yield cluster, good
-    finally:
-        good.close()
 
 
 @pytest.mark.integration
