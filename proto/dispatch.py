@@ -39,10 +39,16 @@ def guarded(op: str, call: Callable[[], Any]) -> Any:
     """``call()``'s result, or the typed error to reply with for whatever it raised."""
     try:
         return call()
-    except HogshardError as err:
+    except Exception as err:
+        return as_error(op, err)
+
+
+def as_error(op: str, err: Exception) -> HogshardError:
+    """The typed error to reply with for ``err``, raised while handling ``op``."""
+    if isinstance(err, HogshardError):
         return err
-    except (KeyError, TypeError, ValueError, ArithmeticError) as err:
+    if isinstance(err, (KeyError, TypeError, ValueError, ArithmeticError)):
         return ProtocolError(f"bad '{op}' request: {err!r}")
-    except Exception as err:  # a bug or resource exhaustion must not stop the process
-        log.exception("internal error on '%s'", op)
-        return HogshardError(f"internal error on '{op}': {err!r}")
+    # a bug or resource exhaustion must not stop the process
+    log.error("internal error on '%s'", op, exc_info=err)
+    return HogshardError(f"internal error on '{op}': {err!r}")

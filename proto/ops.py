@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from typing import Any
 
 from hogshard.proto.errors import ForbiddenError, ProtocolError
@@ -74,6 +75,13 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+#: The exact types msgpack decodes to that each field kind accepts (the fast check).
+_EXACT: dict[type, frozenset[type]] = {
+    int: frozenset({int}), float: frozenset({int, float}), str: frozenset({str}),
+    bool: frozenset({bool}), list: frozenset({list}), dict: frozenset({dict}),
+}
+
+
 @dataclass(frozen=True)
 class OpSpec:
     """An op a service answers: ``handler`` is called once the header passed
@@ -84,11 +92,32 @@ class OpSpec:
     handler: Callable[..., Any]
     roles: frozenset[Role]
     fields: tuple[Field, ...] = ()
+    #: (name, the exact types it may have, NoneType included unless required) per field,
+    #: and the fields that must not be empty: one tight loop per request
+    checks: tuple[tuple[str, frozenset[type]], ...] = dataclass_field(
+        init=False, repr=False, compare=False)
+    nonempty: tuple[str, ...] = dataclass_field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "checks", tuple(
+            (f.name, _EXACT[f.kind] if f.required else _EXACT[f.kind] | {type(None)})
+            for f in self.fields))
+        object.__setattr__(self, "nonempty", tuple(f.name for f in self.fields if f.nonempty))
 
 
 def check_header(spec: OpSpec, header: Mapping[str, Any]) -> None:
     """Raise ``ProtocolError`` naming the first field of ``header`` that ``spec`` refuses."""
-    for field in spec.fields:
+    get = header.get
+    for name, exact in spec.checks:
+        if type(get(name)) not in exact:
+            break
+    else:
+        for name in spec.nonempty:
+            if not get(name):
+                break
+        else:
+            return
+    for field in spec.fields:  # the slow path names the field and what it must be
         field.check(spec.name, header)
 
 

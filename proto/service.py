@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from hogshard.proto.dispatch import guarded
+from hogshard.proto.dispatch import as_error
 from hogshard.proto.errors import HogshardError, UnknownOpError
 from hogshard.proto.ops import OpSpec, check_claimed_role, check_header, check_role, claimed_role
 from hogshard.proto.peerlog import PeerErrorLog
@@ -64,38 +64,39 @@ class ServiceCore:
         except HogshardError as err:
             self.fail(identity, salvage_request_id(body[0]) if body else 0, err)
             return
-        spec = self.ops.get(message.op)
-        result = guarded(message.op, lambda: self._dispatch(spec, identity, message, body,
-                                                            invoke, before))
+        try:
+            spec = self.ops.get(message.op)
+            if spec is None:
+                raise UnknownOpError(f"unknown op {message.op!r} for {self.service}; "
+                                     f"expected one of {sorted(self.ops)}")
+            if self.authenticated:
+                self.sender_roles = self._authorise(spec, message, body[0])
+            check_header(spec, message.header)
+            if before is not None:
+                before(message)
+            result = invoke(spec, identity, message)
+        except Exception as err:
+            result = as_error(message.op, err)
         self.answer(identity, message.request_id, result)
 
-    def _dispatch(self, spec: OpSpec | None, identity: bytes, message: Message,
-                  body: Sequence[zmq.Frame], invoke: Invoke,
-                  before: Callable[[Message], None] | None) -> Any:
-        if spec is None:
-            raise UnknownOpError(f"unknown op {message.op!r} for {self.service}; expected "
-                                 f"one of {sorted(self.ops)}")
-        roles = roles_of(str(body[0].get(USER_ID))) if self.authenticated else None
-        if roles is not None:
-            check_role(spec, roles, self.service)
-            check_claimed_role(claimed_role(message.get("from")), roles, message.op)
-        check_header(spec, message.header)
-        self.sender_roles = roles
-        if before is not None:
-            before(message)
-        return invoke(spec, identity, message)
+    def _authorise(self, spec: OpSpec, message: Message, frame: zmq.Frame
+                   ) -> frozenset[Role] | None:
+        roles = roles_of(str(frame.get(USER_ID)))
+        check_role(spec, roles, self.service)
+        check_claimed_role(claimed_role(message.get("from")), roles, message.op)
+        return roles
 
     def answer(self, identity: bytes, request_id: int, result: Any) -> None:
         """Reply with a handler's ``result`` (see the module docstring)."""
-        if result is None:
-            return
-        if isinstance(result, HogshardError):
-            self.fail(identity, request_id, result)
-        elif isinstance(result, tuple):
+        if type(result) is tuple:
             fields, arrays = result
-            self.reply(identity, request_id, fields, arrays)
+            reply_ok(self.sock, identity, request_id, fields, arrays)
+        elif result is None:
+            return
+        elif isinstance(result, HogshardError):
+            self.fail(identity, request_id, result)
         elif isinstance(result, dict):
-            self.reply(identity, request_id, result)
+            reply_ok(self.sock, identity, request_id, result)
         elif self.on_other is not None:
             self.on_other(identity, request_id, result)
         else:
