@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from hogshard.proto.config import ClientSettings
+from hogshard.proto.roles import Role
 from hogshard.proto.security import Security, generate_keys
 from hogshard.ps.server import ShardServer
 from hogshard.scheduler.service import Scheduler
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as keys:
         generate_keys(keys)
         clusters = {"plain": Cluster(size, None, None),
-                    "curve": Cluster(size, Security.from_dir(keys), keys)}
+                    "curve": Cluster(size, Security.from_dir(keys, role=Role.SERVER), keys)}
         try:
             times: dict[str, list[float]] = {name: [] for name in clusters}
             for cluster in clusters.values():

@@ -83,11 +83,14 @@ def _insecure_option(command):
                    help="allow plain TCP (no --keys) on an address other hosts can reach")(command)
 
 
-def _security(keys: str | None, bind: str | None = None, insecure: bool = False):
-    """The process's CURVE keys (None: plain TCP); refuses a plain non-loopback bind."""
+def _security(keys: str | None, bind: str | None = None, insecure: bool = False,
+              role: str | None = "admin"):
+    """The process's CURVE keys, with the client keypair of ``role`` (None: the process
+    only binds); None for plain TCP. Refuses a plain non-loopback bind."""
+    from hogshard.proto.roles import Role
     from hogshard.proto.security import check_plain_bind, load_security
 
-    security = _or_exit(lambda: load_security(keys))
+    security = _or_exit(lambda: load_security(keys, Role(role) if role else None))
     if bind is not None:
         _or_exit(lambda: check_plain_bind(bind, security, insecure))
     return security
@@ -180,7 +183,7 @@ def scheduler(bind: str, policy: str, servers: int, heartbeat_interval: float,
     """Run the scheduler: membership, heartbeats, shard map, consistency policy."""
     from hogshard.scheduler.service import Scheduler
 
-    security = _security(keys, bind, insecure)
+    security = _security(keys, bind, insecure, role=None)
     service = _or_exit(lambda: Scheduler(bind, policy, servers, heartbeat_interval,
                                          heartbeat_timeout, checkpoint_every=checkpoint_every,
                                          checkpoint_dir=checkpoint_dir, restore=restore,
@@ -220,7 +223,7 @@ def server(scheduler: str, bind: str, advertise: str | None, rank: int | None,
     tune_server_process()
     from hogshard.ps.server import ShardServer
 
-    security = _security(keys, bind, insecure)
+    security = _security(keys, bind, insecure, role="server")
     service = _or_exit(lambda: ShardServer(scheduler, bind, advertise, rank,
                                            max_message_bytes=max_message_bytes,
                                            restore=restore, security=security,
@@ -243,7 +246,7 @@ def worker(scheduler: str, rank: int | None, num_workers: int | None, codec: str
     """Run COMMAND as a worker of the job (it calls PSClient.from_env())."""
     from hogshard.launcher import worker_environment
 
-    _security(keys)  # refuse a bad keys folder here, before the command starts
+    _security(keys, role="worker")  # refuse a bad keys folder here, before the command starts
     env = worker_environment(scheduler, rank, num_workers, codec=codec, keys=keys)
     try:
         os.execvpe(command[0], list(command), env)
@@ -375,16 +378,31 @@ def keys() -> None:
 
 
 @keys.command("generate")
-@click.option("--client", "clients", multiple=True, default=("client",), show_default=True,
-              help="client keypair name (repeat for several; each NAME.key is authorised)")
+@click.option("--client", "clients", multiple=True, default=("worker", "shard", "admin"),
+              show_default=True,
+              help="client keypair name (repeat for several; each NAME.key is authorised). "
+              "The name's prefix up to the first '-' gives its role: worker, shard (servers) "
+              "or admin; any other name is a worker")
 @click.option("--if-missing", is_flag=True, default=False,
-              help="if DIRECTORY already holds keys, check that they load and keep them "
-              "(exit 0) instead of refusing: safe to run at every start")
+              help="if DIRECTORY already holds keys, keep them (exit 0) instead of refusing: "
+              "add the client keypairs it lacks altogether (an older folder with one shared "
+              "client.key gets its role keys) and check that every one loads; safe to run "
+              "at every start")
 @click.argument("directory", type=click.Path(file_okay=False))
 def keys_generate(clients: tuple[str, ...], if_missing: bool, directory: str) -> None:
-    """Write a cluster's server keypair and client keypair(s) into DIRECTORY (mode 0600):
-    give DIRECTORY to every process with --keys (HOGSHARD_KEYS); workers and CLI calls need
-    only server.key, their client .key_secret and nothing else."""
+    """Write a cluster's server keypair and one client keypair per role into DIRECTORY
+    (mode 0600): worker.key_secret for workers, shard.key_secret for shard servers,
+    admin.key_secret for the CLI (status, set-policy, checkpoint) and launchers. Every op
+    checks the role of the key that sent it: a worker's key cannot end the job, change the
+    policy or act as a server.
+
+    \b
+    What each process needs (--keys DIR, HOGSHARD_KEYS):
+      scheduler  server.key, server.key_secret, authorized/
+      server     server.key, server.key_secret, authorized/, shard.key_secret
+      worker     server.key, worker.key_secret
+      CLI        server.key, admin.key_secret
+    """
     from hogshard.proto.security import ensure_keys, generate_keys
 
     make = ensure_keys if if_missing else generate_keys

@@ -29,6 +29,7 @@ import zmq
 
 from hogshard.proto.config import env_name
 from hogshard.proto.errors import ConfigError, HogshardError, RequestTimeoutError
+from hogshard.proto.roles import Role
 from hogshard.proto.security import load_security
 from hogshard.proto.transport import RpcChannel
 from hogshard.scheduler.policy import parse_policy
@@ -110,7 +111,7 @@ class LocalCluster:
             )
         if not self.command:
             raise ConfigError("no worker command given; expected: hogshard launch ... -- CMD ...")
-        load_security(self.keys)  # a bad keys folder is refused before anything starts
+        load_security(self.keys, Role.ADMIN)  # a bad keys folder is refused before anything starts
         check_replication(self.replication, parse_policy(self.policy))
 
     # ---- output -----------------------------------------------------------------------------
@@ -206,7 +207,7 @@ class LocalCluster:
     def _supervise(self, scheduler: str, workers: list[Child]) -> int:
         context = zmq.Context()
         channel = RpcChannel(context, scheduler, sender="launcher",
-                             security=load_security(self.keys))
+                             security=load_security(self.keys, Role.ADMIN))
         view = ClusterView({})
         try:
             self._open_bar()

@@ -176,12 +176,13 @@ def _end_when_workers_done(scheduler: str, workers: int, join_timeout: float,
     job (``shutdown``). Returns 0 if every worker left cleanly."""
     import zmq
 
+    from hogshard.proto.roles import Role
     from hogshard.proto.security import load_security
     from hogshard.proto.transport import RpcChannel
 
     context = zmq.Context()
     # The same keys as the processes it started (HOGSHARD_KEYS), or plain TCP.
-    security = load_security(os.environ.get(env_name("keys")) or None)
+    security = load_security(os.environ.get(env_name("keys")) or None, Role.ADMIN)
     channel = RpcChannel(context, scheduler, sender="slurm", security=security)
     started = time.monotonic()
     try:
@@ -262,12 +263,13 @@ def run_task(plan: TaskPlan, command: Sequence[str], policy: str, heartbeat_time
 def slurm(servers: int, port: int, policy: str, heartbeat_timeout: float, join_timeout: float,
           codec: str | None, command: tuple[str, ...]) -> None:
     """Run this SLURM task's part of a job: ``srun hogshard slurm --servers 2 -- CMD``."""
+    from hogshard.proto.roles import Role
     from hogshard.proto.security import load_security
 
     try:
         task = SlurmTask.from_env()
         plan = plan_task(task, servers, port)
-        load_security(os.environ.get(env_name("keys")) or None)  # a bad folder fails here
+        load_security(os.environ.get(env_name("keys")) or None, Role.ADMIN)  # a bad folder fails here
     except HogshardError as err:
         raise click.ClickException(err.message) from None
     log.info("task %d/%d on %s: %s (scheduler %s)", task.procid, task.ntasks, task.nodename,

@@ -29,16 +29,26 @@ def run_handler(
 ) -> Any:
     """``invoke(handler)`` for the message's op; its result, or the error to reply with."""
     handler = handlers.get(message.op)
+    if handler is None:
+        return UnknownOpError(
+            f"unknown op {message.op!r} for {role}; expected one of {sorted(handlers)}")
+    return guarded(message.op, lambda: invoke(handler))
+
+
+def guarded(op: str, call: Callable[[], Any]) -> Any:
+    """``call()``'s result, or the typed error to reply with for whatever it raised."""
     try:
-        if handler is None:
-            raise UnknownOpError(
-                f"unknown op {message.op!r} for {role}; expected one of {sorted(handlers)}"
-            )
-        return invoke(handler)
-    except HogshardError as err:
+        return call()
+    except Exception as err:
+        return as_error(op, err)
+
+
+def as_error(op: str, err: Exception) -> HogshardError:
+    """The typed error to reply with for ``err``, raised while handling ``op``."""
+    if isinstance(err, HogshardError):
         return err
-    except (KeyError, TypeError, ValueError, ArithmeticError) as err:
-        return ProtocolError(f"bad '{message.op}' request: {err!r}")
-    except Exception as err:  # a bug or resource exhaustion must not stop the process
-        log.exception("internal error on '%s'", message.op)
-        return HogshardError(f"internal error on '{message.op}': {err!r}")
+    if isinstance(err, (KeyError, TypeError, ValueError, ArithmeticError)):
+        return ProtocolError(f"bad '{op}' request: {err!r}")
+    # a bug or resource exhaustion must not stop the process
+    log.error("internal error on '%s'", op, exc_info=err)
+    return HogshardError(f"internal error on '{op}': {err!r}")

@@ -32,6 +32,7 @@ class ErrorCode(enum.StrEnum):
     NOT_OWNER = "NOT_OWNER"
     FENCED = "FENCED"
     SERVER_LOST = "SERVER_LOST"
+    FORBIDDEN = "FORBIDDEN"
 
 
 class HogshardError(Exception):
@@ -142,6 +143,13 @@ class ServerLostError(HogshardError):
     code = ErrorCode.SERVER_LOST
 
 
+class ForbiddenError(HogshardError):
+    """The sender may not send this op: its CURVE key's role does not allow it, or (for the
+    server-to-server ops) the shard map does not name it as the chunk's primary."""
+
+    code = ErrorCode.FORBIDDEN
+
+
 _BY_CODE: dict[ErrorCode, type[HogshardError]] = {
     ErrorCode.MALFORMED: ProtocolError,
     ErrorCode.BAD_VERSION: VersionMismatchError,
@@ -159,6 +167,7 @@ _BY_CODE: dict[ErrorCode, type[HogshardError]] = {
     ErrorCode.NOT_OWNER: NotOwnerError,
     ErrorCode.FENCED: FencedError,
     ErrorCode.SERVER_LOST: ServerLostError,
+    ErrorCode.FORBIDDEN: ForbiddenError,
 }
 
 

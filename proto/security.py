@@ -1,32 +1,38 @@
-"""CURVE authentication and encryption for every hogshard socket (ZeroMQ's CurveZMQ + ZAP).
+"""CURVE authentication and encryption for every hogshard socket (ZeroMQ's CurveZMQ + ZAP),
+and the role of each client key.
 
 A cluster has one **server keypair**, shared by every socket that binds (the scheduler's and
-the servers' ROUTERs), and one or more **client keypairs** for the sockets that connect
-(workers, the servers' link to the scheduler, the CLI's status/policy/checkpoint calls, the
-launcher). A binding ROUTER is a CURVE server whose ZAP handler (a
-``zmq.auth.thread.ThreadAuthenticator`` on its context) admits only the public keys found in the
-keys folder's ``authorized/`` directory; a peer without such a key never completes the
-handshake, so it receives nothing at all.
+the servers' ROUTERs), and one **client keypair per role** for the sockets that connect:
+``worker`` (training processes), ``shard`` (the servers' links to the scheduler and to each
+other) and ``admin`` (the CLI's status/set-policy/checkpoint calls, launchers). A binding
+ROUTER is a CURVE server whose ZAP handler (a ``zmq.auth.thread.ThreadAuthenticator`` on its
+context) admits only the public keys found in the keys folder's ``authorized/`` directory and
+names each connection by its key's role (proto/roles.py), which every op checks; a peer
+without such a key never completes the handshake, so it receives nothing at all.
 
 Layout written by ``hogshard keys generate DIR`` (ZeroMQ certificate files, mode 0600)::
 
     DIR/server.key               server public key (every process)
     DIR/server.key_secret        server secret key (scheduler and servers only)
-    DIR/client.key_secret        a client keypair (servers, workers, CLI)
-    DIR/client.key               its public key
-    DIR/authorized/client.key    public keys allowed to connect (one file per client)
+    DIR/worker.key_secret        the workers' keypair (and DIR/worker.key, its public key)
+    DIR/shard.key_secret         the servers' client keypair (and DIR/shard.key)
+    DIR/admin.key_secret         the CLI's and launchers' keypair (and DIR/admin.key)
+    DIR/authorized/NAME.key      public keys allowed to connect; NAME gives the role
 
-A folder without ``authorized/`` (e.g. a Kubernetes Secret made with ``--from-file=DIR``, which
-keeps only top-level files) admits the public keys ``DIR/*.key`` instead.
+Each process loads the keypair of its role; an older folder with one shared
+``client.key_secret`` still works (that key may act in every role, with a warning), and
+``hogshard keys generate --if-missing DIR`` adds the role keys to it. A folder without
+``authorized/`` (e.g. a Kubernetes Secret made with ``--from-file=DIR``, which keeps only
+top-level files) admits the public keys ``DIR/*.key`` instead.
 
 Example::
 
     >>> import tempfile
     >>> keys = tempfile.mkdtemp()
     >>> _ = generate_keys(keys)
-    >>> security = Security.from_dir(keys)
-    >>> len(security.server_public)
-    40
+    >>> security = Security.from_dir(keys, role=Role.WORKER)
+    >>> len(security.server_public), security.client_name
+    (40, 'worker')
 """
 
 from __future__ import annotations
@@ -40,20 +46,27 @@ from pathlib import Path
 from typing import Any
 
 import zmq
+from zmq.auth.thread import ThreadAuthenticator
+from zmq.utils import z85
 
 from hogshard.proto.errors import ConfigError
+from hogshard.proto.roles import KEY_NAMES, LEGACY, LEGACY_KEY_NAME, Role, role_of_key_name
 
 log = logging.getLogger(__name__)
 
 SERVER = "server"
-CLIENT = "client"
+CLIENT = LEGACY_KEY_NAME  # the shared client key of older folders
 AUTHORIZED = "authorized"
+#: The client keypairs ``hogshard keys generate`` writes: one per role.
+ROLE_CLIENTS = tuple(KEY_NAMES.values())
 
 
 def generate_keys(directory: str | os.PathLike[str],
-                  clients: Sequence[str] = (CLIENT,)) -> list[Path]:
+                  clients: Sequence[str] = ROLE_CLIENTS) -> list[Path]:
     """Write a cluster's server keypair and one keypair per client name into ``directory``
-    (created with mode 0700, every file 0600). Refuses to overwrite existing keys.
+    (created with mode 0700, every file 0600). Refuses to overwrite existing keys. A client
+    name's role is its prefix up to the first ``-`` (``worker``, ``shard``, ``admin``;
+    proto/roles.py).
 
     The files are written into a temporary folder inside ``directory`` and moved into place
     with ``server.key_secret`` last, so a folder that holds it holds every key (an interrupted
@@ -61,14 +74,18 @@ def generate_keys(directory: str | os.PathLike[str],
 
     Example: ``generate_keys("keys")`` -> ``[keys/server.key, keys/server.key_secret, ...]``
     """
-    import tempfile
-
-    import zmq.auth
-
     root = Path(directory)
     if (root / f"{SERVER}.key_secret").exists():
         raise ConfigError(f"{root} already holds a server key; expected an empty or new "
                           "folder (remove the old keys first, or pass --if-missing)")
+    return _write_keys(root, clients, with_server=True)
+
+
+def _write_keys(root: Path, clients: Sequence[str], with_server: bool) -> list[Path]:
+    import tempfile
+
+    import zmq.auth
+
     for name in clients:
         if not name or "/" in name or name == SERVER or name.startswith("."):
             raise ConfigError(f"client name {name!r}: expected a plain file name, not "
@@ -80,7 +97,8 @@ def generate_keys(directory: str | os.PathLike[str],
         staging = Path(tempfile.mkdtemp(prefix=".keys-", dir=root))
         try:
             (staging / AUTHORIZED).mkdir()
-            staged = [Path(p) for p in zmq.auth.create_certificates(staging, SERVER)]
+            staged = [Path(p) for p in zmq.auth.create_certificates(staging, SERVER)] \
+                if with_server else []
             for name in clients:
                 public, secret = (Path(p) for p in zmq.auth.create_certificates(staging, name))
                 authorised = staging / AUTHORIZED / public.name
@@ -90,7 +108,7 @@ def generate_keys(directory: str | os.PathLike[str],
                 os.chmod(path, 0o600)
             (root / AUTHORIZED).mkdir(exist_ok=True)
             marker = staging / f"{SERVER}.key_secret"
-            for path in [p for p in staged if p != marker] + [marker]:
+            for path in [p for p in staged if p != marker] + [marker] * with_server:
                 os.replace(path, root / path.relative_to(staging))
         finally:
             shutil.rmtree(staging, ignore_errors=True)
@@ -103,21 +121,26 @@ def generate_keys(directory: str | os.PathLike[str],
 
 
 def ensure_keys(directory: str | os.PathLike[str],
-                clients: Sequence[str] = (CLIENT,)) -> list[Path]:
-    """``generate_keys`` unless ``directory`` already holds a cluster's keys; then check that
-    they load (server keypair and every client keypair) and return ``[]``. Safe to run at
-    every start (``hogshard keys generate --if-missing``, the compose ``keys`` service).
+                clients: Sequence[str] = ROLE_CLIENTS) -> list[Path]:
+    """``generate_keys`` unless ``directory`` already holds a cluster's keys; then add the
+    client keypairs it lacks altogether (an older folder gets its role keys), check that every
+    one loads, and return the files written (``[]`` when none). Safe to run at every start
+    (``hogshard keys generate --if-missing``, the compose ``keys`` service).
 
     Example: ``ensure_keys("keys")`` writes keys once; later calls return ``[]``.
     """
     root = Path(directory)
     if not (root / f"{SERVER}.key_secret").exists():
         return generate_keys(root, clients)
+    absent = [name for name in clients if (root / AUTHORIZED).is_dir()  # not a flat copy
+              and not (root / f"{name}.key_secret").exists()
+              and not (root / AUTHORIZED / f"{name}.key").exists()]
     for name in clients:
-        security = Security.from_dir(root, client=name)
-        if security.server_secret is None:
-            raise ConfigError(f"{root / (SERVER + '.key_secret')} holds no secret key")
-    return []
+        if name not in absent:
+            security = Security.from_dir(root, client=name)
+            if security.server_secret is None:
+                raise ConfigError(f"{root / (SERVER + '.key_secret')} holds no secret key")
+    return _write_keys(root, absent, with_server=False) if absent else []
 
 
 def _load(path: Path, what: str) -> tuple[bytes, bytes | None]:
@@ -135,33 +158,51 @@ def _load(path: Path, what: str) -> tuple[bytes, bytes | None]:
     return public, secret
 
 
+class _RoleAuthenticator(ThreadAuthenticator):
+    """A ZAP handler that names each CURVE connection by its key's role: the ``User-Id`` of
+    every message it sends (read by proto/service.py)."""
+
+    def __init__(self, context: zmq.Context, roles: dict[bytes, str]) -> None:
+        super().__init__(context, log=logging.getLogger(__name__ + ".zap"))
+        self.roles = roles
+
+    def curve_user_id(self, client_public_key: bytes) -> str:
+        return str(self.roles.get(z85.encode(client_public_key), Role.WORKER))
+
+
 class Security:
     """The CURVE keys of one process and the ZAP authenticators it started (one per ZeroMQ
     context that has a binding socket). ``stop(context)`` before terminating a context.
 
     Example::
 
-        security = Security.from_dir("keys")
+        security = Security.from_dir("keys", role=Role.SERVER)
         router, address = bind_router(ctx, "tcp://0.0.0.0:7000", security=security)
         dealer = connect_dealer(ctx, address, security=security)
     """
 
     def __init__(self, directory: Path, server_public: bytes, server_secret: bytes | None,
-                 client_public: bytes, client_secret: bytes) -> None:
+                 client_public: bytes | None, client_secret: bytes | None,
+                 client_name: str | None = None) -> None:
         self.directory = directory
         self.server_public = server_public
         self.server_secret = server_secret
         self.client_public = client_public
         self.client_secret = client_secret
+        self.client_name = client_name
         self.authorized = directory / AUTHORIZED
         if not self.authorized.is_dir():  # a flattened copy of the folder (k8s Secret)
             self.authorized = directory
         self._authenticators: dict[int, Any] = {}
 
     @classmethod
-    def from_dir(cls, directory: str | os.PathLike[str], client: str = CLIENT) -> Security:
-        """The keys in ``directory`` (the server secret is optional: only binding roles need
-        it; the client keypair ``CLIENT.key_secret`` is required)."""
+    def from_dir(cls, directory: str | os.PathLike[str], client: str | None = None,
+                 role: Role | None = Role.WORKER) -> Security:
+        """The keys in ``directory``: the server public key, the server secret if present
+        (only binding roles need it) and the client keypair ``client`` or, by default, that
+        of ``role`` (``worker.key_secret``, ``shard.key_secret``, ``admin.key_secret``, or
+        an older folder's shared ``client.key_secret``). ``role=None`` with no ``client``:
+        no client keypair (a process that only binds, the scheduler)."""
         root = Path(directory)
         if not root.is_dir():
             raise ConfigError(f"keys folder {root} does not exist; create one with "
@@ -172,10 +213,22 @@ class Security:
             public, server_secret = _load(root / f"{SERVER}.key_secret", "server secret key")
             if public != server_public:
                 raise ConfigError(f"{root}: server.key and server.key_secret do not match")
-        client_public, client_secret = _load(root / f"{client}.key_secret", "client keypair")
+        if client is None and role is None:
+            return cls(root, server_public, server_secret, None, None)
+        if client is None:
+            assert role is not None
+            name = KEY_NAMES.get(role, LEGACY_KEY_NAME)
+            client = name if (root / f"{name}.key_secret").exists() or not \
+                (root / f"{LEGACY_KEY_NAME}.key_secret").exists() else LEGACY_KEY_NAME
+            if client == LEGACY_KEY_NAME:
+                log.warning("%s has no %s.key_secret: using the shared client key, which may "
+                            "act in every role; add role keys with `hogshard keys generate "
+                            "--if-missing %s`", root, name, root)
+        client_public, client_secret = _load(root / f"{client}.key_secret",
+                                             f"client keypair {client!r}")
         if client_secret is None:
             raise ConfigError(f"{root / (client + '.key_secret')} holds no secret key")
-        return cls(root, server_public, server_secret, client_public, client_secret)
+        return cls(root, server_public, server_secret, client_public, client_secret, client)
 
     def secure_server(self, sock: zmq.Socket, context: zmq.Context) -> None:
         """Make ``sock`` (before it binds) a CURVE server admitting only authorised clients."""
@@ -192,16 +245,36 @@ class Security:
 
     def secure_client(self, sock: zmq.Socket) -> None:
         """Make ``sock`` (before it connects) a CURVE client of the cluster's server key."""
+        if self.client_public is None or self.client_secret is None:
+            raise ConfigError(f"no client keypair loaded from {self.directory}; a process "
+                              "that connects needs one (worker/shard/admin.key_secret)")
         sock.setsockopt(zmq.CURVE_SERVERKEY, self.server_public)
         sock.setsockopt(zmq.CURVE_PUBLICKEY, self.client_public)
         sock.setsockopt(zmq.CURVE_SECRETKEY, self.client_secret)
 
+    def key_roles(self) -> dict[bytes, str]:
+        """{authorised public key (Z85): its role, or ``LEGACY``} from the key file names."""
+        import zmq.auth
+
+        roles: dict[bytes, str] = {}
+        for path in sorted(self.authorized.glob("*.key")):
+            try:
+                public, _ = zmq.auth.load_certificate(path)
+            except (ValueError, OSError):
+                continue  # the authenticator skips it too
+            if public is not None:
+                roles[public] = role_of_key_name(path.stem)
+        return roles
+
     def _authenticator(self, context: zmq.Context) -> None:
         if id(context) in self._authenticators:
             return
-        from zmq.auth.thread import ThreadAuthenticator
-
-        auth = ThreadAuthenticator(context, log=logging.getLogger(__name__ + ".zap"))
+        roles = self.key_roles()
+        if LEGACY in roles.values():
+            log.warning("%s admits the shared client key (client.key), which may act in "
+                        "every role; remove it once every process has its role key",
+                        self.authorized)
+        auth = _RoleAuthenticator(context, roles)
         auth.start()
         auth.configure_curve(domain="*", location=str(self.authorized))
         self._authenticators[id(context)] = auth
@@ -214,11 +287,11 @@ class Security:
             auth.stop()
 
 
-def load_security(keys: str | os.PathLike[str] | None) -> Security | None:
-    """``Security.from_dir(keys)``, or None (plain TCP) when no keys folder is configured."""
-    return Security.from_dir(keys) if keys else None
-
-
+def load_security(keys: str | os.PathLike[str] | None,
+                  role: Role | None = Role.WORKER) -> Security | None:
+    """``Security.from_dir(keys, role=role)``, or None (plain TCP) when no keys folder is
+    configured."""
+    return Security.from_dir(keys, role=role) if keys else None
 def is_local_endpoint(address: str) -> bool:
     """Whether ``address`` binds only this host: ipc://, inproc:// or a loopback tcp host."""
     if not address.startswith("tcp://"):

@@ -55,12 +55,17 @@ def normalise_endpoint(address: str) -> str:
 
 
 def bind_router(context: zmq.Context, address: str, hwm: int = 10_000,
-                security: Security | None = None) -> tuple[zmq.Socket, str]:
+                security: Security | None = None,
+                max_message_bytes: int | None = None) -> tuple[zmq.Socket, str]:
     """A ROUTER bound at ``address``; returns it and the endpoint it actually bound. With
-    ``security`` it is a CURVE server admitting only authorised client keys."""
+    ``security`` it is a CURVE server admitting only authorised client keys. A connection
+    that sends a message larger than ``max_message_bytes`` is dropped by libzmq (set before
+    the bind: libzmq applies it only to connections made after it is set)."""
     sock = context.socket(zmq.ROUTER)
     if security is not None:
         security.secure_server(sock, context)
+    if max_message_bytes is not None:
+        sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
     sock.setsockopt(zmq.SNDHWM, hwm)

@@ -174,6 +174,19 @@ class DenseStore:
             chunks.append(found if found is not None else table.chunk(chunk_id))
         return table, chunks
 
+    def check_grads_finite(self, table: DenseTable, chunks: Sequence[DenseChunk],
+                           grads: Sequence[np.ndarray]) -> None:
+        """Refuse a gradient holding NaN or Inf (unless ``check_finite`` is off)."""
+        if not self.check_finite:
+            return
+        for chunk, grad in zip(chunks, grads, strict=True):
+            # one BLAS pass: NaN or Inf anywhere makes the sum of squares non-finite
+            if grad.size and not math.isfinite(np.dot(grad, grad)):
+                raise ProtocolError(
+                    f"table {table.name!r} chunk {chunk.chunk_id}: the gradient holds NaN "
+                    "or Inf (or overflows); expected finite values"
+                )
+
     def validate_push(
         self, name: Any, chunk_ids: Any, grads: Sequence[np.ndarray], pulled_versions: Any
     ) -> tuple[DenseTable, list[DenseChunk]]:
@@ -182,14 +195,7 @@ class DenseStore:
         if len(chunks) > 1 and len(set(chunk_ids)) != len(chunk_ids):
             raise ProtocolError(f"push to {table.name!r} lists a chunk twice: {chunk_ids}")
         check_arrays(table.name, chunks, grads)
-        if self.check_finite:
-            for chunk, grad in zip(chunks, grads, strict=True):
-                # one BLAS pass: NaN or Inf anywhere makes the sum of squares non-finite
-                if grad.size and not math.isfinite(np.dot(grad, grad)):
-                    raise ProtocolError(
-                        f"table {table.name!r} chunk {chunk.chunk_id}: the gradient holds NaN "
-                        "or Inf (or overflows); expected finite values"
-                    )
+        self.check_grads_finite(table, chunks, grads)
         versions_ok = isinstance(pulled_versions, list) and len(pulled_versions) == len(chunks)
         if versions_ok:
             for version in pulled_versions:

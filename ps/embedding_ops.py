@@ -4,7 +4,7 @@ load. Each handler takes ``(server, identity, message)`` and returns ``(fields, 
 Embedding ops are never held back by the consistency policy: embedding rows are applied at once
 (``async``) whatever policy the dense tables run (hybrid consistency, as in Persia).
 
-Example (what ``ShardServer._HANDLERS`` does)::
+Example (what the server's op table does)::
 
     fields, arrays = emb_pull(server, identity, message)
 """
@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from hogshard.proto.errors import NotOwnerError, ProtocolError
+from hogshard.proto.ops import Field
 from hogshard.proto.wire import Message
 from hogshard.ps.embedding import EmbeddingSpec
 from hogshard.scheduler.replication import EMBEDDING_MAP
@@ -40,7 +41,7 @@ def check_shard_owner(server: ShardServer, msg: Message) -> int | None:
     shard = msg.get("shard")
     if shard is None:
         return None
-    if type(shard) is not int or not server.replicas.replicated(EMBEDDING_MAP):
+    if not server.replicas.replicated(EMBEDDING_MAP):
         raise NotOwnerError(f"server {server.rank} has no embedding shard {shard!r} (yet); "
                             "fetch the shard map and retry")
     server.replicas.check_primary(EMBEDDING_MAP, [shard], time.monotonic(), server.rank)
@@ -86,20 +87,31 @@ def emb_stats(server: ShardServer, identity: bytes, msg: Message) -> Reply:
 
 def emb_save(server: ShardServer, identity: bytes, msg: Message) -> Reply:
     """Checkpoint every embedding table (touched rows and their optimizer state)."""
-    path = msg.get("path")
-    if not isinstance(path, str) or not path:
-        raise ProtocolError("field 'path' must be a non-empty string")
+    path = msg.header["path"]
     return {"rows": server.embeddings.save(path)}, []
 
 
 def emb_load(server: ShardServer, identity: bytes, msg: Message) -> Reply:
     """Replace the embedding tables with a checkpoint written by ``emb_save``."""
-    path = msg.get("path")
-    if not isinstance(path, str) or not path:
-        raise ProtocolError("field 'path' must be a non-empty string")
+    path = msg.header["path"]
     server.embeddings.load(path)
     return {"tables": server.embeddings.stats()}, []
 
+
+_PATH = (Field("path", str, required=True, nonempty=True),)
+#: Their headers (checked by the service core before the handler runs).
+FIELDS = {
+    "emb_create": (Field("table", str, required=True, nonempty=True),
+                   Field("dim", int, required=True), Field("num_embeddings", int),
+                   Field("rule", dict, required=True), Field("seed", int),
+                   Field("init_scale", float), Field("max_rows", int)),
+    "emb_pull": (Field("tables", list, required=True), Field("shard", int)),
+    "emb_push": (Field("tables", list, required=True), Field("shard", int),
+                 Field("push_id", int)),
+    "emb_stats": (),
+    "emb_save": _PATH,
+    "emb_load": _PATH,
+}
 
 HANDLERS = {
     "emb_create": emb_create,

@@ -54,7 +54,7 @@ class PrimaryReplication:
         backups once applied, and hold the reply until they have acknowledged them."""
         self.replicas.check_primary(table.name, [c.chunk_id for c in chunks], time.monotonic(),
                                     self.rank)
-        push_id = msg.get("push_id") if type(msg.get("push_id")) is int else None
+        push_id = msg.get("push_id")
         fresh = [i for i, c in enumerate(chunks)
                  if push_id is None or (push_id, c.chunk_id) not in self.replicas.recent]
         if len(fresh) < len(chunks):  # sent again: answer once the first copy is replicated
@@ -90,7 +90,7 @@ class PrimaryReplication:
     def _replicated_emb_push(self, identity: bytes, msg: Message, shard: int) -> None:
         """An ``emb_push`` to a replicated embedding shard: applied once per push id,
         forwarded to the shard's backup, answered once the backup holds it."""
-        push_id = msg.get("push_id") if type(msg.get("push_id")) is int else None
+        push_id = msg.get("push_id")
         needs: dict[int, int] = {}
         if push_id is not None and (push_id, shard) in self.replicas.recent:
             self.stats.duplicates += 1

@@ -4,10 +4,13 @@ updates a primary forwards, in order; ``replica_snapshot`` installs a copy of wh
 takes ``(server, identity, message)`` and returns ``(fields, arrays)``; the reply is the
 acknowledgement the primary waits for before it answers the worker.
 
-A backup refuses (``NOT_OWNER``) updates for a chunk it has been promoted to primary of, or
-is no longer the backup of, so a primary that was replaced cannot get anything acknowledged.
+Only the primary the shard map names may send them (ps/peer_gate.py): a backup refuses
+(``NOT_OWNER``) updates for a chunk it has been promoted to primary of, or is no longer the
+backup of, so a primary that was replaced cannot get anything acknowledged; anything else not
+named by the map, or any of these ops in an unreplicated job, is refused with ``FORBIDDEN``.
+A handler returns None when the gate holds the message until the map catches up.
 
-Example (what ``ShardServer._HANDLERS`` does)::
+Example (what the server's op table does)::
 
     fields, arrays = replicate(server, identity, message)
 """
@@ -18,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from hogshard.proto.errors import ConflictError, NotOwnerError, ProtocolError
+from hogshard.proto.errors import ConflictError, ProtocolError
+from hogshard.proto.ops import Field
 from hogshard.proto.wire import Message
 from hogshard.ps.dense import FLOAT32, DenseChunk, DenseTable, check_arrays
 from hogshard.ps.embedding import EmbeddingSpec
@@ -30,33 +34,26 @@ from hogshard.scheduler.replication import EMBEDDING_MAP
 if TYPE_CHECKING:
     from hogshard.ps.server import ShardServer
 
-Reply = tuple[dict[str, Any], list[np.ndarray]]
-
-
-def _check_backup(server: ShardServer, table: str, chunk_ids: list[int]) -> None:
-    roles = server.replicas.roles.get(table, {})
-    for chunk_id in chunk_ids:
-        role = roles.get(chunk_id)
-        if role is not None and role[1] != server.rank:
-            raise NotOwnerError(
-                f"server {server.rank} is no longer the backup of table {table!r} chunk "
-                f"{chunk_id} (primary {role[0]}, backup {role[1]}, map epoch "
-                f"{server.replicas.map_epoch})")
+Reply = tuple[dict[str, Any], list[np.ndarray]] | None
 
 
 def replicate(server: ShardServer, identity: bytes, msg: Message) -> Reply:
     """Apply forwarded updates: ``records`` lists ``[chunk_id, lr_scale, version, push_id]``
     with one gradient array each."""
-    table = server.store.table(msg.get("table"))
-    records = msg.get("records")
-    if not isinstance(records, list) or len(records) != len(msg.arrays) or not all(
-            isinstance(r, list) and len(r) == 4 for r in records):
-        raise ProtocolError("field 'records' must list one [chunk_id, lr_scale, version, "
-                            "push_id] per array")
+    records = msg.header["records"]
+    if len(records) != len(msg.arrays) or not all(
+            isinstance(r, list) and len(r) == 4 and type(r[2]) is int
+            and type(r[1]) in (int, float) for r in records):
+        raise ProtocolError("'replicate': field 'records' must list one [chunk_id, lr_scale, "
+                            "version, push_id] per array")
     chunk_ids = [r[0] for r in records]
-    _check_backup(server, table.name, chunk_ids)
+    if not server.peer_gate.admit(identity, msg, server.replicas, server.rank,
+                                  msg.header["table"], chunk_ids):
+        return None
+    table = server.store.table(msg.header["table"])
     chunks = [table.chunk(c) for c in chunk_ids]
     check_arrays(table.name, chunks, msg.arrays)
+    server.store.check_grads_finite(table, chunks, msg.arrays)
     for chunk, grad, (chunk_id, scale, version, push_id) in zip(
             chunks, msg.arrays, records, strict=True):
         table.rule.apply(chunk.writable(), grad, chunk.state, float(scale))
@@ -70,17 +67,18 @@ def replicate(server: ShardServer, identity: bytes, msg: Message) -> Reply:
 def replica_snapshot(server: ShardServer, identity: bytes, msg: Message) -> Reply:
     """Install whole chunks: ``chunks`` lists ``[id, offset, length, version, state_keys,
     scalars]``; the arrays are each chunk's weights followed by its state arrays by key."""
-    name, rule_spec, entries = msg.get("table"), msg.get("rule"), msg.get("chunks")
-    if not isinstance(name, str) or not isinstance(rule_spec, dict) \
-            or not isinstance(entries, list):
-        raise ProtocolError("replica_snapshot needs 'table' (a name), 'rule' (a map) and "
-                            "'chunks' (a list)")
+    name, rule_spec, entries = msg.header["table"], msg.header["rule"], msg.header["chunks"]
+    if not all(isinstance(e, list) and len(e) == 6 for e in entries):
+        raise ProtocolError("'replica_snapshot': field 'chunks' must list [id, offset, "
+                            "length, version, state_keys, scalars] entries")
+    if not server.peer_gate.admit(identity, msg, server.replicas, server.rank, name,
+                                  [e[0] for e in entries]):
+        return None
     table = server.store.tables.get(name)
     if table is not None and table.rule_spec != rule_spec:
         raise ConflictError(f"table {name!r} exists with rule {table.rule_spec}; the primary "
                             f"has {rule_spec}")
     table = table or DenseTable(name, make_rule(rule_spec), dict(rule_spec))
-    _check_backup(server, name, [e[0] for e in entries if isinstance(e, list) and e])
     arrays, fresh = list(msg.arrays), []
     for entry in entries:
         chunk_id, offset, length, version, keys, scalars = entry
@@ -107,13 +105,16 @@ def replica_snapshot(server: ShardServer, identity: bytes, msg: Message) -> Repl
 
 def emb_replicate(server: ShardServer, identity: bytes, msg: Message) -> Reply:
     """Apply a forwarded ``emb_push`` of embedding ``shard`` (this server is its backup)."""
-    shard = msg.get("shard")
-    if type(shard) is not int or len(msg.arrays) % 2:
-        raise ProtocolError("emb_replicate needs an integer 'shard' and (ids, grads) pairs")
-    _check_backup(server, EMBEDDING_MAP, [shard])
+    shard = msg.header["shard"]
+    if len(msg.arrays) % 2:
+        raise ProtocolError("'emb_replicate' carries (ids, grads) array pairs; got "
+                            f"{len(msg.arrays)} arrays")
+    if not server.peer_gate.admit(identity, msg, server.replicas, server.rank, EMBEDDING_MAP,
+                                  [shard]):
+        return None
     apply_rows(server, msg)
-    if type(msg.get("push_id")) is int:
-        server.replicas.recent.add(msg.get("push_id"), shard)
+    if msg.get("push_id") is not None:
+        server.replicas.recent.add(msg.header["push_id"], shard)
     server.stats.replicated += 1
     return {"seq": msg.get("seq")}, []
 
@@ -121,12 +122,13 @@ def emb_replicate(server: ShardServer, identity: bytes, msg: Message) -> Reply:
 def emb_snapshot(server: ShardServer, identity: bytes, msg: Message) -> Reply:
     """Install embedding ``shard`` whole: ``tables`` lists each table's spec and
     ``state_keys`` its row-state keys; the arrays are, per table, ids, rows and the states."""
-    shard, specs, keys = msg.get("shard"), msg.get("tables"), msg.get("state_keys")
-    if type(shard) is not int or not isinstance(specs, list) or not isinstance(keys, list) \
-            or len(keys) != len(specs):
-        raise ProtocolError("emb_snapshot needs 'shard', and 'tables' and 'state_keys' lists "
-                            "of one entry per table")
-    _check_backup(server, EMBEDDING_MAP, [shard])
+    shard, specs, keys = msg.header["shard"], msg.header["tables"], msg.header["state_keys"]
+    if len(keys) != len(specs):
+        raise ProtocolError("'emb_snapshot': fields 'tables' and 'state_keys' must list one "
+                            "entry per table")
+    if not server.peer_gate.admit(identity, msg, server.replicas, server.rank, EMBEDDING_MAP,
+                                  [shard]):
+        return None
     arrays = list(msg.arrays)
     for wire, table_keys in zip(specs, keys, strict=True):
         spec = EmbeddingSpec.from_wire(wire)
@@ -138,6 +140,20 @@ def emb_snapshot(server: ShardServer, identity: bytes, msg: Message) -> Reply:
     server.replicas.mark_replicated(EMBEDDING_MAP)
     return {"seq": msg.get("seq")}, []
 
+
+#: Their headers (checked by the service core before the handler runs).
+FIELDS = {
+    "replicate": (Field("table", str, required=True), Field("records", list, required=True),
+                  Field("seq", int), Field("map_epoch", int)),
+    "replica_snapshot": (Field("table", str, required=True), Field("rule", dict, required=True),
+                         Field("chunks", list, required=True), Field("seq", int),
+                         Field("map_epoch", int)),
+    "emb_replicate": (Field("shard", int, required=True), Field("tables", list, required=True),
+                      Field("push_id", int), Field("seq", int), Field("map_epoch", int)),
+    "emb_snapshot": (Field("shard", int, required=True), Field("tables", list, required=True),
+                     Field("state_keys", list, required=True), Field("seq", int),
+                     Field("map_epoch", int)),
+}
 
 HANDLERS = {
     "replicate": replicate,

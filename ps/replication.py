@@ -99,6 +99,7 @@ class Replicator:
         self._security = security
         self.lease_s = LEASE_FRACTION * heartbeat_timeout
         self.lease_until = 0.0
+        self.heard_at = 0.0  # when the heartbeat whose reply was taken last was sent
         self.map_epoch: int | None = None
         self.sender = sender
         #: table -> chunk id -> (primary rank, backup rank); only replicated tables appear.
@@ -120,7 +121,9 @@ class Replicator:
         self.roles.setdefault(table, {})
 
     def renew_lease(self, heartbeat_sent_at: float) -> None:
+        """A heartbeat reply was taken: the lease runs on, and the map is as of its send."""
         self.lease_until = max(self.lease_until, heartbeat_sent_at + self.lease_s)
+        self.heard_at = max(self.heard_at, heartbeat_sent_at)
 
     def lease_valid(self, now: float) -> bool:
         return now < self.lease_until

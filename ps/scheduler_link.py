@@ -105,6 +105,8 @@ class SchedulerLink:
         self.policy: ConsistencyPolicy = parse_policy(reply.get("policy"))
         self.heartbeat_interval: float = reply.get("heartbeat_interval")
         self.heartbeat_timeout: float = reply.get("heartbeat_timeout") or 5.0
+        if type(reply.get("replication")) is int:
+            self.peer_gate.replication = reply.get("replication")
         self._scheduler.sender = self.node_id
         restore = reply.get("restore")
         if isinstance(restore, dict) and isinstance(restore.get("path"), str):

@@ -23,31 +23,27 @@ from typing import Any
 import numpy as np
 import zmq
 
-from hogshard.proto.dispatch import run_handler
+from hogshard.proto.dispatch import guarded
 from hogshard.proto.errors import (
+    ConflictError,
     HogshardError,
     NotOwnerError,
     ProtocolError,
     TooLargeError,
 )
-from hogshard.proto.peerlog import PeerErrorLog
+from hogshard.proto.ops import OpSpec
 from hogshard.proto.security import Security
-from hogshard.proto.transport import (
-    RpcChannel,
-    bind_router,
-    recv_routed,
-    reply_error,
-    reply_ok,
-)
+from hogshard.proto.service import ServiceCore
+from hogshard.proto.transport import RpcChannel, bind_router, reply_ok
 from hogshard.proto.wire import DEFAULT_LIMITS, Limits, Message
 from hogshard.ps.applier import UpdateApplier
 from hogshard.ps.checkpoint import ShardCheckpointing
 from hogshard.ps.decoding import PayloadDecoder
 from hogshard.ps.dense import DenseStore
 from hogshard.ps.embedding import EmbeddingStore
-from hogshard.ps.embedding_ops import HANDLERS as EMBEDDING_HANDLERS
+from hogshard.ps.op_table import server_ops
+from hogshard.ps.peer_gate import PeerGate
 from hogshard.ps.primary import PrimaryReplication
-from hogshard.ps.replica_ops import HANDLERS as REPLICA_HANDLERS
 from hogshard.ps.replication import Replicator
 from hogshard.ps.scheduler_link import SchedulerLink
 from hogshard.ps.stats import ServerStats
@@ -90,14 +86,16 @@ class ShardServer(SchedulerLink, PrimaryReplication, ShardCheckpointing, Threade
         self._own_context = context is None
         self._context = context or zmq.Context()
         self._security = security
-        self._sock, bound = bind_router(self._context, bind, security=security)
-        self._sock.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
+        self._sock, bound = bind_router(self._context, bind, security=security,
+                                        max_message_bytes=max_message_bytes)
         self.address = advertise or bound
         self.limits = limits
         self.store = DenseStore(check_finite)
         self.embeddings = EmbeddingStore()
         self.stats = ServerStats()
-        self._error_log = PeerErrorLog(log)
+        self._core = ServiceCore(self._sock, self._OPS, "a server", self.stats.errors, log,
+                                 limits, authenticated=security is not None)
+        self.peer_gate = PeerGate(self._wake_heartbeat)
         self._deferred: list[_DeferredPull] = []
         self._observed_clocks: dict[str, int] = {}
         self._live_workers: dict[str, int] = {}
@@ -155,6 +153,8 @@ class ShardServer(SchedulerLink, PrimaryReplication, ShardCheckpointing, Threade
                     self._collect_updates()
                 if self._scheduler.socket in events:
                     self._read_scheduler()
+                    if self.peer_gate.held:
+                        self.peer_gate.release(self.replicas.heard_at, self._redo_peer_op)
                 acked = [sock for sock in links if sock in events]
                 for sock in acked:
                     self.replicas.read_acks(sock)
@@ -188,42 +188,57 @@ class ShardServer(SchedulerLink, PrimaryReplication, ShardCheckpointing, Threade
     # ---- data plane -------------------------------------------------------------------------
 
     def _handle_one(self) -> None:
-        identity, message, request_id = recv_routed(self._sock, self.limits)
-        if isinstance(message, HogshardError):
-            self._fail(identity, request_id, message)
-            return
+        self._core.handle_one(self._invoke, self._before if self._updates is not None else None)
+
+    def _invoke(self, spec: OpSpec, identity: bytes, message: Message) -> Any:
         if message.get("incarnation") not in (None, self.incarnation):
-            self._fail(identity, request_id, NotOwnerError(
+            raise NotOwnerError(
                 f"{self.node_id} is a new process (incarnation {self.incarnation}); the request "
-                f"was for incarnation {message.get('incarnation')}: fetch the map and retry"))
-            return
-        if self._updates is not None and message.op not in CONCURRENT_OPS:
+                f"was for incarnation {message.get('incarnation')}: fetch the map and retry")
+        return spec.handler(self, identity, message)
+
+    def _before(self, message: Message) -> None:
+        if message.op not in CONCURRENT_OPS:
             self._settle_updates()  # this op may read or replace weights wholesale
-        result = run_handler(message, self._HANDLERS, "a server",
-                             lambda handler: handler(self, identity, message))
-        if isinstance(result, HogshardError):
-            self._fail(identity, request_id, result)
-        elif result is not None:
-            fields, arrays = result
-            reply_ok(self._sock, identity, request_id, fields, arrays)
 
     def _fail(self, identity: bytes, request_id: int, err: HogshardError) -> None:
-        self.stats.errors[err.code.value] += 1
-        self._error_log.record(identity, err.code.value, err.message)
-        reply_error(self._sock, identity, request_id, err)
+        self._core.fail(identity, request_id, err)
+
+    def _wake_heartbeat(self) -> None:
+        """Send the next heartbeat soon (at most every 50 ms): the shard map is wanted."""
+        self._heartbeat_due = min(self._heartbeat_due, self._heartbeat_sent_at + 0.05)
+
+    def _redo_peer_op(self, identity: bytes, message: Message, error: Exception | None) -> None:
+        """Decide a server-to-server op the peer gate held, now that the map is known."""
+        spec = self._OPS[message.op]
+        if error is None and self._updates is not None:
+            self._before(message)
+        result = error if error is not None else guarded(
+            message.op, lambda: spec.handler(self, identity, message))
+        self._core.answer(identity, message.request_id, result)
 
     def _init(self, identity: bytes, msg: Message) -> tuple[dict[str, Any], list[np.ndarray]]:
-        layout = msg.get("layout")
-        if not isinstance(layout, list) or not all(
-            isinstance(e, list) and len(e) == 3 and all(isinstance(x, int) for x in e)
+        layout, name = msg.header["layout"], msg.header["table"]
+        if not all(
+            isinstance(e, list) and len(e) == 3 and all(type(x) is int for x in e)
             for e in layout
         ):
-            raise ProtocolError("field 'layout' must list [chunk_id, offset, length] triples")
-        self.store.init(msg.get("table"), msg.get("rule"), [tuple(e) for e in layout], msg.arrays)
+            raise ProtocolError("'init': field 'layout' must list [chunk_id, offset, length] "
+                                "triples")
+        replication = msg.get("replication") or 1
+        job = self.peer_gate.replication
+        if job is not None and replication != job:
+            raise ConflictError(f"'init' of table {name!r} with replication {replication}; "
+                                f"this job runs with --replication {job}")
+        if job is None and replication == 2 and name in self.store.tables \
+                and not self.replicas.replicated(name):
+            raise ConflictError(f"table {name!r} exists unreplicated; 'init' asked for "
+                                "replication 2")
+        self.store.init(name, msg.header["rule"], [tuple(e) for e in layout], msg.arrays)
         size, chunk_elems = msg.get("size"), msg.get("chunk_elems")
-        if type(size) is int and type(chunk_elems) is int and size > 0 and chunk_elems > 0:
-            self._table_sizes.setdefault(msg.get("table"), (size, chunk_elems))
-        if msg.get("replication") == 2:
+        if size is not None and chunk_elems is not None and size > 0 and chunk_elems > 0:
+            self._table_sizes.setdefault(name, (size, chunk_elems))
+        if replication == 2:
             self.replicas.mark_replicated(msg.get("table"))
             self.replicas.send_snapshots(self.store, msg.get("table"))
             self._heartbeat_due = 0.0  # learn this table's roles soon
@@ -278,7 +293,7 @@ class ShardServer(SchedulerLink, PrimaryReplication, ShardCheckpointing, Threade
         updates)``, if given, runs on this thread once the updates are applied (at once
         without update threads); ``updates`` lists ``(chunk, grad, scale)`` for the backups."""
         sender = str(msg.get("from"))
-        clock = msg.get("clock") if isinstance(msg.get("clock"), int) else None
+        clock = msg.get("clock")
         self._maybe_switch(clock)
         if self.policy.modifiers.dc_lambda:
             self._settle_updates()  # compensation reads the weights
@@ -304,21 +319,21 @@ class ShardServer(SchedulerLink, PrimaryReplication, ShardCheckpointing, Threade
         if self.applier.waiting_on(sender, msg.get("table"), msg.get("chunks")):
             return False
         clock = msg.get("clock")
-        if not isinstance(clock, int):
+        if clock is None:
             return True
         return self.policy.may_pull(clock, self._live_clocks(sender, clock))
 
     def _pull(
         self, identity: bytes, msg: Message
     ) -> tuple[dict[str, Any], list[np.ndarray]] | None:
-        if isinstance(msg.get("clock"), int):
+        if msg.get("clock") is not None:
             self._note_sender(str(msg.get("from")))
         table, chunks = self.store.resolve(msg.get("table"), msg.get("chunks"))  # validate first
         if self.replicas.replicated(table.name):
             self.replicas.check_primary(table.name, [c.chunk_id for c in chunks],
                                         time.monotonic(), self.rank)
         clock, sender = msg.get("clock"), str(msg.get("from"))
-        if type(clock) is int and clock > self._observed_clocks.get(sender, 0):
+        if clock is not None and clock > self._observed_clocks.get(sender, 0):
             # its pushes of earlier steps came first on this connection: they are all in
             self._observed_clocks[sender] = clock
             if self._deferred:
@@ -392,13 +407,11 @@ class ShardServer(SchedulerLink, PrimaryReplication, ShardCheckpointing, Threade
     def _ping(self, identity: bytes, msg: Message) -> tuple[dict[str, Any], list[np.ndarray]]:
         return {}, []
 
-    _HANDLERS: dict[str, Callable[[ShardServer, bytes, Message], Any]] = {
+    _OPS = server_ops({
         "init": _init,
         "push": _push,
         "pull": _pull,
         "stats": _stats,
         "ping": _ping,
-        **EMBEDDING_HANDLERS,
-        **REPLICA_HANDLERS,
         "leave": SchedulerLink._worker_left,
-    }
+    })

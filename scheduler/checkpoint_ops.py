@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hogshard.proto.errors import ConfigError, ConflictError, HogshardError, ProtocolError
+from hogshard.proto.errors import ConfigError, ConflictError, HogshardError
 from hogshard.proto.manifest import load_manifest, resolve_checkpoint
 from hogshard.proto.wire import Message
 from hogshard.scheduler.checkpointing import Round
@@ -71,9 +71,7 @@ class CheckpointOps:
                 log.warning("periodic checkpoint skipped: %s", err.message)
 
     def _checkpoint(self, msg: Message) -> Callable[[], dict[str, Any] | None]:
-        directory = msg.get("dir")
-        if not isinstance(directory, str) or not directory:
-            raise ProtocolError("field 'dir' must be a non-empty path string")
+        directory = msg.header["dir"]
         return self.checkpoints.waiter(self._start_checkpoint(Path(directory)))
 
     def _restore(self, path: Path) -> None:

@@ -22,7 +22,6 @@ from typing import Any
 
 import zmq
 
-from hogshard.proto.dispatch import run_handler
 from hogshard.proto.errors import (
     ConfigError,
     ConflictError,
@@ -31,15 +30,17 @@ from hogshard.proto.errors import (
     TooLargeError,
     UnknownTableError,
 )
-from hogshard.proto.peerlog import PeerErrorLog
+from hogshard.proto.ops import OpSpec, check_claimed_role
 from hogshard.proto.security import Security
-from hogshard.proto.transport import bind_router, recv_routed, reply_error, reply_ok
+from hogshard.proto.service import ServiceCore
+from hogshard.proto.transport import bind_router
 from hogshard.proto.wire import Message
 from hogshard.scheduler.checkpoint_ops import CheckpointOps
 from hogshard.scheduler.checkpointing import CheckpointRounds
 from hogshard.scheduler.heartbeats import HeartbeatOps
 from hogshard.scheduler.lost import LostShards
 from hogshard.scheduler.membership import MembershipTable, server_list
+from hogshard.scheduler.op_table import scheduler_ops
 from hogshard.scheduler.placement import (
     DEFAULT_CHUNK_ELEMS,
     Chunk,
@@ -115,7 +116,6 @@ class Scheduler(CheckpointOps, ReplicationOps, RecoveryOps, RejoinOps, Heartbeat
         self.started_at = time.monotonic()
         self._waiters: list[_Waiter] = []
         self._errors: dict[str, int] = {}
-        self._error_log = PeerErrorLog(log)
         self.checkpoints = CheckpointRounds(
             checkpoint_every, Path(checkpoint_dir) if checkpoint_dir else None)
         self.restored_clock = 0
@@ -126,6 +126,8 @@ class Scheduler(CheckpointOps, ReplicationOps, RecoveryOps, RejoinOps, Heartbeat
         self._context = context or zmq.Context()
         self._security = security
         self._sock, self.address = bind_router(self._context, bind, security=security)
+        self._core = ServiceCore(self._sock, self._OPS, "the scheduler", self._errors, log,
+                                 authenticated=security is not None, on_other=self._wait)
         log.info("scheduler listening on %s policy=%s servers=%d", self.listening,
                  self.policy.spec, expected_servers)
 
@@ -163,29 +165,20 @@ class Scheduler(CheckpointOps, ReplicationOps, RecoveryOps, RejoinOps, Heartbeat
         self._stop.set()
 
     def _handle_one(self) -> None:
-        identity, message, request_id = recv_routed(self._sock)
-        if isinstance(message, HogshardError):
-            self._fail(identity, request_id, message)
-            return
-        result = run_handler(message, self._HANDLERS, "the scheduler",
-                             lambda handler: handler(self, message))
-        if isinstance(result, HogshardError):
-            self._fail(identity, request_id, result)
-        elif callable(result):
-            mine = sum(1 for w in self._waiters if w.identity == identity)
-            if mine >= MAX_WAITERS_PER_PEER or len(self._waiters) >= MAX_WAITERS:
-                self._fail(identity, request_id, TooLargeError(
-                    f"{mine} requests of this peer ({len(self._waiters)} in all) already wait; "
-                    f"expected at most {MAX_WAITERS_PER_PEER} per peer, {MAX_WAITERS} in all"))
-            else:
-                self._waiters.append(_Waiter(identity, request_id, result))
+        self._core.handle_one(lambda spec, identity, message: spec.handler(self, message))
+
+    def _wait(self, identity: bytes, request_id: int, ready: Any) -> None:
+        """A handler's ``ready()``: the request is answered once it returns its fields."""
+        mine = sum(1 for w in self._waiters if w.identity == identity)
+        if mine >= MAX_WAITERS_PER_PEER or len(self._waiters) >= MAX_WAITERS:
+            self._fail(identity, request_id, TooLargeError(
+                f"{mine} requests of this peer ({len(self._waiters)} in all) already wait; "
+                f"expected at most {MAX_WAITERS_PER_PEER} per peer, {MAX_WAITERS} in all"))
         else:
-            reply_ok(self._sock, identity, request_id, result)
+            self._waiters.append(_Waiter(identity, request_id, ready))
 
     def _fail(self, identity: bytes, request_id: int, err: HogshardError) -> None:
-        self._errors[err.code.value] = self._errors.get(err.code.value, 0) + 1
-        self._error_log.record(identity, err.code.value, err.message)
-        reply_error(self._sock, identity, request_id, err)
+        self._core.fail(identity, request_id, err)
 
     def _release_waiters(self) -> None:
         pending = []
@@ -198,7 +191,7 @@ class Scheduler(CheckpointOps, ReplicationOps, RecoveryOps, RejoinOps, Heartbeat
             if result is None:
                 pending.append(waiter)
             else:
-                reply_ok(self._sock, waiter.identity, waiter.request_id, result)
+                self._core.reply(waiter.identity, waiter.request_id, result)
         self._waiters = pending
 
     def _log_membership(self) -> None:
@@ -211,10 +204,11 @@ class Scheduler(CheckpointOps, ReplicationOps, RecoveryOps, RejoinOps, Heartbeat
     # ---- handlers ---------------------------------------------------------------------------
 
     def _register(self, msg: Message) -> dict[str, Any]:
-        role = msg.get("role")
+        role = msg.header["role"]
+        check_claimed_role(role, self._core.sender_roles, "register")
         start_clock = max(self.members.min_live_clock(), self.restored_clock) \
             if role == "worker" else 0
-        if role == "worker" and type(msg.get("clock")) is int and msg.get("clock") >= 0:
+        if role == "worker" and msg.get("clock") is not None and msg.get("clock") >= 0:
             start_clock = msg.get("clock")  # a worker rejoining a restarted scheduler
         reported = parse_table_report(msg.get("tables")) \
             if role == "server" and msg.get("tables") is not None else {}
@@ -232,6 +226,7 @@ class Scheduler(CheckpointOps, ReplicationOps, RecoveryOps, RejoinOps, Heartbeat
             "heartbeat_interval": self.heartbeat_interval,
             "heartbeat_timeout": self.members.heartbeat_timeout,
             "epoch": self.members.epoch,
+            "replication": self.replication,
         }
 
     def _servers_view(self) -> dict[str, Any] | None:
@@ -260,10 +255,8 @@ class Scheduler(CheckpointOps, ReplicationOps, RecoveryOps, RejoinOps, Heartbeat
                 f"table of {size} elements in chunks of {chunk_elems} would have "
                 f"{-(-size // chunk_elems)} chunks; expected at most {MAX_CHUNKS} (raise chunk_elems)"
             )
-        spec = DenseTableSpec(name=str(msg.get("table")), size=size, chunk_elems=chunk_elems,
-                              rule=dict(msg.get("rule")))
-        if not isinstance(msg.get("table"), str) or not msg.get("table"):
-            raise ProtocolError("field 'table' must be a non-empty string")
+        spec = DenseTableSpec(name=msg.header["table"], size=size, chunk_elems=chunk_elems,
+                              rule=dict(msg.header["rule"]))
         if spec.name == EMBEDDING_MAP:
             raise ProtocolError(f"the table name {EMBEDDING_MAP!r} is reserved")
         existing = self.tables.get(spec.name)
@@ -343,7 +336,7 @@ class Scheduler(CheckpointOps, ReplicationOps, RecoveryOps, RejoinOps, Heartbeat
 
     def _leave(self, msg: Message) -> dict[str, Any]:
         member = self.members.leave(msg.get("from", ""))
-        if isinstance(msg.get("clock"), int):
+        if msg.get("clock") is not None:
             member.clock = max(member.clock, msg.get("clock"))
         log.info("%s left (clock %d)", member.node_id, member.clock)
         return {}
@@ -390,7 +383,7 @@ class Scheduler(CheckpointOps, ReplicationOps, RecoveryOps, RejoinOps, Heartbeat
             **self._recovery_status(),
         }
 
-    _HANDLERS: dict[str, Callable[[Scheduler, Message], Any]] = {
+    _OPS: dict[str, OpSpec] = scheduler_ops({
         "register": _register,
         "heartbeat": HeartbeatOps._heartbeat,
         "wait_servers": _wait_servers,
@@ -403,4 +396,4 @@ class Scheduler(CheckpointOps, ReplicationOps, RecoveryOps, RejoinOps, Heartbeat
         "set_policy": _set_policy,
         "status": _status,
         "checkpoint": CheckpointOps._checkpoint,
-    }
+    })

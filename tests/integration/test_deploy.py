@@ -455,7 +455,7 @@ def test_compose_services_train_as_local_processes(procs, tmp_path: Path) -> Non
         assert code == 0, output
         if attempt == 0:
             generated = key_files(keys)
-            assert "server.key_secret" in generated and "client.key_secret" in generated
+            assert "server.key_secret" in generated and "worker.key_secret" in generated
     assert key_files(keys) == generated
     for name in ("scheduler", "server0", "server1", "worker"):
         assert local[name]["env"]["HOGSHARD_KEYS"] == str(keys), name

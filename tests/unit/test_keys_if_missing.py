@@ -25,8 +25,10 @@ def test_if_missing_generates_once_then_keeps_the_keys(tmp_path: Path) -> None:
     first = runner.invoke(main, ["keys", "generate", "--if-missing", str(keys)])
     assert first.exit_code == 0, first.output
     files = snapshot(keys)
-    assert set(files) == {"server.key", "server.key_secret", "client.key", "client.key_secret",
-                          "authorized/client.key"}
+    assert set(files) == {"server.key", "server.key_secret",
+                          *(f"{name}{ext}" for name in ("worker", "shard", "admin")
+                            for ext in (".key", ".key_secret")),
+                          "authorized/worker.key", "authorized/shard.key", "authorized/admin.key"}
     again = runner.invoke(main, ["keys", "generate", "--if-missing", str(keys)])
     assert again.exit_code == 0, again.output
     assert "already holds keys: kept" in again.output
@@ -47,28 +49,31 @@ def test_an_interrupted_run_is_generated_again(tmp_path: Path) -> None:
     """Without server.key_secret (written last) a folder is incomplete: keys are made anew."""
     generate_keys(tmp_path)
     (tmp_path / "server.key_secret").unlink()
-    stale = (tmp_path / "client.key_secret").read_bytes()
+    stale = (tmp_path / "worker.key_secret").read_bytes()
     assert ensure_keys(tmp_path)
-    assert (tmp_path / "client.key_secret").read_bytes() != stale
+    assert (tmp_path / "worker.key_secret").read_bytes() != stale
     Security.from_dir(tmp_path)
 
 
 def test_if_missing_refuses_broken_keys(tmp_path: Path) -> None:
     generate_keys(tmp_path)
-    (tmp_path / "client.key_secret").unlink()
+    (tmp_path / "worker.key_secret").unlink()  # authorized/worker.key is still there
     with pytest.raises(ConfigError, match="client keypair"):
         ensure_keys(tmp_path)
     result = CliRunner().invoke(main, ["keys", "generate", "--if-missing", str(tmp_path)])
     assert result.exit_code != 0 and "client keypair" in result.output
     with pytest.raises(ConfigError, match="client keypair"):
-        ensure_keys(tmp_path, clients=["client", "other"])
+        ensure_keys(tmp_path, clients=["worker", "other"])
+    assert not (tmp_path / "other.key_secret").exists()  # nothing written before the refusal
 
 
-def test_each_named_client_is_checked(tmp_path: Path) -> None:
-    generate_keys(tmp_path, clients=["client", "cli"])
-    assert ensure_keys(tmp_path, clients=["client", "cli"]) == []
-    with pytest.raises(ConfigError, match="missing.key_secret"):
-        ensure_keys(tmp_path, clients=["missing"])
+def test_each_named_client_is_checked_and_an_absent_one_added(tmp_path: Path) -> None:
+    generate_keys(tmp_path, clients=["worker", "admin-ci"])
+    assert ensure_keys(tmp_path, clients=["worker", "admin-ci"]) == []
+    added = ensure_keys(tmp_path, clients=["worker", "worker-2"])
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in added) == [
+        "authorized/worker-2.key", "worker-2.key", "worker-2.key_secret"]
+    assert Security.from_dir(tmp_path, client="worker-2").client_name == "worker-2"
 
 
 def test_an_unwritable_folder_is_a_clear_error(tmp_path: Path) -> None:
@@ -84,3 +89,21 @@ def test_an_unwritable_folder_is_a_clear_error(tmp_path: Path) -> None:
                 ensure_keys(folder)
         finally:
             folder.chmod(0o700)
+
+
+def test_help_readme_and_protocol_name_the_same_key_files() -> None:
+    """What each process mounts is said in three places; they must agree."""
+    root = Path(__file__).resolve().parents[2]
+    help_text = CliRunner().invoke(main, ["keys", "generate", "--help"]).output
+    readme = (root / "README.md").read_text()
+    section = readme[readme.index("### Security"):]
+    protocol = (root / "PROTOCOL.md").read_text()
+    for name in ("server.key_secret", "worker.key_secret", "shard.key_secret",
+                 "admin.key_secret", "authorized/"):
+        assert name in help_text and name in section and name in protocol, name
+    for line in ("worker     server.key, worker.key_secret",
+                 "server     server.key, server.key_secret, authorized/, shard.key_secret"):
+        assert line in help_text, line
+    assert "| worker | `server.key`, `worker.key_secret` |" in section
+    assert "| server | `server.key`, `server.key_secret`, `authorized/`, `shard.key_secret` |" \
+        in section

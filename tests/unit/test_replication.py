@@ -13,6 +13,7 @@ import zmq
 from hogshard.proto.errors import ConfigError, NotOwnerError, ProtocolError
 from hogshard.proto.wire import PROTOCOL_VERSION, Message
 from hogshard.ps.dense import DenseStore
+from hogshard.ps.peer_gate import PeerGate
 from hogshard.ps.replica_ops import replica_snapshot, replicate
 from hogshard.ps.replication import HeldReply, RecentPushes, Replicator
 from hogshard.ps.rules import make_rule
@@ -142,7 +143,9 @@ def test_forgetting_roles_returns_the_held_replies(replicas: Replicator) -> None
 def backup_server(replicas: Replicator, rank: int = 1) -> SimpleNamespace:
     store = DenseStore()
     store.init("m", {"rule": "adam", "lr": 0.01}, [(0, 0, 4)], [np.zeros(4, np.float32)])
-    return SimpleNamespace(store=store, replicas=replicas, rank=rank, stats=ServerStats())
+    replicas.roles.setdefault("m", {0: (0, rank)})  # the map: server-0 is primary, we back it
+    return SimpleNamespace(store=store, replicas=replicas, rank=rank, stats=ServerStats(),
+                           peer_gate=PeerGate(lambda: None, replication=2))
 
 
 def message(op: str, arrays: list[np.ndarray], **fields: object) -> Message:

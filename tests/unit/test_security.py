@@ -10,9 +10,11 @@ from click.testing import CliRunner
 
 from hogshard.cli import main
 from hogshard.proto.errors import ConfigError
+from hogshard.proto.roles import LEGACY, Role
 from hogshard.proto.security import (
     Security,
     check_plain_bind,
+    ensure_keys,
     generate_keys,
     is_local_endpoint,
     load_security,
@@ -28,16 +30,46 @@ def test_keys_generate_writes_every_file_0600(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["keys", "generate", str(keys)])
     assert result.exit_code == 0, result.output
     written = [Path(line) for line in result.output.split()]
-    assert {p.relative_to(keys).as_posix() for p in written} == {
-        "server.key", "server.key_secret", "client.key", "client.key_secret",
-        "authorized/client.key"}
+    assert {p.relative_to(keys).as_posix() for p in written} == {"server.key",
+        "server.key_secret", *(f"{n}{ext}" for n in ("worker", "shard", "admin")
+                               for ext in (".key", ".key_secret")),
+        "authorized/worker.key", "authorized/shard.key", "authorized/admin.key"}
     for path in written:
         assert mode(path) == 0o600, path
     assert mode(keys) == 0o700
-    security = Security.from_dir(keys)
-    assert security.server_secret is not None and len(security.client_secret) == 40
-    assert (keys / "authorized" / "client.key").read_text().count(
-        security.client_public.decode()) == 1
+    publics = set()
+    for role, name in ((Role.WORKER, "worker"), (Role.SERVER, "shard"), (Role.ADMIN, "admin")):
+        security = Security.from_dir(keys, role=role)
+        assert security.client_name == name and security.client_secret is not None
+        assert (keys / "authorized" / f"{name}.key").read_text().count(
+            security.client_public.decode()) == 1
+        assert security.key_roles()[security.client_public] == role
+        publics.add(security.client_public)
+    assert len(publics) == 3 and security.server_secret is not None
+
+
+def test_an_older_folder_with_one_shared_client_key_still_works(tmp_path: Path) -> None:
+    generate_keys(tmp_path, clients=["client"])
+    for role in (Role.WORKER, Role.SERVER, Role.ADMIN):
+        assert Security.from_dir(tmp_path, role=role).client_name == "client"
+    security = Security.from_dir(tmp_path)
+    assert security.key_roles() == {security.client_public: LEGACY}
+    # the migration: --if-missing adds the role keys next to the old one
+    added = ensure_keys(tmp_path)
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in added if "authorized" in p.parts) \
+        == ["authorized/admin.key", "authorized/shard.key", "authorized/worker.key"]
+    assert Security.from_dir(tmp_path, role=Role.ADMIN).client_name == "admin"
+    assert LEGACY in security.key_roles().values()  # until authorized/client.key is removed
+
+
+def test_a_process_that_only_binds_needs_no_client_key(tmp_path: Path) -> None:
+    generate_keys(tmp_path, clients=["admin"])
+    security = Security.from_dir(tmp_path, role=None)
+    assert security.client_public is None and security.server_secret is not None
+    with pytest.raises(ConfigError, match="no client keypair"):
+        security.secure_client(None)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="worker"):
+        Security.from_dir(tmp_path, role=Role.WORKER)
 
 
 def test_generate_refuses_to_overwrite_and_bad_names(tmp_path: Path) -> None:
@@ -83,7 +115,7 @@ def test_missing_or_broken_keys_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="server public key"):
         Security.from_dir(tmp_path)
     generate_keys(tmp_path / "k")
-    (tmp_path / "k" / "client.key_secret").write_text("garbage\n")
+    (tmp_path / "k" / "worker.key_secret").write_text("garbage\n")
     with pytest.raises(ConfigError, match="client"):
         Security.from_dir(tmp_path / "k")
 

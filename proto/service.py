@@ -1,0 +1,116 @@
+"""The request loop every hogshard service shares: receive, decode, authorise, check the
+header, dispatch to the op's handler, then reply, reply with the error, or leave the reply to
+the handler (held: answered later). Error replies are counted and logged here, once.
+
+A handler returns ``(fields, arrays)`` or a ``fields`` map (answered at once), ``None``
+(the handler answers later, e.g. a pull the policy holds back) or anything else, which goes
+to ``on_other`` (the scheduler's waiting requests).
+
+Example::
+
+    core = ServiceCore(router, op_table(specs), "the scheduler", errors={}, log=log,
+                       authenticated=security is not None)
+    core.handle_one(lambda spec, identity, msg: spec.handler(self, msg))
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from typing import Any
+
+import numpy as np
+import zmq
+
+from hogshard.proto.dispatch import as_error
+from hogshard.proto.errors import HogshardError, UnknownOpError
+from hogshard.proto.ops import OpSpec, check_claimed_role, check_header, check_role, claimed_role
+from hogshard.proto.peerlog import PeerErrorLog
+from hogshard.proto.roles import Role, roles_of
+from hogshard.proto.transport import recv_frames, reply_error, reply_ok, salvage_request_id
+from hogshard.proto.wire import DEFAULT_LIMITS, Limits, Message, decode
+
+Invoke = Callable[[OpSpec, bytes, Message], Any]
+USER_ID = "User-Id"  # the ZAP handler's name for the connection (its key's role)
+
+
+class ServiceCore:
+    """One ROUTER's request loop over an op table. ``errors`` (code -> count) is the
+    caller's counter; ``authenticated`` says the socket is a CURVE server whose ZAP handler
+    names each connection's role (proto/security.py), so every op's roles are enforced."""
+
+    def __init__(self, sock: zmq.Socket, ops: Mapping[str, OpSpec], service: str,
+                 errors: MutableMapping[str, int], log: logging.Logger,
+                 limits: Limits = DEFAULT_LIMITS, authenticated: bool = False,
+                 on_other: Callable[[bytes, int, Any], None] | None = None) -> None:
+        self.sock = sock
+        self.ops = ops
+        self.service = service
+        self.errors = errors
+        self.limits = limits
+        self.authenticated = authenticated
+        self.on_other = on_other
+        self._error_log = PeerErrorLog(log)
+        self.sender_roles: frozenset[Role] | None = None  # of the message being handled
+
+    def handle_one(self, invoke: Invoke,
+                   before: Callable[[Message], None] | None = None) -> None:
+        """Receive one request and answer it (or leave it held). ``before(message)`` runs
+        once the request is known good, just before its handler."""
+        frames = recv_frames(self.sock)
+        identity, body = frames[0].bytes, frames[1:]
+        try:
+            message = decode(body, self.limits)
+        except HogshardError as err:
+            self.fail(identity, salvage_request_id(body[0]) if body else 0, err)
+            return
+        try:
+            spec = self.ops.get(message.op)
+            if spec is None:
+                raise UnknownOpError(f"unknown op {message.op!r} for {self.service}; "
+                                     f"expected one of {sorted(self.ops)}")
+            if self.authenticated:
+                self.sender_roles = self._authorise(spec, message, body[0])
+            check_header(spec, message.header)
+            if before is not None:
+                before(message)
+            result = invoke(spec, identity, message)
+        except Exception as err:
+            result = as_error(message.op, err)
+        self.answer(identity, message.request_id, result)
+
+    def _authorise(self, spec: OpSpec, message: Message, frame: zmq.Frame
+                   ) -> frozenset[Role] | None:
+        roles = roles_of(str(frame.get(USER_ID)))
+        check_role(spec, roles, self.service)
+        check_claimed_role(claimed_role(message.get("from")), roles, message.op)
+        return roles
+
+    def answer(self, identity: bytes, request_id: int, result: Any) -> None:
+        """Reply with a handler's ``result`` (see the module docstring)."""
+        if type(result) is tuple:
+            fields, arrays = result
+            reply_ok(self.sock, identity, request_id, fields, arrays)
+        elif result is None:
+            return
+        elif isinstance(result, HogshardError):
+            self.fail(identity, request_id, result)
+        elif isinstance(result, dict):
+            reply_ok(self.sock, identity, request_id, result)
+        elif self.on_other is not None:
+            self.on_other(identity, request_id, result)
+        else:
+            self.fail(identity, request_id, HogshardError(
+                f"internal error: {self.service} handler returned {type(result).__name__}"))
+
+    def reply(self, identity: bytes, request_id: int, fields: dict[str, Any] | None = None,
+              arrays: Sequence[np.ndarray] = (), track: bool = False
+              ) -> zmq.MessageTracker | None:
+        """An ``OK`` reply (``track``: see ``proto.transport.send``)."""
+        return reply_ok(self.sock, identity, request_id, fields, arrays, track=track)
+
+    def fail(self, identity: bytes, request_id: int, err: HogshardError) -> None:
+        """An ``ERROR`` reply, counted by code and logged once per peer."""
+        self.errors[err.code.value] = self.errors.get(err.code.value, 0) + 1
+        self._error_log.record(identity, err.code.value, err.message)
+        reply_error(self.sock, identity, request_id, err)

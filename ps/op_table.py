@@ -1,0 +1,57 @@
+"""The shard server's op table: every op it answers, with its typed header and the roles that
+may send it (PROTOCOL.md, "Roles"). The service core (proto/service.py) checks both before the
+handler runs.
+
+Example (what ``ShardServer.__init__`` does)::
+
+    ops = server_ops({"init": ShardServer._init, "push": ShardServer._push, ...})
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from hogshard.proto.ops import ADMINS, ANYONE, SERVERS, WORKERS, Field, OpSpec, op_table
+from hogshard.proto.roles import Role
+from hogshard.ps.embedding_ops import FIELDS as EMBEDDING_FIELDS
+from hogshard.ps.embedding_ops import HANDLERS as EMBEDDING_HANDLERS
+from hogshard.ps.replica_ops import FIELDS as REPLICA_FIELDS
+from hogshard.ps.replica_ops import HANDLERS as REPLICA_HANDLERS
+
+#: Fields any request may carry (proto.transport.request_header).
+#: ``incarnation``: the server process a worker's request is for (PROTOCOL.md section 10.2).
+COMMON = (Field("from", str), Field("incarnation", int))
+_TABLE = Field("table", str, required=True, nonempty=True)
+_CHUNKS = Field("chunks", list, required=True)
+
+#: The dense ops' headers.
+DENSE_FIELDS: dict[str, tuple[Field, ...]] = {
+    "init": (_TABLE, Field("rule", dict, required=True), Field("layout", list, required=True),
+             Field("size", int), Field("chunk_elems", int), Field("replication", int)),
+    "push": (_TABLE, _CHUNKS, Field("versions", list), Field("codecs", list),
+             Field("clock", int), Field("partial", bool), Field("push_id", int)),
+    "pull": (_TABLE, _CHUNKS, Field("clock", int)),
+    "stats": (),
+    "ping": (),
+    "leave": (Field("clock", int),),
+}
+
+_ROLES: dict[str, frozenset[Role]] = {
+    "init": WORKERS, "push": WORKERS, "pull": WORKERS, "leave": WORKERS,
+    "stats": ANYONE, "ping": ANYONE,
+    "emb_create": WORKERS, "emb_pull": WORKERS, "emb_push": WORKERS, "emb_stats": ANYONE,
+    "emb_save": WORKERS | ADMINS, "emb_load": WORKERS | ADMINS,
+    **{op: SERVERS for op in REPLICA_HANDLERS},
+}
+
+
+def server_ops(dense: Mapping[str, Callable[..., Any]]) -> dict[str, OpSpec]:
+    """The full table, given the handlers of the dense ops (``(server, identity, msg)``)."""
+    handlers = {**dense, **EMBEDDING_HANDLERS, **REPLICA_HANDLERS}
+    fields = {**DENSE_FIELDS, **EMBEDDING_FIELDS, **REPLICA_FIELDS}
+    if set(handlers) != set(fields) or set(handlers) != set(_ROLES):
+        raise ValueError(f"server ops without a header or roles: "
+                         f"{sorted(set(handlers) ^ set(fields) | set(handlers) ^ set(_ROLES))}")
+    return op_table(OpSpec(op, handler, _ROLES[op], COMMON + fields[op])
+                    for op, handler in handlers.items())

@@ -1,0 +1,117 @@
+"""Who may send a shard server the server-to-server ops (``replicate``, ``replica_snapshot``,
+``emb_replicate``, ``emb_snapshot``): only the server the scheduler's shard map names as the
+primary of every chunk (or embedding shard) the message touches, with this server as its
+backup, and only in a replicated job. This holds with or without CURVE keys (with keys the
+service core has already checked that the sender holds a server key).
+
+A primary may learn a new map (a new table, a new backup) a moment before its backup does, so
+a message that names a newer map epoch than this server knows is held, the next heartbeat is
+brought forward, and the message is decided once a heartbeat sent after it has been answered.
+Messages from a connection that has one held are held behind it, in order.
+
+Example (what ``replica_ops.replicate`` does)::
+
+    if not server.peer_gate.admit(identity, msg, server.replicas, server.rank, table, ids):
+        return None                      # held: answered by ``release``
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from hogshard.proto.errors import ForbiddenError, NotOwnerError, NotReadyError
+from hogshard.proto.wire import Message
+from hogshard.ps.replication import Replicator
+
+#: Server-to-server messages held at once (more are refused with FORBIDDEN).
+MAX_HELD = 1024
+#: Seconds a held message may wait for the map before it is refused with NOT_READY.
+MAX_WAIT_S = 30.0
+
+
+@dataclass
+class _Held:
+    identity: bytes
+    message: Message
+    arrived_at: float
+
+
+def sender_rank(message: Message) -> int:
+    """The rank in the ``from`` field of a server (``server-3`` -> 3), or ForbiddenError."""
+    sender = message.get("from")
+    prefix, _, rank = str(sender).partition("-")
+    if prefix != "server" or not rank.isdigit():
+        raise ForbiddenError(f"{message.op!r} comes only from a shard server (from "
+                             f"'server-N'); got from={sender!r}")
+    return int(rank)
+
+
+class PeerGate:
+    """Admits, holds or refuses the server-to-server ops of one shard server.
+    ``replication`` is the job's replication factor from the scheduler (None: not told);
+    ``wake()`` brings the next heartbeat forward."""
+
+    def __init__(self, wake: Callable[[], None], replication: int | None = None) -> None:
+        self.replication = replication
+        self._wake = wake
+        self.held: deque[_Held] = deque()
+        self._deciding = False  # a held message is being decided: no holding again
+
+    def admit(self, identity: bytes, msg: Message, replicas: Replicator, rank: int,
+              table: str, ids: list[Any]) -> bool:
+        """True to apply ``msg`` now, False if it is held; raises ForbiddenError (or
+        NotOwnerError when this server is no longer the backup) to refuse it."""
+        if self.replication is not None and self.replication < 2:
+            raise ForbiddenError(f"{msg.op!r} refused: this job is not replicated "
+                                 "(--replication 1), so no server may send it")
+        primary = sender_rank(msg)
+        if not self._deciding and any(h.identity == identity for h in self.held):
+            return self._hold(identity, msg)  # keep the connection's order
+        roles = replicas.roles.get(table, {})
+        for chunk_id in ids:
+            role = roles.get(chunk_id) if type(chunk_id) is int else None
+            if role is not None and role == (primary, rank):
+                continue
+            if role is not None and role[1] != rank:
+                raise NotOwnerError(
+                    f"server {rank} is no longer the backup of table {table!r} chunk "
+                    f"{chunk_id} (primary {role[0]}, backup {role[1]}, map epoch "
+                    f"{replicas.map_epoch})")
+            epoch = msg.get("map_epoch")
+            if not self._deciding and type(epoch) is int and (
+                    replicas.map_epoch is None or epoch > replicas.map_epoch):
+                return self._hold(identity, msg)
+            raise ForbiddenError(
+                f"{msg.op!r} from server {primary} refused: the shard map (epoch "
+                f"{replicas.map_epoch}) does not name it the primary of table {table!r} "
+                f"chunk {chunk_id!r} with server {rank} as the backup")
+        return True
+
+    def _hold(self, identity: bytes, msg: Message) -> bool:
+        if len(self.held) >= MAX_HELD:
+            raise ForbiddenError(f"{len(self.held)} server-to-server messages already wait "
+                                 f"for the shard map; expected at most {MAX_HELD}")
+        self.held.append(_Held(identity, msg, time.monotonic()))
+        self._wake()
+        return False
+
+    def release(self, map_heard_at: float,
+                redo: Callable[[bytes, Message, Exception | None], None]) -> None:
+        """Decide the held messages that arrived before the heartbeat (sent at
+        ``map_heard_at``) whose reply was taken last: ``redo(identity, message, None)``
+        runs the op again (now admitted or refused), ``redo(..., error)`` refuses it."""
+        now = time.monotonic()
+        while self.held and (self.held[0].arrived_at <= map_heard_at
+                             or now - self.held[0].arrived_at > MAX_WAIT_S):
+            held = self.held.popleft()
+            late = None if held.arrived_at <= map_heard_at else NotReadyError(
+                f"{held.message.op!r}: no shard map from the scheduler within {MAX_WAIT_S} s")
+            self._deciding = True
+            try:
+                redo(held.identity, held.message, late)
+            finally:
+                self._deciding = False

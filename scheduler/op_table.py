@@ -1,0 +1,54 @@
+"""The scheduler's op table: every op it answers, with its typed header and the roles that may
+send it (PROTOCOL.md, "Roles"). The service core (proto/service.py) checks both before the
+handler runs; ``register`` also checks that the role registered is the sender's.
+
+Example (what ``Scheduler`` does)::
+
+    ops = scheduler_ops({"register": Scheduler._register, ...})
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from hogshard.proto.ops import ADMINS, ANYONE, SERVERS, WORKERS, Field, OpSpec, op_table
+from hogshard.proto.roles import Role
+
+COMMON = (Field("from", str),)
+_TABLE = Field("table", str, required=True, nonempty=True)
+
+FIELDS: dict[str, tuple[Field, ...]] = {
+    "register": (Field("role", str, required=True), Field("address", str),
+                 Field("rank_hint", int), Field("clock", int), Field("tables", dict),
+                 Field("incarnation", int)),
+    "heartbeat": (Field("clock", int), Field("stats", dict), Field("progress", dict),
+                  Field("map_epoch", int), Field("checkpoint", dict), Field("incarnation", int)),
+    "wait_servers": (),
+    "declare_table": (_TABLE, Field("size", int, required=True), Field("chunk_elems", int),
+                      Field("rule", dict, required=True)),
+    "table_ready": (_TABLE,),
+    "get_table": (_TABLE, Field("wait", bool)),
+    "barrier": (Field("name", str, required=True),),
+    "leave": (Field("clock", int),),
+    "shutdown": (),
+    "set_policy": (Field("policy", str, required=True, nonempty=True),),
+    "status": (),
+    "checkpoint": (Field("dir", str, required=True, nonempty=True),),
+}
+
+ROLES: dict[str, frozenset[Role]] = {
+    "register": WORKERS | SERVERS, "heartbeat": WORKERS | SERVERS,
+    "wait_servers": WORKERS | ADMINS, "declare_table": WORKERS, "table_ready": WORKERS,
+    "get_table": ANYONE, "barrier": WORKERS, "leave": WORKERS,
+    "shutdown": ADMINS, "set_policy": ADMINS, "checkpoint": ADMINS, "status": ANYONE,
+}
+
+
+def scheduler_ops(handlers: Mapping[str, Callable[..., Any]]) -> dict[str, OpSpec]:
+    """The full table, given each op's handler (``(scheduler, msg)``)."""
+    if set(handlers) != set(FIELDS) or set(handlers) != set(ROLES):
+        raise ValueError(f"scheduler ops without a header or roles: "
+                         f"{sorted(set(handlers) ^ set(FIELDS) | set(handlers) ^ set(ROLES))}")
+    return op_table(OpSpec(op, handler, ROLES[op], COMMON + FIELDS[op])
+                    for op, handler in handlers.items())
