@@ -16,7 +16,9 @@ import logging
 import sys
 from typing import Any, TextIO
 
-FORMATS = ("text", "logfmt", "json")
+from hogshard.proto.config import LOG_FORMATS
+
+FORMATS = LOG_FORMATS
 TEXT_FORMAT = "%(asctime)s %(levelname)s [%(node)s] %(name)s: %(message)s"
 
 

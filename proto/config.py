@@ -26,6 +26,7 @@ ENV_PREFIX = "HOGSHARD_"
 DEFAULT_SCHEDULER = "tcp://127.0.0.1:7000"
 DEFAULT_HEARTBEAT_INTERVAL = 0.5
 DEFAULT_HEARTBEAT_TIMEOUT = 5.0
+LOG_FORMATS = ("text", "logfmt", "json")
 
 
 def env_name(option: str) -> str:
@@ -83,6 +84,9 @@ class ClientSettings:
             raise ConfigError(f"{env_name('num_workers')}={self.num_workers}: expected >= 1")
         if self.max_in_flight < 1:
             raise ConfigError(f"{env_name('max_in_flight')}={self.max_in_flight}: expected >= 1")
+        if self.log_format not in LOG_FORMATS:
+            raise ConfigError(f"{env_name('log_format')}={self.log_format!r}: expected one of "
+                              f"{', '.join(LOG_FORMATS)}")
         if self.rank is not None and self.rank < 0:
             raise ConfigError(f"{env_name('rank')}={self.rank}: expected >= 0")
 

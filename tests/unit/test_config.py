@@ -53,14 +53,21 @@ def test_every_field_is_read() -> None:
         "HOGSHARD_CODEC": "topk:0.01",
         "HOGSHARD_KEYS": "/etc/hogshard/keys",
         "HOGSHARD_MAX_IN_FLIGHT": "16",
+        "HOGSHARD_LOG_LEVEL": "debug",
+        "HOGSHARD_LOG_FORMAT": "json",
     }
     settings = ClientSettings.from_env(env)
     assert settings == ClientSettings("tcp://10.0.0.1:7000", 3, 8, 12.5, 7.0, "topk:0.01",
-                                      "/etc/hogshard/keys", 16)
+                                      "/etc/hogshard/keys", 16, "debug", "json")
     assert type(settings.rank) is int and type(settings.num_workers) is int
     assert type(settings.request_timeout) is float and type(settings.connect_timeout) is float
     # every field has a variable
     assert {env_name(f.name) for f in dataclasses.fields(ClientSettings)} == set(env)
+
+
+def test_a_bad_log_format_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="HOGSHARD_LOG_FORMAT='xml'"):
+        ClientSettings.from_env({"HOGSHARD_LOG_FORMAT": "xml"})
 
 
 def test_whitespace_is_stripped() -> None:

@@ -4,6 +4,7 @@ chunk-size rule for declared tables. Pure logic: no sockets are opened.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -12,7 +13,6 @@ from hypothesis import strategies as st
 
 from hogshard.proto.errors import ConfigError, ErrorCode, HogshardError
 from hogshard.proto.wire import PROTOCOL_VERSION, Message
-from hogshard.scheduler.membership import MembershipTable
 from hogshard.scheduler.placement import (
     DEFAULT_CHUNK_ELEMS,
     Chunk,
@@ -193,14 +193,26 @@ def test_chunk_and_spec_wire_round_trip() -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+_SCHEDULERS: list[Scheduler] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_schedulers() -> Iterator[None]:
+    yield
+    while _SCHEDULERS:
+        scheduler = _SCHEDULERS.pop()
+        scheduler.stop()
+        scheduler.serve_forever()  # returns at once, closing its socket and context
+
+
 def bare_scheduler(server_ranks: list[int], expected: int | None = None) -> Scheduler:
-    """A Scheduler object with just the state ``_declare_table`` reads (no socket bound)."""
-    scheduler = Scheduler.__new__(Scheduler)
-    scheduler.members = MembershipTable(heartbeat_timeout=5.0)
+    """A real Scheduler (bound to an ephemeral loopback port, never served) whose membership
+    holds servers of these ranks: ``_declare_table`` is called on it directly."""
+    scheduler = Scheduler("tcp://127.0.0.1:0",
+                          expected_servers=len(server_ranks) if expected is None else expected)
+    _SCHEDULERS.append(scheduler)
     for rank in server_ranks:
         scheduler.members.register("server", f"inproc://s{rank}", now=0.0, rank_hint=rank)
-    scheduler.expected_servers = len(server_ranks) if expected is None else expected
-    scheduler.tables = {}
     return scheduler
 
 
