@@ -29,7 +29,7 @@ def test_a_finished_workers_rank_is_not_handed_to_a_newcomer(
                          env=env) for i in range(2)]
     for proc in first:
         assert proc.wait(150.0) == 0, proc.tail()
-    ranks = sorted(int(re.search(r"^rank (\d+) of 2:", p.output(), re.M)[1]) for p in first)
+    ranks = sorted(int(re.search(r"\brank (\d+) of 2:", p.output())[1]) for p in first)
     assert ranks == [0, 1], [p.tail() for p in first]
     written = report.read_bytes()
 
