@@ -1,0 +1,83 @@
+"""Half-precision pulls against live servers: ``pull(codec="fp16"|"bf16")`` returns the
+servers' float32 weights rounded to that dtype, the replies carry half the bytes (counted from
+the frames received), the servers keep updating float32, and a pull asking for an unknown
+codec gets one ``error`` reply while the server keeps serving."""
+
+from __future__ import annotations
+
+import msgpack
+import numpy as np
+import pytest
+import zmq
+
+from hogshard.proto.config import ClientSettings
+from hogshard.worker.client import PSClient
+
+TABLE, SIZE, CHUNK, LR = "model", 4000, 1000, 0.5
+REPLY_TIMEOUT_S = 5.0
+
+
+def bf16_round(values: np.ndarray) -> np.ndarray:
+    """What the bf16 codec keeps: the upper 16 bits, rounded to nearest even."""
+    bits = values.view(np.uint32).astype(np.uint64)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16
+    return bits.astype(np.uint32).view(np.float32)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(60, method="signal")
+def test_half_precision_pulls_round_the_weights_and_halve_the_bytes(cluster_factory,
+                                                                     zmq_ctx) -> None:
+    cluster = cluster_factory(servers=2, policy="async")
+    settings = ClientSettings(scheduler=cluster.address, connect_timeout=30.0,
+                              request_timeout=30.0)
+    client = PSClient(settings, zmq_ctx)
+    try:
+        rng = np.random.default_rng(0)
+        expected = rng.standard_normal(SIZE).astype(np.float32)
+        table = client.dense_table(TABLE, SIZE, {"rule": "sgd", "lr": LR},
+                                   init=expected.copy(), chunk_elems=CHUNK)
+        out = np.empty(SIZE, np.float32)
+        received = []
+        for codec, rounded in (("none", expected), ("fp16", None), ("bf16", None)):
+            before = client.traffic.received["pull"]
+            client.pull(table, out, codec=codec).result(30.0)
+            received.append(client.traffic.received["pull"] - before)
+            if codec == "fp16":
+                rounded = expected.astype(np.float16).astype(np.float32)
+            elif codec == "bf16":
+                rounded = bf16_round(expected)
+            assert np.array_equal(out, rounded), f"{codec} pull: weights not the rounded ones"
+        full, fp16, bf16 = received
+        assert full > 4 * SIZE and fp16 == bf16
+        assert 0.5 <= fp16 / full < 0.52, f"fp16 pull replies {fp16} bytes against {full}"
+        grad = rng.standard_normal(SIZE).astype(np.float32)  # the servers still update float32
+        client.push(table, grad).result(30.0)
+        expected -= np.float32(LR) * grad
+        client.pull(table, out).result(30.0)
+        assert np.array_equal(out, expected)
+
+        address = cluster.server_address(0)
+        chunk = table.by_server[0][0].chunk_id
+        reply = raw_pull(zmq_ctx, address, 77, chunk, "int8")
+        assert reply.get("op") == "error" and reply.get("id") == 77, reply
+        assert "'codec'" in str(reply.get("message")), reply
+        client.pull(table, out, codec="fp16").result(30.0)  # still serving
+        assert np.array_equal(out, expected.astype(np.float16).astype(np.float32))
+    finally:
+        client.close()
+
+
+def raw_pull(ctx: zmq.Context, address: str, request_id: int, chunk: int, codec: object) -> dict:
+    fields = {"v": 1, "op": "pull", "id": request_id, "from": "evil-test", "table": TABLE,
+              "chunks": [chunk], "codec": codec}
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(address)
+    try:
+        sock.send_multipart([msgpack.packb(fields, use_bin_type=True)])
+        if not sock.poll(int(REPLY_TIMEOUT_S * 1000), zmq.POLLIN):
+            raise AssertionError(f"no reply from {address} within {REPLY_TIMEOUT_S} s")
+        return msgpack.unpackb(sock.recv_multipart()[0], raw=False)
+    finally:
+        sock.close(0)
