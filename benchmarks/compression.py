@@ -42,8 +42,8 @@ REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "fashion_mnist.py"
 GB = 1e9
 
-FULL_ROWS = ["none@adam:0.001", "none,pull=fp16@adam:0.001", "none@momentum:0.02", "dgc",
-             "topk:0.01", "powersgd:2", "powersgd:4", "sign:256"]
+FULL_ROWS = ["none@adam:0.001", "none,pull=fp16@adam:0.001", "none@momentum:0.01", "dgc",
+             "topk:0.01", "powersgd:2", "sign:256"]
 QUICK_ROWS = ["none@adam:0.001", "none,pull=fp16@adam:0.001", "dgc"]
 
 

@@ -182,14 +182,16 @@ class PSClient:
         return sparse.create_table(self, spec)
 
     def pull_rows(self, tables: Sequence[sparse.EmbeddingHandle], ids: Sequence[np.ndarray],
-                  outs: Sequence[np.ndarray], clock: int | None = None) -> Future:
+                  outs: Sequence[np.ndarray], clock: int | None = None,
+                  codec: str = "none") -> Future:
         """Fetch embedding rows (see :func:`hogshard.worker.sparse.pull_rows`)."""
-        return sparse.pull_rows(self, tables, ids, outs, clock)
+        return sparse.pull_rows(self, tables, ids, outs, clock, codec)
 
     def push_rows(self, tables: Sequence[sparse.EmbeddingHandle], ids: Sequence[np.ndarray],
-                  grads: Sequence[np.ndarray], clock: int | None = None) -> Future:
+                  grads: Sequence[np.ndarray], clock: int | None = None,
+                  codec: str = "none") -> Future:
         """Send row gradients (see :func:`hogshard.worker.sparse.push_rows`)."""
-        return sparse.push_rows(self, tables, ids, grads, clock)
+        return sparse.push_rows(self, tables, ids, grads, clock, codec)
 
     # ---- data plane -------------------------------------------------------------------------
 

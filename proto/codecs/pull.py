@@ -1,9 +1,10 @@
-"""Weights in half precision on the pull path: which codecs a pull may ask for, and the check.
+"""Weights and embedding rows in half precision on the wire: the codecs allowed, the checks.
 
-A pull request may carry ``codec``: ``fp16`` or ``bf16`` (absent: ``none``, float32). The
-server then sends each chunk's weights encoded by that codec (one ``<f2`` or ``<u2`` frame per
-chunk, half the bytes) and says ``codec`` in the reply; the worker decodes them into its
-float32 weights. The servers keep and update float32.
+A dense ``pull`` or an ``emb_pull`` may carry ``codec``: ``fp16`` or ``bf16`` (absent:
+``none``, float32). The server then sends each chunk's weights (each table's rows) encoded by
+that codec (``<f2`` or ``<u2``, same shape, half the bytes) and says ``codec`` in the reply; the
+worker decodes them to float32. An ``emb_push`` with ``codec`` carries its row gradients so
+encoded; the server decodes them before applying. The servers keep and update float32.
 
 Example::
 
@@ -21,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from hogshard.proto.codecs.base import Codec
+from hogshard.proto.codecs.base import Codec, Encoded
 from hogshard.proto.codecs.simple import BF16Codec, FP16Codec
 from hogshard.proto.errors import ProtocolError
 
@@ -42,5 +43,11 @@ def pull_codec(field: Any) -> Codec | None:
 
 
 def encode_weights(codec: Codec, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
-    """One frame per chunk: its float32 weights encoded by ``codec`` (new arrays)."""
-    return [codec.encode(np.ascontiguousarray(a).reshape(-1)).buffers[0] for a in arrays]
+    """Each float32 array encoded by ``codec``, same shape (new arrays)."""
+    return [codec.encode(np.ascontiguousarray(a).reshape(-1)).buffers[0].reshape(a.shape)
+            for a in arrays]
+
+
+def decode_weights(codec: Codec, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Each array :func:`encode_weights` made, back to float32 (typed errors on a bad dtype)."""
+    return [codec.decode(Encoded({}, [a.reshape(-1)]), a.size).reshape(a.shape) for a in arrays]

@@ -11,6 +11,7 @@ import pytest
 import zmq
 
 from hogshard.proto.config import ClientSettings
+from hogshard.proto.errors import ConfigError
 from hogshard.worker.client import PSClient
 
 TABLE, SIZE, CHUNK, LR = "model", 4000, 1000, 0.5
@@ -81,3 +82,39 @@ def raw_pull(ctx: zmq.Context, address: str, request_id: int, chunk: int, codec:
         return msgpack.unpackb(sock.recv_multipart()[0], raw=False)
     finally:
         sock.close(0)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(60, method="signal")
+def test_half_precision_embedding_rows_both_ways(cluster_factory, zmq_ctx) -> None:
+    """fp16 row pulls return the float32 rows rounded; fp16 row pushes apply the rounded
+    gradients; both carry half the row bytes (ids stay int64)."""
+    cluster = cluster_factory(servers=2, policy="async")
+    settings = ClientSettings(scheduler=cluster.address, connect_timeout=30.0,
+                              request_timeout=30.0)
+    client = PSClient(settings, zmq_ctx)
+    try:
+        dim, lr = 8, 0.5
+        table = client.embedding_table("e", dim=dim, rule={"rule": "sgd", "lr": lr}, seed=3)
+        ids = np.arange(0, 4000, 7, dtype=np.int64)
+        full, half = np.empty((ids.size, dim), np.float32), np.empty((ids.size, dim), np.float32)
+        before = client.traffic.received["emb_pull"]
+        client.pull_rows([table], [ids], [full]).result(30.0)
+        middle = client.traffic.received["emb_pull"]
+        client.pull_rows([table], [ids], [half], codec="fp16").result(30.0)
+        after = client.traffic.received["emb_pull"]
+        assert np.array_equal(half, full.astype(np.float16).astype(np.float32))
+        row_bytes = ids.size * dim * 4
+        assert (middle - before) - (after - middle) >= 0.49 * row_bytes
+
+        grads = np.random.default_rng(1).standard_normal((ids.size, dim)).astype(np.float32)
+        sent = client.traffic.sent["emb_push"]
+        client.push_rows([table], [ids], [grads], codec="fp16").result(30.0)
+        assert client.traffic.sent["emb_push"] - sent < ids.size * 8 + row_bytes / 2 + 2000
+        client.pull_rows([table], [ids], [half]).result(30.0)
+        expected = full - np.float32(lr) * grads.astype(np.float16).astype(np.float32)
+        assert np.allclose(half, expected, rtol=0, atol=1e-6)
+        with pytest.raises(ConfigError, match="row codec"):
+            client.push_rows([table], [ids], [grads], codec="int8")
+    finally:
+        client.close()
