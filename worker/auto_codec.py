@@ -3,8 +3,8 @@
 When a table's rule is ``auto``, the worker measures, once, after opening the table:
 
 - the link: round-trip latency (the fastest of 5 rounds of ``ping`` requests to the table's
-  servers) and bandwidth (the table's bytes over the fastest of 5 float32 pulls of it, less
-  the latency);
+  servers) and bandwidth (the bytes of 8 float32 pulls of the table sent at once, over the
+  fastest of 5 such rounds less the latency);
 - each candidate codec's cost: the median time to encode and decode one of the table's
   chunks (normal noise of its size) in this process.
 
@@ -51,6 +51,8 @@ MIN_GAIN = 0.1
 ADAPTIVE_CANDIDATES = ("none", "fp16")
 SGD_CANDIDATES = ("none", "fp16", "topk:0.01")
 PROBES = 5
+#: Pulls of the table in flight at once in one bandwidth probe (so the bytes outweigh latency).
+PULLS_IN_FLIGHT = 8
 #: Bytes/s assumed when a pull takes no longer than a ping (a link too fast to measure).
 MAX_BANDWIDTH = 1e12
 
@@ -113,12 +115,12 @@ def measure_link(client: Any, table: Any, probes: int = PROBES) -> Link:
         Future.gather([client._request(rank, "ping", {}) for rank in ranks], client._pump).result(timeout)
         pings.append(time.perf_counter() - started)
         started = time.perf_counter()
-        client.pull(table, scratch, versions={}).result(timeout)
+        pulled = [client.pull(table, scratch, versions={}) for _ in range(PULLS_IN_FLIGHT)]
+        Future.gather(pulled, client._pump).result(timeout)
         pulls.append(time.perf_counter() - started)
     # minima: on a loaded machine the scheduler's delays dominate medians, not the link
-    latency = min(pings)
-    moving = max(min(pulls) - latency, 4 * table.size / MAX_BANDWIDTH)
-    return Link(latency, 4 * table.size / moving)
+    latency, moved = min(pings), 4 * table.size * PULLS_IN_FLIGHT
+    return Link(latency, moved / max(min(pulls) - latency, moved / MAX_BANDWIDTH))
 
 
 def prepare_compression(client: Any, compressor: Compressor, table: Any, server_rule: str) -> str:
