@@ -69,12 +69,11 @@ def test_dgc_keeps_the_gradient_mass_it_did_not_send() -> None:
     assert np.allclose(sent + kept, total, atol=0.05)
 
 
-def test_recipes_name_the_rule_each_codec_trains_with() -> None:
-    assert recipe_for("dgc").rule == "sgd"
-    assert recipe_for("powersgd:2").rule == "momentum"
-    assert recipe_for("sign:256").rule == "momentum"
-    assert recipe_for("topk:0.01;emb=fp16").rule == "momentum"
-    for spec in ("none", "fp16", "qsgd:16,ef=0", "auto", "none,pull=fp16"):
+def test_only_dgc_imposes_its_server_rule() -> None:
+    assert recipe_for("dgc").rule == "sgd" and recipe_for("dgc").lr == 0.05
+    assert recipe_for("topk:0.01,momentum=0.9;emb=fp16").rule == "sgd"
+    for spec in ("none", "fp16", "topk:0.01", "powersgd:2", "sign:256", "qsgd:16,ef=0",
+                 "auto", "none,pull=fp16", "fp16;model=dgc"):
         assert recipe_for(spec) is None, spec
 
 
@@ -85,11 +84,12 @@ def test_dgc_under_another_rule_is_refused(caplog: pytest.LogCaptureFixture) -> 
             check_pairing("model", dgc, rule)
     check_pairing("model", dgc, "sgd")
     with caplog.at_level(logging.WARNING):
-        check_pairing("model", TableRule.parse("sign:256"), "adam")
-        check_pairing("model", TableRule.parse("topk:0.01"), "momentum")
+        check_pairing("model", TableRule.parse("qsgd:16"), "adam")
         check_pairing("model", TableRule.parse("qsgd:16,ef=0"), "adam")
+        check_pairing("model", TableRule.parse("randomk:0.1:biased"), "adam")
+        check_pairing("model", TableRule.parse("sign:256"), "momentum")
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1 and "sign:256" in warnings[0] and "momentum" in warnings[0]
+    assert len(warnings) == 1 and "qsgd:16" in warnings[0] and "ef=0" in warnings[0]
 
 
 def test_auto_compresses_on_a_slow_link_and_not_on_a_fast_one() -> None:
