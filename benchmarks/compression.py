@@ -1,7 +1,7 @@
 """Compression: test accuracy against bytes on the wire, per codec recipe, over several seeds.
 
-Each row is a codec rule and the server rule and learning rate it trains with (its recipe,
-hogshard.worker.recipes, unless the row says otherwise). For every seed and row,
+Each row is a codec rule and the server rule and learning rate it trains with: ``CODEC@RULE:LR``,
+or ``CODEC`` for its recipe (hogshard.worker.recipes: sgd 0.05 for DGC, else adam 1e-3). For every seed and row,
 ``hogshard launch --servers 2 --workers 4 --policy async --codec SPEC`` trains
 examples/fashion_mnist.py (Fashion-MNIST; scikit-learn's digits where it is absent) with
 ``--seed SEED --rule RULE --lr LR``; seeds are the outer loop, so the rows of one seed run
