@@ -117,9 +117,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="folder with the Fashion-MNIST idx .gz files (default: shared data)")
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--rule", default="adam", choices=["sgd", "momentum", "adagrad", "adam"])
-    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--lr", type=float, default=None,
+                   help="learning rate (default: the codec's recipe, else 1e-3)")
+    p.add_argument("--rule", default=None, choices=["sgd", "momentum", "adagrad", "adam"],
+                   help="server update rule (default: the codec's recipe, else adam)")
+    p.add_argument("--momentum", type=float, default=None,
+                   help="for --rule momentum (default: the codec's recipe, else 0.9)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--limit", type=int, default=None, help="use only the first N training images")
     p.add_argument("--report", type=Path, default=None, help="write a JSON report here (rank 0)")
@@ -143,6 +146,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="train in this process with torch.optim (no cluster), as a baseline")
     add_device_argument(p)
     return p.parse_args(argv)
+
+
+def apply_recipe(args: argparse.Namespace, codec: str | None) -> None:
+    """Fill in --rule, --lr and --momentum left unset from the codec's recipe (e.g. DGC needs
+    plain sgd on the servers), else adam 1e-3."""
+    from hogshard.worker.recipes import recipe_for
+
+    recipe = recipe_for(codec) if codec else None
+    if recipe is not None and args.rule in (None, recipe.rule):
+        args.rule = recipe.rule
+        args.lr = recipe.lr if args.lr is None else args.lr
+        if args.momentum is None:
+            args.momentum = recipe.momentum
+    args.rule = args.rule or "adam"
+    args.lr = 1e-3 if args.lr is None else args.lr
+    args.momentum = 0.9 if args.momentum is None else args.momentum
 
 
 def rule_hyper(args: argparse.Namespace) -> dict:
@@ -195,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.local:
         client = None
         rank, workers, policy, servers = 0, 1, "local", 0
+        apply_recipe(args, None)
         optimizer = local_optimizer(model, args)
     else:
         from hogshard import PSClient, PSOptimizer
@@ -205,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
                         "being trained; nothing to do", client.rank, client.settings.num_workers)
             client.close()
             return 0
+        apply_recipe(args, client.settings.codec)
         rank, workers = client.rank, client.settings.num_workers
         context.rank = rank
         policy, servers = client.policy, client.num_servers
@@ -242,6 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     # Gradient bytes this worker put on the wire per step (array frames only, headers not counted).
     bytes_per_step = client.bytes_pushed / done if client is not None and done else None
     applied = acknowledged = None
+    # Frame bytes (headers included) of this worker's push and pull requests and replies.
+    traffic = client.traffic.as_dict() if client is not None else {}
     if client is not None:
         acknowledged = client.updates_acked
         log.info("rank %d: %d chunk updates acknowledged by the servers", rank, acknowledged)
@@ -267,6 +290,7 @@ def main(argv: list[str] | None = None) -> int:
             "history": history,
             "codec": codec, "steps": done, "parameters": flat_weights(model).size,
             "bytes_pushed_per_step": bytes_per_step, "device": str(args.device),
+            "momentum": args.momentum, "traffic_rank0": traffic,
             "updates_applied": applied, "updates_acknowledged_rank0": acknowledged,
         }
         if args.report:

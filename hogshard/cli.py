@@ -51,9 +51,12 @@ def _check_codec(ctx: click.Context, param: click.Parameter, value: str | None) 
 
 def _codec_option():
     return _option("codec", default=None, callback=_check_codec,
-                   help="gradient compression, e.g. topk:0.01, sign, fp16, powersgd:4, "
-                   "qsgd:16, randomk:0.1; options ,min_size=N ,ef=0; per table: "
-                   "'topk:0.01;emb=fp16'")
+                   help="gradient compression, e.g. dgc, topk:0.01, sign:256, fp16, "
+                   "powersgd:2, qsgd:16, randomk:0.1, or auto (chosen from the measured link); "
+                   "options ,min_size=N ,ef=0 ,momentum=M ,clip=C ,warmup=STEPS ,pull=fp16|bf16 "
+                   "(weights pulled in half precision); per table: 'topk:0.01;emb=fp16'. "
+                   "The example picks the codec's server rule and lr when --rule/--lr are "
+                   "not given")
 
 
 def _checkpoint_options(command):

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from hogshard.proto.codecs.pull import decode_weights, encode_weights, pull_codec
 from hogshard.proto.errors import NotOwnerError, ProtocolError
 from hogshard.proto.ops import Field
 from hogshard.proto.wire import Message
@@ -51,11 +52,15 @@ def check_shard_owner(server: ShardServer, msg: Message) -> int | None:
 def emb_pull(server: ShardServer, identity: bytes, msg: Message) -> Reply:
     """Rows for one id array per listed table, created on first touch."""
     check_shard_owner(server, msg)
+    codec = pull_codec(msg.get("codec"))
     rows = server.embeddings.pull(msg.get("tables"), msg.arrays)
+    fields: dict[str, Any] = {}
+    if codec is not None:  # half-precision rows (proto/codecs/pull.py)
+        rows, fields["codec"] = encode_weights(codec, rows), codec.name
     server.stats.pulls += 1
     server.stats.bytes_in += sum(a.nbytes for a in msg.arrays)
     server.stats.bytes_out += sum(r.nbytes for r in rows)
-    return {}, rows
+    return fields, rows
 
 
 def emb_push(server: ShardServer, identity: bytes, msg: Message) -> Reply | None:
@@ -73,7 +78,9 @@ def emb_push(server: ShardServer, identity: bytes, msg: Message) -> Reply | None
 def apply_rows(server: ShardServer, msg: Message) -> dict[str, Any]:
     """Apply an ``emb_push`` (or a forwarded one) and count it; its reply fields."""
     arrays = msg.arrays
-    server.embeddings.push(msg.get("tables"), arrays[0::2], arrays[1::2])
+    codec = pull_codec(msg.get("codec"))
+    grads = arrays[1::2] if codec is None else decode_weights(codec, arrays[1::2])
+    server.embeddings.push(msg.get("tables"), arrays[0::2], grads)
     server.stats.pushes += 1
     server.stats.updates += len(arrays) // 2
     server.stats.bytes_in += sum(a.nbytes for a in arrays)

@@ -31,7 +31,7 @@ DENSE_FIELDS: dict[str, tuple[Field, ...]] = {
              Field("size", int), Field("chunk_elems", int), Field("replication", int)),
     "push": (_TABLE, _CHUNKS, Field("versions", list), Field("codecs", list),
              Field("clock", int), Field("partial", bool), Field("push_id", int)),
-    "pull": (_TABLE, _CHUNKS, Field("clock", int)),
+    "pull": (_TABLE, _CHUNKS, Field("clock", int), Field("codec", str)),
     "stats": (),
     "ping": (),
     "leave": (Field("clock", int),),

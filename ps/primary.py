@@ -104,7 +104,8 @@ class PrimaryReplication:
             backup = self.replicas.roles[EMBEDDING_MAP].get(shard, (-1, -1))[1]
             if backup in self.replicas.links:
                 needs[backup] = self.replicas.send(backup, "emb_replicate", {
-                    "tables": msg.get("tables"), "shard": shard, "push_id": push_id},
+                    "tables": msg.get("tables"), "shard": shard, "push_id": push_id,
+                    "codec": msg.get("codec")},  # fp16 rows stay fp16 to the backup
                     list(msg.arrays))
         self._hold(identity, msg.request_id, fields, needs)
         return None

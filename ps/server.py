@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import zmq
 
+from hogshard.proto.codecs.pull import encode_weights, pull_codec
 from hogshard.proto.dispatch import guarded
 from hogshard.proto.errors import (
     ConflictError,
@@ -329,6 +330,7 @@ class ShardServer(SchedulerLink, PrimaryReplication, ShardCheckpointing, Threade
         if msg.get("clock") is not None:
             self._note_sender(str(msg.get("from")))
         table, chunks = self.store.resolve(msg.get("table"), msg.get("chunks"))  # validate first
+        pull_codec(msg.get("codec"))
         if self.replicas.replicated(table.name):
             self.replicas.check_primary(table.name, [c.chunk_id for c in chunks],
                                         time.monotonic(), self.rank)
@@ -373,8 +375,11 @@ class ShardServer(SchedulerLink, PrimaryReplication, ShardCheckpointing, Threade
             for chunk, array in zip(chunks, arrays, strict=True):
                 self.applier.remember_pull(str(msg.get("from")), table.name, chunk.chunk_id,
                                            array)
-        tracker = reply_ok(self._sock, identity, msg.request_id, {"versions": versions}, arrays,
-                           track=track)
+        fields: dict[str, Any] = {"versions": versions}
+        codec = pull_codec(msg.get("codec"))
+        if codec is not None:  # new arrays: nothing of the live weights leaves
+            arrays, track, fields["codec"] = encode_weights(codec, arrays), False, codec.name
+        tracker = reply_ok(self._sock, identity, msg.request_id, fields, arrays, track=track)
         self.stats.pulls += 1
         self.stats.bytes_out += sum(a.nbytes for a in arrays)
         return tracker

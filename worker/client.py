@@ -27,11 +27,14 @@ from typing import Any
 import numpy as np
 import zmq
 
+from hogshard.proto.codecs import Encoded, make_codec
+from hogshard.proto.codecs.pull import PULL_CODECS
 from hogshard.proto.config import ClientSettings
 from hogshard.proto.errors import (
     ConfigError,
     ErrorCode,
     HogshardError,
+    ProtocolError,
     RequestTimeoutError,
     ServerLostError,
     UnknownMemberError,
@@ -41,10 +44,11 @@ from hogshard.proto.transport import (
     ERROR,
     RpcChannel,
     connect_dealer,
-    recv_message,
+    recv_frames,
     request_header,
     send,
 )
+from hogshard.proto.wire import decode, encode
 from hogshard.scheduler.placement import DEFAULT_CHUNK_ELEMS, Chunk
 from hogshard.worker import sparse
 from hogshard.worker.compression import Compressor, message_seed
@@ -53,6 +57,7 @@ from hogshard.worker.futures import Future, PendingRequest, RequestBook
 from hogshard.worker.heartbeat import Heartbeat
 from hogshard.worker.rerouting import Rerouter, Route
 from hogshard.worker.tables import FLOAT32, DenseTable, by_server, open_dense_table
+from hogshard.worker.traffic import Traffic
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +78,8 @@ class PSClient:
         self.clock = 0
         self.generation = 0  # registrations since the first (a scheduler restart adds one)
         self.bytes_pushed = 0
+        #: Frame bytes of requests and replies by op (headers included), both directions.
+        self.traffic = Traffic()
         self.updates_acked = 0  # chunk updates the servers acknowledged as applied
         self.progress: dict[str, Any] = {}
         self.security = load_security(self.settings.keys)
@@ -209,14 +216,16 @@ class PSClient:
         return sparse.create_table(self, spec)
 
     def pull_rows(self, tables: Sequence[sparse.EmbeddingHandle], ids: Sequence[np.ndarray],
-                  outs: Sequence[np.ndarray], clock: int | None = None) -> Future:
+                  outs: Sequence[np.ndarray], clock: int | None = None,
+                  codec: str = "none") -> Future:
         """Fetch embedding rows (see :func:`hogshard.worker.sparse.pull_rows`)."""
-        return sparse.pull_rows(self, tables, ids, outs, clock)
+        return sparse.pull_rows(self, tables, ids, outs, clock, codec)
 
     def push_rows(self, tables: Sequence[sparse.EmbeddingHandle], ids: Sequence[np.ndarray],
-                  grads: Sequence[np.ndarray], clock: int | None = None) -> Future:
+                  grads: Sequence[np.ndarray], clock: int | None = None,
+                  codec: str = "none") -> Future:
         """Send row gradients (see :func:`hogshard.worker.sparse.push_rows`)."""
-        return sparse.push_rows(self, tables, ids, grads, clock)
+        return sparse.push_rows(self, tables, ids, grads, clock, codec)
 
     # ---- data plane -------------------------------------------------------------------------
 
@@ -247,7 +256,9 @@ class PSClient:
         incarnation = self._addresses[rank][1]
         if incarnation is not None:  # a new process under that rank refuses it (NOT_OWNER)
             fields = {**fields, "incarnation": incarnation}
-        send(sock, request_header(op, request_id, self.node_id, **fields), arrays)
+        header = request_header(op, request_id, self.node_id, **fields)
+        self.traffic.count_sent(op, encode(header, arrays))
+        send(sock, header, arrays)
         pending = PendingRequest(request_id, op, rank, on_reply, route=route,
                                  link=self._links[rank])
         self._book.add(pending)
@@ -308,26 +319,37 @@ class PSClient:
 
     def pull(self, table: DenseTable, out: np.ndarray, clock: int | None = None,
              chunks: Sequence[Chunk] | None = None,
-             versions: dict[int, int] | None = None) -> Future:
+             versions: dict[int, int] | None = None, codec: str = "none") -> Future:
         """Fetch the whole table (or only its ``chunks``) into the flat float32 array ``out``
         (written when the future completes). Under SSP the servers answer once the slowest live
         worker is close enough. The chunks' versions go to ``table.pulled_versions`` (sent
-        back with pushes), or to ``versions`` for weights not in use yet (a prefetch)."""
+        back with pushes), or to ``versions`` for weights not in use yet (a prefetch).
+        ``codec`` ``fp16`` or ``bf16`` asks the servers for the weights in half precision
+        (half the bytes; rounded to ~3 significant digits, the servers keep float32)."""
         record = table.pulled_versions if versions is None else versions
         out = self._check_flat(table, out, "out")
         if not out.flags.writeable:
             raise ConfigError("pull: 'out' must be writable")
+        if codec not in PULL_CODECS:
+            raise ConfigError(f"pull codec must be one of {', '.join(PULL_CODECS)}; got {codec!r}")
+        decoder = make_codec(codec)
 
         def build(chunks: list[Chunk]) -> tuple[dict[str, Any], list[np.ndarray], Any]:
             fields: dict[str, Any] = {"table": table.name, "chunks": [c.chunk_id for c in chunks]}
             if clock is not None:
                 fields["clock"] = clock
+            if codec != "none":
+                fields["codec"] = codec
 
             def land(message: Any) -> None:
+                if message.get("codec", "none") != codec:
+                    raise ProtocolError(f"pull of {table.name!r} asked for {codec} weights; the "
+                                        f"reply says {message.get('codec', 'none')!r}")
                 for chunk, array, version in zip(
                     chunks, message.arrays, message.get("versions"), strict=True
                 ):
-                    np.copyto(out[chunk.offset:chunk.offset + chunk.length], array)
+                    target = out[chunk.offset:chunk.offset + chunk.length]
+                    decoder.decode_into(Encoded({}, [array]), target)
                     record[chunk.chunk_id] = version
 
             return fields, [], land
@@ -392,11 +414,13 @@ class PSClient:
             timeout = min(timeout, self.rerouter.wait_hint(now))
         for sock, _ in self._poller.poll(int(timeout * 1000)):
             while sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-                message = recv_message(sock)
+                frames = recv_frames(sock)
+                message = decode(frames)
                 pending = self._book.pop(message.request_id)
                 if pending is None:
                     log.debug("dropping reply to unknown request %d", message.request_id)
                     continue
+                self.traffic.count_received(pending.op, frames)
                 if message.op == ERROR and pending.route is not None \
                         and message.get("code") == ErrorCode.NOT_OWNER.value:
                     self.rerouter.retry_later(pending)

@@ -5,8 +5,10 @@ lives here. :class:`ErrorFeedback` adds each slice's residual to its next gradie
 encoding, so over time every coordinate's full gradient mass is sent. :class:`DGC` adds Deep
 Gradient Compression's momentum correction (the momentum lives on the worker, so the server
 should apply plain SGD to such a table), momentum factor masking and local gradient clipping.
-:class:`CompressionPolicy` (pure) says which codec a table's slice of a given size uses, and
-:class:`Compressor` (stateful) applies a policy to a worker's pushes. No torch here.
+:class:`CompressionPolicy` (pure, :mod:`hogshard.worker.compression_policy`) says which codec a
+table's slice of a given size uses at a given step, and :class:`Compressor` (stateful) applies
+a policy to a worker's pushes, counting each slice's steps for DGC's sparsity warm-up. No torch
+here.
 
 Example::
 
@@ -24,14 +26,16 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Hashable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from hogshard.proto.codecs import Codec, Encoded, NoneCodec, RandomKCodec, TopKCodec, make_codec
+from hogshard.proto.codecs import Codec, Encoded, RandomKCodec, TopKCodec
 from hogshard.proto.codecs.base import check_grad, check_seed
 from hogshard.proto.errors import ConfigError, ShapeError
+from hogshard.worker.compression_policy import CompressionPolicy, TableRule
+
+__all__ = ["DGC", "CompressionPolicy", "Compressor", "ErrorFeedback", "TableRule", "message_seed"]
 
 
 def message_seed(*parts: int | str) -> int:
@@ -69,6 +73,7 @@ class ErrorFeedback:
     Example::
 
         >>> import numpy as np
+        >>> from hogshard.proto.codecs import make_codec
         >>> ef = ErrorFeedback()
         >>> enc = ef.compress("a", np.array([3.0, 1.0], dtype=np.float32), make_codec("topk:0.5"))
         >>> ef.residual("a").tolist()
@@ -167,6 +172,7 @@ class DGC(ErrorFeedback):
     Example::
 
         >>> import numpy as np
+        >>> from hogshard.proto.codecs import make_codec
         >>> dgc = DGC(momentum=0.9)
         >>> codec = make_codec("topk:0.5")
         >>> dgc.compress("a", np.array([1.0, 0.5], dtype=np.float32), codec).buffers[0].tolist()
@@ -219,165 +225,13 @@ class DGC(ErrorFeedback):
         self._momenta = {k: np.array(v, dtype=np.float32) for k, v in state.get("momenta", {}).items()}
 
 
-@dataclass(frozen=True)
-class TableRule:
-    """How one table's slices are compressed. ``codec`` is canonicalised (``make_codec(...).spec()``).
-
-    Slices with fewer than ``min_size`` elements go uncompressed (``none``). ``momentum > 0``
-    selects :class:`DGC`; ``error_feedback=False`` keeps no residuals; ``clip_norm`` clips
-    each slice's gradient.
-
-    Example::
-
-        >>> TableRule("TOPK:0.01", min_size=4096).spec()
-        'topk:0.01,min_size=4096'
-    """
-
-    codec: str = "none"
-    min_size: int = 0
-    error_feedback: bool = True
-    momentum: float = 0.0
-    clip_norm: float | None = None
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "codec", make_codec(self.codec).spec())
-        if not isinstance(self.min_size, int) or isinstance(self.min_size, bool) or self.min_size < 0:
-            raise ConfigError(f"min_size must be a non-negative integer; got {self.min_size!r}")
-        if not (isinstance(self.momentum, (int, float)) and 0.0 <= self.momentum < 1.0):
-            raise ConfigError(f"momentum must be in [0, 1); got {self.momentum!r}")
-        if self.momentum and not self.error_feedback:
-            raise ConfigError("momentum (DGC) needs error feedback; drop ef=0 or momentum")
-        clip = self.clip_norm
-        if clip is not None and not (isinstance(clip, (int, float)) and math.isfinite(clip) and clip > 0):
-            raise ConfigError(f"clip must be a positive number; got {clip!r}")
-
-    def spec(self) -> str:
-        """``CODEC[,min_size=N][,ef=0][,momentum=M][,clip=C]`` (only non-default options)."""
-        parts = [self.codec]
-        if self.min_size:
-            parts.append(f"min_size={self.min_size}")
-        if not self.error_feedback:
-            parts.append("ef=0")
-        if self.momentum:
-            parts.append(f"momentum={self.momentum!r}")
-        if self.clip_norm is not None:
-            parts.append(f"clip={self.clip_norm!r}")
-        return ",".join(parts)
-
-    @classmethod
-    def parse(cls, text: str) -> TableRule:
-        """Parse ``CODEC[,min_size=N][,ef=0|1][,momentum=M][,clip=C]``."""
-        codec, *options = [t.strip() for t in text.split(",")]
-        values: dict[str, Any] = {}
-        for option in options:
-            key, sep, raw = (s.strip() for s in option.partition("="))
-            key = key.lower()
-            field = _OPTIONS.get(key)
-            if not sep or field is None:
-                raise ConfigError(
-                    f"compression option {option!r} in {text!r} is not understood; expected "
-                    f"key=value with key among {sorted(_OPTIONS)}"
-                )
-            if field in values:
-                raise ConfigError(f"compression option {key!r} is given twice in {text!r}")
-            values[field] = _parse_value(key, raw)
-        return cls(codec, **values)
-
-
-_OPTIONS = {"min_size": "min_size", "ef": "error_feedback", "momentum": "momentum", "clip": "clip_norm"}
-_BOOLS = {"1": True, "true": True, "on": True, "yes": True, "0": False, "false": False, "off": False, "no": False}
-
-
-def _parse_value(key: str, raw: str) -> Any:
-    try:
-        if key == "min_size":
-            return int(raw, 10)
-        if key == "ef":
-            return _BOOLS[raw.lower()]
-        value = float(raw)
-    except (ValueError, KeyError):
-        kind = {"min_size": "an integer", "ef": "0 or 1"}.get(key, "a number")
-        raise ConfigError(f"compression option {key}={raw!r}: expected {kind}") from None
-    if not math.isfinite(value):
-        raise ConfigError(f"compression option {key}={raw!r}: expected a finite number")
-    return value
-
-
-class CompressionPolicy:
-    """Which codec each table's slices use: a default rule and per-table rules (no state).
-
-    Spec: ``RULE[;TABLE=RULE]...`` where RULE is ``CODEC[,min_size=N][,ef=0|1][,momentum=M]
-    [,clip=C]``; the rule without ``TABLE=`` is the default (``none`` when absent).
-
-    Example::
-
-        >>> policy = CompressionPolicy.parse("topk:0.01,min_size=4096;emb=fp16")
-        >>> policy.codec_for("model", 100).spec(), policy.codec_for("model", 10_000).spec()
-        ('none', 'topk:0.01')
-        >>> policy.codec_for("emb", 10).spec(), policy.spec()
-        ('fp16', 'topk:0.01,min_size=4096;emb=fp16')
-    """
-
-    def __init__(
-        self, default: TableRule | str = "none", tables: Mapping[str, TableRule | str] | None = None
-    ) -> None:
-        self.default = default if isinstance(default, TableRule) else TableRule.parse(default)
-        self.tables = {
-            name: rule if isinstance(rule, TableRule) else TableRule.parse(rule)
-            for name, rule in (tables or {}).items()
-        }
-        self._codecs: dict[str, Codec] = {"none": NoneCodec()}
-
-    @classmethod
-    def parse(cls, spec: str) -> CompressionPolicy:
-        """Parse a policy spec; raises ``ConfigError`` naming the bad part."""
-        if not isinstance(spec, str):
-            raise ConfigError(f"compression spec must be a string; got {type(spec).__name__}")
-        default: str | None = None
-        tables: dict[str, str] = {}
-        for section in (s.strip() for s in spec.split(";")):
-            if not section:
-                continue
-            if "=" in section.split(",")[0]:
-                table, _, rule = (s.strip() for s in section.partition("="))
-                if not table or table in tables:
-                    raise ConfigError(f"table {table!r} in compression spec {spec!r} is empty or repeated")
-                tables[table] = rule
-            elif default is not None:
-                raise ConfigError(f"compression spec {spec!r} has two default rules; prefix others with TABLE=")
-            else:
-                default = section
-        return cls(default or "none", tables)
-
-    def spec(self) -> str:
-        """The canonical spec; ``CompressionPolicy.parse(p.spec()) == p``."""
-        return ";".join([self.default.spec(), *(f"{t}={r.spec()}" for t, r in sorted(self.tables.items()))])
-
-    def rule_for(self, table: str) -> TableRule:
-        """The rule for ``table`` (its own, else the default)."""
-        return self.tables.get(table, self.default)
-
-    def codec_for(self, table: str, size: int) -> Codec:
-        """The codec for a slice of ``size`` elements of ``table``."""
-        rule = self.rule_for(table)
-        spec = "none" if size < rule.min_size else rule.codec
-        codec = self._codecs.get(spec)
-        if codec is None:
-            codec = self._codecs[spec] = make_codec(spec)
-        return codec
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, CompressionPolicy) and other.spec() == self.spec()
-
-    def __hash__(self) -> int:
-        return hash(self.spec())
-
-    def __repr__(self) -> str:
-        return f"CompressionPolicy.parse({self.spec()!r})"
-
-
 class Compressor:
     """A worker's compression state: applies a policy, one feedback memory per table.
+
+    Each slice's pushes are counted, so a rule with ``warmup`` sends its warm-up densities on
+    the slice's first steps. A table whose rule is ``auto`` must be resolved first
+    (:meth:`resolve`, which :class:`~hogshard.worker.optimizer.PSOptimizer` calls from the
+    measured link).
 
     Example::
 
@@ -391,6 +245,12 @@ class Compressor:
     def __init__(self, policy: CompressionPolicy | str) -> None:
         self.policy = policy if isinstance(policy, CompressionPolicy) else CompressionPolicy.parse(policy)
         self._feedback: dict[str, ErrorFeedback] = {}
+        self._steps: dict[Hashable, int] = {}
+
+    def resolve(self, table: str, rule: TableRule) -> None:
+        """Give ``table`` its own ``rule`` (what ``auto`` chose); its state starts afresh."""
+        self.policy = self.policy.with_rule(table, rule)
+        self.reset(table)
 
     def feedback_for(self, table: str) -> ErrorFeedback:
         """The table's :class:`ErrorFeedback` (or :class:`DGC`), created on first use."""
@@ -406,13 +266,18 @@ class Compressor:
 
     def compress(self, table: str, chunk: Hashable, grad: np.ndarray, seed: int = 0) -> tuple[Codec, Encoded]:
         """The codec used and the payload for one slice (key ``(table, chunk)``)."""
-        codec = self.policy.codec_for(table, grad.size)
-        return codec, self.feedback_for(table).compress((table, chunk), grad, codec, seed)
+        key = (table, chunk)
+        step = self._steps.get(key, 0)
+        codec = self.policy.codec_for(table, grad.size, step)
+        encoded = self.feedback_for(table).compress(key, grad, codec, seed)
+        self._steps[key] = step + 1
+        return codec, encoded
 
     def reset(self, table: str | None = None) -> None:
-        """Forget the residuals (and momenta) of ``table``, or of every table."""
+        """Forget the residuals (and momenta, and step counts) of ``table``, or of every table."""
         if table is None:
             self._feedback.clear()
+            self._steps.clear()
         else:
             self._feedback.pop(table, None)
-
+            self._steps = {k: v for k, v in self._steps.items() if k[0] != table}  # type: ignore[index]

@@ -45,7 +45,7 @@ class PendingRequest:
         try:
             if self.on_reply is not None:
                 self.on_reply(message)
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, HogshardError) as exc:
             self.error = HogshardError(f"bad '{self.op}' reply from server {self.server}: {exc}")
         self.reply = message
         self._finish()

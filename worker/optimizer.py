@@ -28,6 +28,7 @@ import torch
 from hogshard.proto.errors import ConfigError
 from hogshard.scheduler.placement import DEFAULT_CHUNK_ELEMS
 from hogshard.scheduler.policy import SSPPolicy, parse_policy
+from hogshard.worker.auto_codec import prepare_compression
 from hogshard.worker.client import DenseTable, PSClient
 from hogshard.worker.compression import CompressionPolicy, Compressor
 from hogshard.worker.device import HostBuffer, make_mirror
@@ -43,8 +44,11 @@ class PSOptimizer:
 
     ``rule`` is the server-side update rule (``sgd``, ``momentum``, ``adagrad``, ``adam``) and
     ``**hyper`` its parameters (``lr``, ``momentum``, ``betas``, ``weight_decay``, ...). ``codec``
-    compresses the pushed gradients (with error feedback), e.g. ``"topk:0.01"``; by default it
-    comes from ``HOGSHARD_CODEC``. ``embeddings`` lists ``RemoteEmbeddingBag``s whose row
+    compresses the pushed gradients (with error feedback), e.g. ``"topk:0.01"``, ``"dgc"``,
+    ``"none,pull=fp16"`` (steps pull the weights in half precision) or ``"auto"`` (chosen
+    from the measured link, :mod:`hogshard.worker.auto_codec`); by default it comes from
+    ``HOGSHARD_CODEC``. A codec and ``rule`` pairing known to fail is refused or warned about
+    (:mod:`hogshard.worker.recipes`). ``embeddings`` lists ``RemoteEmbeddingBag``s whose row
     gradients are pushed with every step (their tables' own row rules apply them). The worker
     that the scheduler ranks 0 initialises the table with its model's weights; the others start
     from those weights. ``overlap=True`` pushes buckets of about ``bucket_bytes`` (whole chunks,
@@ -83,6 +87,7 @@ class PSOptimizer:
         self.client = client
         spec = codec if codec is not None else client.settings.codec
         self.compressor = Compressor(CompressionPolicy.parse(spec)) if spec else None
+        self._pull_codec = "none"  # what step pulls the weights in (the rule's pull=)
         self.names = [n for n, _ in named]
         self.params = [p for _, p in named]
         self._mirror = make_mirror(self.params)
@@ -97,6 +102,8 @@ class PSOptimizer:
             client.settings.request_timeout
         )
         self._mirror.upload(self._mirror.weights)
+        if self.compressor is not None:
+            self._pull_codec = prepare_compression(client, self.compressor, self.table, rule)
         self.steps = 0
         self.embeddings = list(embeddings)  # RemoteEmbeddingBags pushed with every step
         if overlap is None:  # by default where it can help: the table fills several buckets
@@ -166,10 +173,10 @@ class PSOptimizer:
                 self._staged = self._staging[self.steps % len(self._staging)]
                 pull = self._prefetched = client.pull(
                     self.table, self._staged.writable(), clock=client.clock,
-                    versions=self._staged_versions)
+                    versions=self._staged_versions, codec=self._pull_codec)
             else:
                 pull = client.pull(self.table, self._mirror.weights.writable(),
-                                   clock=client.clock)
+                                   clock=client.clock, codec=self._pull_codec)
             push.result(timeout)
             if not self.prefetch:
                 pull.result(timeout)
@@ -189,7 +196,8 @@ class PSOptimizer:
         self.table.pulled_versions.update(self._staged_versions)
 
     def pull(self) -> None:
-        """Fetch the current weights without pushing (e.g. before evaluating)."""
+        """Fetch the current weights without pushing (e.g. before evaluating), in float32
+        even where steps pull half precision."""
         timeout = self.client.settings.request_timeout
         with torch.no_grad():
             if self._prefetched is not None:  # superseded by this pull

@@ -25,7 +25,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from hogshard.proto.errors import ConfigError, UnknownTableError
+from hogshard.proto.codecs import Codec
+from hogshard.proto.codecs.pull import PULL_CODECS, decode_weights, encode_weights, pull_codec
+from hogshard.proto.errors import ConfigError, ProtocolError, UnknownTableError
 from hogshard.proto.hashing import shard_of
 from hogshard.ps.embedding import EmbeddingSpec
 from hogshard.ps.row_rules import make_row_rule
@@ -153,17 +155,26 @@ def pull_rows(
     ids: Sequence[np.ndarray],
     outs: Sequence[np.ndarray],
     clock: int | None = None,
+    codec: str = "none",
 ) -> Future:
     """Fetch the rows of ``ids[t]`` of every table into ``outs[t]`` (float32, len x dim),
-    written when the future completes. One request per shard for all the tables."""
+    written when the future completes. One request per shard for all the tables. ``codec``
+    ``fp16`` or ``bf16``: the rows travel in half precision (proto/codecs/pull.py)."""
     plans = _plan(client, tables, ids, outs, "pull_rows", "out", "output")
+    decoder = _row_codec(codec)
     futures = []
     for shard, rank in _shards(client):
         def land(message: Any, shard: int = shard) -> None:
-            for (_, out, split), rows in zip(plans, message.arrays, strict=True):
-                out[split[shard]] = rows
+            if message.get("codec", "none") != codec:
+                raise ProtocolError(f"emb_pull asked for {codec} rows; the reply says "
+                                    f"{message.get('codec', 'none')!r}")
+            rows = message.arrays if decoder is None else decode_weights(decoder, message.arrays)
+            for (_, out, split), table_rows in zip(plans, rows, strict=True):
+                out[split[shard]] = table_rows
 
         fields = _fields(client, tables, clock, shard)
+        if decoder is not None:
+            fields["codec"] = codec
         arrays = [table_ids[split[shard]] for table_ids, _, split in plans]
         futures.append(client._request(rank, "emb_pull", fields, arrays, on_reply=land,
                                        route=_route(client, shard, fields, arrays, land)))
@@ -176,22 +187,35 @@ def push_rows(
     ids: Sequence[np.ndarray],
     grads: Sequence[np.ndarray],
     clock: int | None = None,
+    codec: str = "none",
 ) -> Future:
     """Send the row gradients ``grads[t]`` (float32, len x dim) of ``ids[t]`` for every table.
-    Sum duplicate ids first (the server sums them too, but that costs a sort there)."""
+    Sum duplicate ids first (the server sums them too, but that costs a sort there). ``codec``
+    ``fp16`` or ``bf16``: the gradients travel in half precision."""
     plans = _plan(client, tables, ids, grads, "push_rows", "grads", "gradient array")
+    encoder = _row_codec(codec)
     futures = []
     for shard, rank in _shards(client):
         fields = _fields(client, tables, clock, shard)
+        if encoder is not None:
+            fields["codec"] = codec
         if client.embedding_map is not None:  # the same id on every retry: applied once
             fields["push_id"] = client.new_push_id()
         arrays = []
         for table_ids, table_grads, split in plans:
-            arrays += [table_ids[split[shard]], table_grads[split[shard]]]
+            mine = table_grads[split[shard]]
+            arrays += [table_ids[split[shard]],
+                       mine if encoder is None else encode_weights(encoder, [mine])[0]]
         client.bytes_pushed += sum(a.nbytes for a in arrays)
         futures.append(client._request(rank, "emb_push", fields, arrays,
                                        route=_route(client, shard, fields, arrays)))
     return Future.gather(futures, client._pump)
+
+
+def _row_codec(codec: str) -> Codec | None:
+    if codec not in PULL_CODECS:
+        raise ConfigError(f"row codec must be one of {', '.join(PULL_CODECS)}; got {codec!r}")
+    return pull_codec(codec)
 
 
 def embedding_stats(client: PSClient) -> dict[int, dict[str, Any]]:

@@ -74,6 +74,48 @@ def test_lossy_codec_trains_with_fewer_bytes(procs, tmp_path: Path, codec: str,
 
 
 # ---------------------------------------------------------------------------------------------
+# `--codec dgc` picks its own server rule; a pairing known to fail is refused
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(240, method="signal")
+def test_dgc_trains_with_its_recipe_and_refuses_a_server_momentum(procs, tmp_path: Path) -> None:
+    """Without --rule/--lr the example takes DGC's recipe (plain sgd on the servers, lr 0.05);
+    the warm-up sends 25 %, then 6.25 % ... of the gradient, then 0.1 %. With --rule momentum
+    every worker stops with DGC's ConfigError before training."""
+    from hogshard.datasets import FASHION_MNIST
+
+    digits = not (FASHION_MNIST / "train-images-idx3-ubyte.gz").is_file()
+    report_path = tmp_path / "report.json"
+    flags = ["--batch", "32", "--limit", "6000", "--epochs", "4" if digits else "1",
+             "--report", str(report_path)]
+    proc = procs.hogshard("launch-dgc", "launch", "--servers", "2", "--workers", "3",
+                          "--policy", "async", "--codec", "dgc", "--no-progress", "--",
+                          PYTHON, EXAMPLE, *flags)
+    code = proc.wait(150.0)
+    assert code == 0, f"hogshard launch exited with {code}\n{proc.tail(80)}"
+    report = json.loads(report_path.read_text())
+    assert (report["rule"], report["lr"]) == ("sgd", 0.05), report
+    assert report["codec"] == "topk:0.001,momentum=0.9,clip=2.0,warmup=20", report
+    full = 4 * report["parameters"]
+    steps = report["steps"]  # 20 warm-up steps, the rest at 0.1 %
+    warm = sum(8 * np.ceil(d * report["parameters"]) for d in (0.25, 0.0625, 0.015625, 0.00390625))
+    expected = (5 * warm + (steps - 20) * 8 * np.ceil(0.001 * report["parameters"])) / steps
+    assert report["bytes_pushed_per_step"] == pytest.approx(expected, rel=0.01), (report, expected)
+    assert report["bytes_pushed_per_step"] < full / 10
+    # 63 steps a worker at 0.1 % after the warm-up learn slowly (measured 0.41 on
+    # fashion-mnist; chance is 0.1)
+    assert report["test_accuracy"] >= 0.3, report
+
+    refused = procs.hogshard("launch-dgc-momentum", "launch", "--servers", "1", "--workers", "1",
+                             "--policy", "async", "--codec", "dgc", "--no-progress", "--",
+                             PYTHON, EXAMPLE, *flags, "--rule", "momentum")
+    assert refused.wait(90.0) != 0, refused.tail(40)
+    assert "plain 'sgd'" in refused.output(), refused.tail(40)
+
+
+# ---------------------------------------------------------------------------------------------
 # corrupt compressed pushes
 # ---------------------------------------------------------------------------------------------
 
