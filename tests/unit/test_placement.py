@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from hogshard.proto.errors import ConfigError, ErrorCode, HogshardError
 from hogshard.proto.wire import PROTOCOL_VERSION, Message
+from hogshard.scheduler.lost import LostShards
 from hogshard.scheduler.membership import MembershipTable
 from hogshard.scheduler.placement import (
     DEFAULT_CHUNK_ELEMS,
@@ -201,6 +202,7 @@ def bare_scheduler(server_ranks: list[int], expected: int | None = None) -> Sche
         scheduler.members.register("server", f"inproc://s{rank}", now=0.0, rank_hint=rank)
     scheduler.expected_servers = len(server_ranks) if expected is None else expected
     scheduler.tables = {}
+    scheduler.lost_shards = LostShards(heartbeat_timeout=5.0)
     return scheduler
 
 
