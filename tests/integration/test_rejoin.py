@@ -32,8 +32,9 @@ PYTHON = sys.executable
 HERE = Path(__file__).parent
 TRAIN_WORKER = str(HERE / "train_worker.py")
 REPLICA_WORKER = str(HERE / "replica_worker.py")
-#: Long enough that the restarted process registers before the old one's silence is noticed.
-SLOW_TIMEOUT = 10.0
+#: Long enough that the restarted process (a cold start takes 10+ s on a loaded 2-core machine)
+#: registers before the old one's silence is noticed: the takeover path, not a late rejoin.
+SLOW_TIMEOUT = 60.0
 FAST_TIMEOUT = 1.5
 #: The scheduler's loop, our status polling and a worker's exit, on a loaded 2-core machine.
 MARGIN_S = 6.0
