@@ -268,7 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     if client is not None:
         acknowledged = client.updates_acked
         log.info("rank %d: %d chunk updates acknowledged by the servers", rank, acknowledged)
-        client.barrier("trained")
+        # Every rank's share trained, a dead worker's by the one that took its rank over.
+        client.barrier("trained", ranks=workers)
         optimizer.pull()
         # Each chunk's version counts the updates applied to it over the whole job.
         applied = sum(optimizer.table.pulled_versions.values())

@@ -29,7 +29,7 @@ FIELDS: dict[str, tuple[Field, ...]] = {
                       Field("rule", dict, required=True)),
     "table_ready": (_TABLE,),
     "get_table": (_TABLE, Field("wait", bool)),
-    "barrier": (Field("name", str, required=True),),
+    "barrier": (Field("name", str, required=True), Field("ranks", int)),
     "leave": (Field("clock", int),),
     "shutdown": (),
     "set_policy": (Field("policy", str, required=True, nonempty=True),),

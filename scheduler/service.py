@@ -323,11 +323,15 @@ class Scheduler(CheckpointOps, ReplicationOps, RecoveryOps, RejoinOps, Heartbeat
         self.members.get(msg.get("from", ""))
         self.barriers.setdefault(name, set()).add(msg.get("from"))
 
+        ranks = msg.get("ranks")  # also wait for a worker of every rank below it
+
         def ready() -> dict[str, Any] | None:
             if name in self.released_barriers:
                 return {"name": name}
+            arrived = self.barriers[name]
             live = {m.node_id for m in self.members.live("worker")}
-            if live <= self.barriers[name]:
+            if live <= arrived and (ranks is None or all(
+                    f"worker-{rank}" in arrived for rank in range(ranks))):
                 self.released_barriers.add(name)
                 return {"name": name}
             return None

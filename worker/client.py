@@ -431,10 +431,18 @@ class PSClient:
 
     # ---- control plane ----------------------------------------------------------------------
 
-    def barrier(self, name: str, timeout: float | None = None) -> None:
+    def barrier(self, name: str, timeout: float | None = None,
+                ranks: int | None = None) -> None:
         """Wait until every live worker has reached the barrier ``name`` (sent again to a
-        restarted scheduler once this worker has re-registered)."""
-        call_across_restarts(self._control, "barrier", {"name": name},
+        restarted scheduler once this worker has re-registered). With ``ranks``, also until a
+        worker of each rank below it has: a rank whose worker died waits for the worker that
+        takes it over (a timeout if none comes).
+
+        Example: ``client.barrier("trained", ranks=client.settings.num_workers)``."""
+        fields: dict[str, Any] = {"name": name}
+        if ranks is not None:
+            fields["ranks"] = ranks
+        call_across_restarts(self._control, "barrier", fields,
                              timeout or self.settings.request_timeout, lambda: self.generation)
 
     def set_progress(self, **fields: Any) -> None:
