@@ -48,5 +48,7 @@ def test_slurm_environment_brings_up_a_job(procs) -> None:
         assert f"done clock {steps}" in task.output(), task.tail()
     assert tasks[0].wait(30.0) == 0, tasks[0].tail()
     out = tasks[0].output()
-    assert "scheduler listening on tcp://127.0.0.1:" + str(port) in out, out
+    # It binds every interface (other nodes connect to it) and says so, with the local address.
+    assert (f"scheduler listening on tcp://0.0.0.0:{port} (from this host: "
+            f"tcp://127.0.0.1:{port})") in out, out
     assert "server-0 serving on tcp://127.0.0.1:" + str(port + 1) in out, out
