@@ -2,9 +2,9 @@
 training Fashion-MNIST while its processes are killed mid-job, one fault per run.
 
 Each run: 1 scheduler, 2 servers with ``HOGSHARD_REPLICATION=2``, 2 workers, CURVE on (the
-compose default), one epoch of the Fashion-MNIST example. An undisturbed run gives the
+compose default), two epochs of the Fashion-MNIST example. An undisturbed run gives the
 reference accuracy; every faulty run must finish with every worker container exiting 0, the
-accuracy within 1 point of the reference (and >= 0.85), the servers under their stable ranks,
+accuracy within 2 points of the reference (and >= 0.85), the servers under their stable ranks,
 and as many chunk updates applied (the chunks' final versions) as the servers acknowledged to
 the workers.
 
@@ -31,7 +31,10 @@ pytestmark = [pytest.mark.system, pytest.mark.timeout(1500)]
 
 REQUIRED = os.environ.get("HOGSHARD_SYSTEM_TESTS") == "1"
 WORKERS = 2
-FAULT_AT_CLOCK = 120  # of 469 steps per worker: the fault lands early in the epoch
+FAULT_AT_CLOCK = 120  # of 938 steps per worker: the fault lands early in the run
+#: Two undisturbed runs differ by about 0.7 points (one run's sd is ~0.5 at 2 epochs; async
+#: order), so a 1-point bound fails by chance; 2 points is about 3 sd of that difference.
+WITHIN_REFERENCE = 0.02
 JOB_TIMEOUT_S = 900.0
 HAS_DATA = (FASHION_MNIST / "train-images-idx3-ubyte.gz").exists()
 MIN_ACCURACY = 0.85 if HAS_DATA else 0.9  # the digits fallback trains to ~0.95
@@ -42,7 +45,7 @@ def _environ() -> dict[str, str]:
         "HOGSHARD_REPLICATION": "2",
         "HOGSHARD_NUM_WORKERS": str(WORKERS),
         "HOGSHARD_HEARTBEAT_TIMEOUT": "5",
-        "HOGSHARD_EXAMPLE_ARGS": "--epochs 1",
+        "HOGSHARD_EXAMPLE_ARGS": "--epochs 2",
         "HOGSHARD_LOG_FORMAT": "text",
     }
     if HAS_DATA:
@@ -134,7 +137,8 @@ def test_job_survives_fault(faulty: tuple[str, dict[str, Any]],
     report = run["report"]
     assert run["codes"] == [0] * WORKERS, run["logs"]
     assert report["test_accuracy"] >= MIN_ACCURACY, report
-    assert report["test_accuracy"] >= reference["report"]["test_accuracy"] - 0.01, report
+    assert report["test_accuracy"] >= reference["report"]["test_accuracy"] - WITHIN_REFERENCE, \
+        report
     assert run["servers"] <= {"server-0", "server-1"}, f"a server got a new rank: {run['servers']}"
     acknowledged = sum(run["acknowledged"])
     if name == "worker-replaced":  # the removed worker's acknowledgements are not in any log
