@@ -24,11 +24,12 @@ import re
 import shutil
 import signal
 import subprocess
-import time
 import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from tests.conftest import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO / "docker" / "docker-compose.yml"
@@ -103,15 +104,8 @@ class ComposeCluster:
         return json.loads(out.stdout)[0]
 
     def wait_until(self, condition: Any, timeout: float, what: str) -> Any:
-        deadline = time.monotonic() + timeout
-        while True:
-            value = condition()
-            if value:
-                return value
-            if time.monotonic() >= deadline:
-                raise AssertionError(f"{self.project}: timed out after {timeout:.0f} s waiting "
-                                     f"for {what}\n{self.tail_logs()}")
-            time.sleep(POLL_S)
+        return wait_until(condition, timeout, f"{self.project}: {what}", interval=POLL_S,
+                          on_timeout=self.tail_logs)
 
     def metrics(self) -> dict[str, float]:
         """The scheduler's metrics as {'name{labels}': value}; {} while it does not answer."""
