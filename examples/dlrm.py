@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hogshard.proto.hashing import init_rows
-from hogshard.ps.embedding import EmbeddingSpec
+from hogshard.proto.tables import EmbeddingSpec
 from hogshard.recsys_data import RecsysDataset, auc, load_open_bandit, logloss, synthetic_criteo
 from hogshard.worker.device import add_device_argument
 

@@ -100,7 +100,7 @@ def _security(keys: str | None, bind: str | None = None, insecure: bool = False,
 
 
 def _check_policy(ctx: click.Context, param: click.Parameter, value: str) -> str:
-    from hogshard.scheduler.policy import parse_policy
+    from hogshard.proto.policy import parse_policy
 
     try:
         parse_policy(value)

@@ -29,10 +29,10 @@ import zmq
 
 from hogshard.proto.config import env_name
 from hogshard.proto.errors import ConfigError, HogshardError, RequestTimeoutError
+from hogshard.proto.policy import parse_policy
 from hogshard.proto.roles import Role
 from hogshard.proto.security import load_security
 from hogshard.proto.transport import RpcChannel
-from hogshard.scheduler.policy import parse_policy
 from hogshard.scheduler.replication import check_replication
 from hogshard.status import ClusterView
 

@@ -21,7 +21,7 @@ DEFAULT_COMPUTE_MS = 20.0
 
 
 def _policy(ctx: click.Context, param: click.Parameter, value: str) -> str:
-    from hogshard.scheduler.policy import parse_policy
+    from hogshard.proto.policy import parse_policy
 
     try:
         return parse_policy(value).spec

@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hogshard.proto.errors import ConflictError
+from hogshard.proto.policy import ConsistencyPolicy
 from hogshard.ps.dense import DenseChunk, DenseTable
 from hogshard.ps.stats import ServerStats
-from hogshard.scheduler.policy import ConsistencyPolicy
 
 
 @dataclass

@@ -29,10 +29,8 @@ Example::
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,71 +45,12 @@ from hogshard.proto.errors import (
     TooLargeError,
     UnknownTableError,
 )
-from hogshard.proto.hashing import MAX_ID, init_rows
+from hogshard.proto.hashing import init_rows
+from hogshard.proto.tables import EmbeddingSpec
 from hogshard.ps.row_rules import RowRule, make_row_rule
 from hogshard.ps.slot_index import SlotIndex
 
 INT64, FLOAT32 = np.dtype("<i8"), np.dtype("<f4")
-MAX_DIM = 1 << 16
-
-
-@dataclass(frozen=True)
-class EmbeddingSpec:
-    """What a worker declares. ``init_scale`` None means ``sqrt(1 / num_embeddings)`` (DLRM's
-    uniform init) for a bounded table and 0.01 for an unbounded one."""
-
-    name: str
-    dim: int
-    num_embeddings: int | None
-    rule: dict[str, Any]
-    seed: int = 0
-    init_scale: float | None = None
-    max_rows: int | None = None
-
-    def __post_init__(self) -> None:
-        def is_int(v: Any) -> bool:
-            return isinstance(v, int) and not isinstance(v, bool)
-
-        if not isinstance(self.name, str) or not self.name:
-            raise ProtocolError("embedding table 'table' must be a non-empty string")
-        if not is_int(self.dim) or not 1 <= self.dim <= MAX_DIM:
-            raise ProtocolError(f"table {self.name!r}: 'dim' must be an int in [1, {MAX_DIM}]; "
-                                f"got {self.dim!r}")
-        n = self.num_embeddings
-        if n is not None and (not is_int(n) or not 1 <= n <= MAX_ID):
-            raise ProtocolError(f"table {self.name!r}: 'num_embeddings' must be nil or an int "
-                                f"in [1, 2^63]; got {n!r}")
-        if not is_int(self.seed) or not 0 <= self.seed < 1 << 63:
-            raise ProtocolError(f"table {self.name!r}: 'seed' must be an int in [0, 2^63)")
-        s = self.init_scale
-        if s is not None and (isinstance(s, bool) or not isinstance(s, (int, float))
-                              or not math.isfinite(s) or s < 0):
-            raise ProtocolError(f"table {self.name!r}: 'init_scale' must be nil or a finite "
-                                f"number >= 0; got {s!r}")
-        m = self.max_rows
-        if m is not None and (not is_int(m) or m < 1):
-            raise ProtocolError(f"table {self.name!r}: 'max_rows' must be nil or an int >= 1")
-
-    @property
-    def scale(self) -> float:
-        if self.init_scale is not None:
-            return float(self.init_scale)
-        return math.sqrt(1.0 / self.num_embeddings) if self.num_embeddings else 0.01
-
-    def to_wire(self) -> dict[str, Any]:
-        fields = asdict(self)
-        fields["table"] = fields.pop("name")
-        return fields
-
-    @classmethod
-    def from_wire(cls, fields: dict[str, Any]) -> EmbeddingSpec:
-        rule = fields.get("rule")
-        if not isinstance(rule, dict):
-            raise ProtocolError("field 'rule' must be a map {rule: NAME, ...params}")
-        return cls(name=fields.get("table"), dim=fields.get("dim"),
-                   num_embeddings=fields.get("num_embeddings"), rule=dict(rule),
-                   seed=fields.get("seed", 0), init_scale=fields.get("init_scale"),
-                   max_rows=fields.get("max_rows"))
 
 
 class EmbeddingTable:

@@ -19,9 +19,8 @@ import numpy as np
 from hogshard.proto.codecs.pull import decode_weights, encode_weights, pull_codec
 from hogshard.proto.errors import NotOwnerError, ProtocolError
 from hogshard.proto.ops import Field
+from hogshard.proto.tables import EMBEDDING_MAP, EmbeddingSpec
 from hogshard.proto.wire import Message
-from hogshard.ps.embedding import EmbeddingSpec
-from hogshard.scheduler.replication import EMBEDDING_MAP
 
 if TYPE_CHECKING:
     from hogshard.ps.server import ShardServer

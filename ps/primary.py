@@ -16,11 +16,11 @@ from typing import Any
 import numpy as np
 import zmq
 
+from hogshard.proto.tables import EMBEDDING_MAP
 from hogshard.proto.transport import reply_ok
 from hogshard.proto.wire import Message
 from hogshard.ps.embedding_ops import apply_rows
 from hogshard.ps.replication import HeldReply
-from hogshard.scheduler.replication import EMBEDDING_MAP
 
 
 class PrimaryReplication:

@@ -23,13 +23,12 @@ import numpy as np
 
 from hogshard.proto.errors import ConflictError, ProtocolError
 from hogshard.proto.ops import Field
+from hogshard.proto.tables import EMBEDDING_MAP, EmbeddingSpec
 from hogshard.proto.wire import Message
 from hogshard.ps.dense import FLOAT32, DenseChunk, DenseTable, check_arrays
-from hogshard.ps.embedding import EmbeddingSpec
 from hogshard.ps.embedding_ops import apply_rows
 from hogshard.ps.embedding_replica import install_rows
 from hogshard.ps.rules import make_rule
-from hogshard.scheduler.replication import EMBEDDING_MAP
 
 if TYPE_CHECKING:
     from hogshard.ps.server import ShardServer

@@ -30,12 +30,12 @@ import zmq
 
 from hogshard.proto.errors import NotOwnerError
 from hogshard.proto.security import Security
+from hogshard.proto.tables import EMBEDDING_MAP
 from hogshard.proto.transport import ERROR, connect_dealer, request_header, send
 from hogshard.proto.wire import Message, decode
 from hogshard.ps.dense import DenseChunk, DenseStore, DenseTable
 from hogshard.ps.embedding import EmbeddingStore
 from hogshard.ps.embedding_replica import shard_rows
-from hogshard.scheduler.replication import EMBEDDING_MAP
 
 log = logging.getLogger(__name__)
 

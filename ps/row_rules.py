@@ -24,48 +24,28 @@ Example::
 
 from __future__ import annotations
 
-import math
-import numbers
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import numpy as np
 
-from hogshard.proto.errors import ConfigError
+from hogshard.proto.rule_specs import ROW_RULES as ROW_RULE_PARAMS
+from hogshard.proto.rule_specs import Check, check_params
 from hogshard.ps.rules import build_from_spec
 
 #: state name -> (shape after the row axis given dim, dtype)
 StateLayout = dict[str, tuple[tuple[int, ...], str]]
 
 
-def _number(rule: str, name: str, value: Any, lo: float, lo_open: bool, hi: float = math.inf,
-            hi_open: bool = True) -> float:
-    ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
-    v = float(value) if ok else math.nan
-    if not (math.isfinite(v) and (v > lo if lo_open else v >= lo)
-            and (v < hi if hi_open else v <= hi)):
-        interval = f"{'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}"
-        raise ConfigError(f"rule {rule!r}: {name} must be a finite number in {interval}, "
-                          f"got {value!r}")
-    return v
-
-
 class RowRule:
-    """Base: ``PARAMS`` maps a parameter to (default, lower bound, lower bound open)."""
+    """Base: ``PARAMS`` maps a parameter to (default, check), from ``proto.rule_specs``."""
 
     name: ClassVar[str]
-    PARAMS: ClassVar[dict[str, tuple[Any, float, bool]]]
+    PARAMS: ClassVar[dict[str, tuple[Any, Check]]]
 
     def __init__(self, **params: Any) -> None:
-        unknown = sorted(str(k) for k in params if k not in self.PARAMS)
-        if unknown:
-            raise ConfigError(f"unknown parameter(s) {unknown} for row rule {self.name!r}; "
-                              f"accepted: {['rule', *self.PARAMS]}")
-        for key, (default, lo, lo_open) in self.PARAMS.items():
-            setattr(self, key, self._check(key, params.get(key, default), lo, lo_open))
-
-    def _check(self, key: str, value: Any, lo: float, lo_open: bool) -> Any:
-        return _number(self.name, key, value, lo, lo_open)
+        for key, value in check_params(self.name, params, self.PARAMS, "row rule").items():
+            setattr(self, key, value)
 
     def spec(self) -> dict[str, Any]:
         return {"rule": self.name, **{k: getattr(self, k) for k in self.PARAMS}}
@@ -83,7 +63,7 @@ class RowRule:
 
 class RowSGD(RowRule):
     name = "sgd"
-    PARAMS = {"lr": (0.01, 0.0, True), "weight_decay": (0.0, 0.0, False)}
+    PARAMS = ROW_RULE_PARAMS["sgd"]
     lr: float
     weight_decay: float
 
@@ -95,8 +75,7 @@ class RowSGD(RowRule):
 
 class RowWiseAdagrad(RowRule):
     name = "rowwise_adagrad"
-    PARAMS = {"lr": (0.01, 0.0, True), "eps": (1e-8, 0.0, True),
-              "initial_accumulator_value": (0.0, 0.0, False)}
+    PARAMS = ROW_RULE_PARAMS["rowwise_adagrad"]
     lr: float
     eps: float
     initial_accumulator_value: float
@@ -116,20 +95,11 @@ class RowWiseAdagrad(RowRule):
 
 class RowAdam(RowRule):
     name = "adam"
-    PARAMS = {"lr": (1e-3, 0.0, True), "betas": ((0.9, 0.999), 0.0, False),
-              "eps": (1e-8, 0.0, True), "weight_decay": (0.0, 0.0, False)}
+    PARAMS = ROW_RULE_PARAMS["adam"]
     lr: float
     betas: list[float]
     eps: float
     weight_decay: float
-
-    def _check(self, key: str, value: Any, lo: float, lo_open: bool) -> Any:
-        if key != "betas":
-            return super()._check(key, value, lo, lo_open)
-        if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or len(value) != 2:
-            raise ConfigError(f"rule 'adam': betas must be two numbers in [0, 1), got {value!r}")
-        return [_number(self.name, f"betas[{i}]", v, 0.0, False, 1.0) for i, v in
-                enumerate(value)]
 
     def state_layout(self, dim: int) -> StateLayout:
         return {"exp_avg": ((dim,), "<f4"), "exp_avg_sq": ((dim,), "<f4"), "step": ((), "<i8")}

@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import abc
 import math
-import numbers
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import numpy as np
 
-from hogshard.proto.errors import ConfigError, DtypeError, ShapeError
+from hogshard.proto.errors import DtypeError, ShapeError
+from hogshard.proto.rule_specs import DENSE_RULES, Check, check_params, rule_name
 
 State = dict[str, Any]
-Check = Callable[[str, Any], Any]
 
 
 def _probe_saxpy() -> Any:
@@ -82,36 +81,6 @@ def _with_decay(weights: np.ndarray, grad: np.ndarray, wd: float, tmp: np.ndarra
     return tmp
 
 
-def _real(lo: float, hi: float, lo_open: bool = False, hi_open: bool = True) -> Check:
-    """A check for a finite real number in the interval from ``lo`` to ``hi``."""
-    interval = f"{'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}"
-
-    def check(name: str, value: Any) -> float:
-        ok = isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
-        v = float(value) if ok else math.nan
-        if not (math.isfinite(v) and lo <= v <= hi and not (lo_open and v == lo or hi_open and v == hi)):
-            raise ConfigError(f"{name} must be a finite number in {interval}, got {value!r}")
-        return v
-
-    return check
-
-
-def _flag(name: str, value: Any) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise ConfigError(f"{name} must be a boolean (true/false), got {value!r}")
-    return bool(value)
-
-
-def _betas(name: str, value: Any) -> list[float]:
-    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or len(value) != 2:
-        raise ConfigError(f"{name} must be a list of two numbers in [0, 1), got {value!r}")
-    return [_UNIT(f"{name}[{i}]", v) for i, v in enumerate(value)]
-
-
-_POS, _NONNEG, _UNIT = _real(0.0, math.inf, lo_open=True), _real(0.0, math.inf), _real(0.0, 1.0)
-_CLOSED_UNIT = _real(0.0, 1.0, hi_open=False)
-
-
 class UpdateRule(abc.ABC):
     """An update rule for float32 chunks, built from keyword parameters (``PARAMS``)."""
 
@@ -120,12 +89,8 @@ class UpdateRule(abc.ABC):
     lr: float
 
     def __init__(self, **params: Any) -> None:
-        unknown = sorted(str(k) for k in params if k not in self.PARAMS)
-        if unknown:
-            raise ConfigError(f"unknown parameter(s) {unknown} for rule {self.name!r}; "
-                              f"accepted: {['rule', *self.PARAMS]}")
-        for key, (default, check) in self.PARAMS.items():
-            setattr(self, key, check(key, params.get(key, default)))
+        for key, value in check_params(self.name, params, self.PARAMS).items():
+            setattr(self, key, value)
 
     @abc.abstractmethod
     def new_state(self, size: int) -> State:
@@ -144,7 +109,7 @@ class SGD(UpdateRule):
     """Plain SGD with optional L2 weight decay, as ``torch.optim.SGD(momentum=0)``."""
 
     name = "sgd"
-    PARAMS = {"lr": (1e-3, _POS), "weight_decay": (0.0, _NONNEG)}
+    PARAMS = DENSE_RULES["sgd"]
 
     def new_state(self, size: int) -> State:
         return {}
@@ -162,14 +127,7 @@ class Momentum(UpdateRule):
     """SGD with (optionally Nesterov) momentum and dampening, as ``torch.optim.SGD``."""
 
     name = "momentum"
-    PARAMS = {"lr": (1e-3, _POS), "momentum": (0.0, _UNIT), "dampening": (0.0, _CLOSED_UNIT),
-              "nesterov": (False, _flag), "weight_decay": (0.0, _NONNEG)}
-
-    def __init__(self, **params: Any) -> None:
-        super().__init__(**params)
-        if self.nesterov and (self.momentum <= 0 or self.dampening != 0):
-            raise ConfigError("nesterov requires momentum > 0 and dampening == 0, "
-                              f"got momentum={self.momentum}, dampening={self.dampening}")
+    PARAMS = DENSE_RULES["momentum"]
 
     def new_state(self, size: int) -> State:
         return {"momentum_buffer": np.zeros(size if self.momentum else 0, np.float32), "step": 0}
@@ -202,8 +160,7 @@ class Adagrad(UpdateRule):
     """Adagrad with learning-rate decay and L2 weight decay, as ``torch.optim.Adagrad``."""
 
     name = "adagrad"
-    PARAMS = {"lr": (1e-2, _POS), "lr_decay": (0.0, _NONNEG), "weight_decay": (0.0, _NONNEG),
-              "initial_accumulator_value": (0.0, _NONNEG), "eps": (1e-10, _POS)}
+    PARAMS = DENSE_RULES["adagrad"]
 
     def new_state(self, size: int) -> State:
         return {"sum": np.full(size, self.initial_accumulator_value, np.float32), "step": 0}
@@ -226,8 +183,7 @@ class Adam(UpdateRule):
     """Adam with bias correction, L2 weight decay and optional AMSGrad, as ``torch.optim.Adam``."""
 
     name = "adam"
-    PARAMS = {"lr": (1e-3, _POS), "betas": ((0.9, 0.999), _betas), "eps": (1e-8, _POS),
-              "weight_decay": (0.0, _NONNEG), "amsgrad": (False, _flag)}
+    PARAMS = DENSE_RULES["adam"]
 
     def new_state(self, size: int) -> State:
         keys = ("exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if self.amsgrad else ())
@@ -275,10 +231,5 @@ def make_rule(spec: Mapping[str, Any]) -> UpdateRule:
 
 def build_from_spec(registry: Mapping[str, Any], spec: Any, kind: str) -> Any:
     """``registry[spec["rule"]](**other keys)``, or ConfigError naming the known rules."""
-    if not isinstance(spec, Mapping):
-        raise ConfigError(f"{kind} spec must be a mapping with a 'rule' key, got {spec!r}")
-    name = spec.get("rule")
-    cls = registry.get(name) if isinstance(name, str) else None
-    if cls is None:
-        raise ConfigError(f"unknown {kind} {name!r}; expected one of {sorted(registry)}")
+    cls = registry[rule_name(spec, registry, kind)]
     return cls(**{str(k): v for k, v in spec.items() if k != "rule"})

@@ -18,9 +18,9 @@ import time
 from typing import Any
 
 from hogshard.proto.errors import ErrorCode, FencedError, HogshardError, NotOwnerError
+from hogshard.proto.policy import ConsistencyPolicy, parse_policy
 from hogshard.proto.transport import ERROR
 from hogshard.proto.wire import Message
-from hogshard.scheduler.policy import ConsistencyPolicy, parse_policy
 
 log = logging.getLogger(__name__)
 

@@ -33,6 +33,7 @@ from hogshard.proto.errors import (
     TooLargeError,
 )
 from hogshard.proto.ops import OpSpec
+from hogshard.proto.policy import ConsistencyPolicy
 from hogshard.proto.security import Security
 from hogshard.proto.service import ServiceCore
 from hogshard.proto.transport import RpcChannel, bind_router, reply_ok
@@ -49,7 +50,6 @@ from hogshard.ps.replication import Replicator
 from hogshard.ps.scheduler_link import SchedulerLink
 from hogshard.ps.stats import ServerStats
 from hogshard.ps.update_threads import CONCURRENT_OPS, ThreadedUpdates
-from hogshard.scheduler.policy import ConsistencyPolicy
 
 log = logging.getLogger(__name__)
 

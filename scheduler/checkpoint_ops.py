@@ -20,11 +20,11 @@ from typing import Any
 
 from hogshard.proto.errors import ConfigError, ConflictError, HogshardError
 from hogshard.proto.manifest import load_manifest, resolve_checkpoint
+from hogshard.proto.policy import parse_policy
+from hogshard.proto.tables import EMBEDDING_MAP, Chunk, DenseTableSpec
 from hogshard.proto.wire import Message
 from hogshard.scheduler.checkpointing import Round
-from hogshard.scheduler.placement import Chunk, DenseTableSpec, PlacedTable
-from hogshard.scheduler.policy import parse_policy
-from hogshard.scheduler.replication import EMBEDDING_MAP
+from hogshard.scheduler.placement import PlacedTable
 
 log = logging.getLogger(__name__)
 

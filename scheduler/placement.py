@@ -12,47 +12,10 @@ Example::
 from __future__ import annotations
 
 import heapq
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
 
 from hogshard.proto.errors import ConfigError
-
-#: 1 Mi float32 elements = 4 MiB chunks by default.
-DEFAULT_CHUNK_ELEMS = 1 << 20
-
-
-@dataclass(frozen=True)
-class Chunk:
-    """One contiguous slice ``[offset, offset + length)`` of a dense table, owned by ``server``
-    (the primary, which workers talk to) and copied on ``backup`` (-1: no copy)."""
-
-    chunk_id: int
-    offset: int
-    length: int
-    server: int
-    backup: int = -1
-
-    def to_wire(self) -> list[int]:
-        """``[chunk_id, offset, length, server]``, with ``backup`` as a fifth entry if any."""
-        head = [self.chunk_id, self.offset, self.length, self.server]
-        return head if self.backup < 0 else [*head, self.backup]
-
-    @classmethod
-    def from_wire(cls, fields: list[int]) -> Chunk:
-        return cls(*fields)
-
-
-@dataclass(frozen=True)
-class DenseTableSpec:
-    """What a worker declares: a table's name, element count, chunk size and update rule."""
-
-    name: str
-    size: int
-    chunk_elems: int
-    rule: dict[str, Any]
-
-    def to_wire(self) -> dict[str, Any]:
-        return asdict(self)
+from hogshard.proto.tables import Chunk, DenseTableSpec
 
 
 @dataclass

@@ -24,7 +24,8 @@ import logging
 from typing import Any
 
 from hogshard.proto.errors import ConflictError, HogshardError, ProtocolError
-from hogshard.scheduler.placement import Chunk, DenseTableSpec, PlacedTable
+from hogshard.proto.tables import Chunk, DenseTableSpec
+from hogshard.scheduler.placement import PlacedTable
 
 log = logging.getLogger(__name__)
 

@@ -16,10 +16,10 @@ import time
 from typing import Any
 
 from hogshard.proto.errors import ServerLostError
+from hogshard.proto.tables import EMBEDDING_MAP
 from hogshard.proto.wire import Message
 from hogshard.scheduler.lost import LostShards
 from hogshard.scheduler.membership import Member
-from hogshard.scheduler.replication import EMBEDDING_MAP
 
 log = logging.getLogger(__name__)
 

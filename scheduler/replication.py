@@ -8,7 +8,7 @@ mixed into the Scheduler.
 
 Example::
 
-    >>> from hogshard.scheduler.placement import Chunk
+    >>> from hogshard.proto.tables import Chunk
     >>> chunks = assign_backups([Chunk(0, 0, 4, 0), Chunk(1, 4, 4, 1)], live_ranks=[0, 1])
     >>> [(c.server, c.backup) for c in chunks]
     [(0, 1), (1, 0)]
@@ -24,9 +24,10 @@ from dataclasses import replace
 from typing import Any
 
 from hogshard.proto.errors import ConfigError
+from hogshard.proto.policy import ConsistencyPolicy
+from hogshard.proto.tables import EMBEDDING_MAP, Chunk, DenseTableSpec
 from hogshard.scheduler.membership import Member
-from hogshard.scheduler.placement import Chunk, DenseTableSpec, PlacedTable
-from hogshard.scheduler.policy import ConsistencyPolicy
+from hogshard.scheduler.placement import PlacedTable
 
 log = logging.getLogger(__name__)
 
@@ -34,9 +35,6 @@ log = logging.getLogger(__name__)
 REPLICATION_CHOICES = (1, 2)
 #: Changes of the shard map kept for ``status`` (the oldest are forgotten).
 MAP_HISTORY = 64
-#: The map of embedding shards under replication: a pseudo-table whose "chunk" i is embedding
-#: shard i (rows with ``splitmix64(id) % S == i``), placed and promoted like dense chunks.
-EMBEDDING_MAP = "__embeddings__"
 
 
 def check_replication(replication: int, policy: ConsistencyPolicy) -> None:

@@ -31,8 +31,10 @@ from hogshard.proto.errors import (
     UnknownTableError,
 )
 from hogshard.proto.ops import OpSpec, check_claimed_role
+from hogshard.proto.policy import parse_policy
 from hogshard.proto.security import Security
 from hogshard.proto.service import ServiceCore
+from hogshard.proto.tables import DEFAULT_CHUNK_ELEMS, EMBEDDING_MAP, Chunk, DenseTableSpec
 from hogshard.proto.transport import bind_router
 from hogshard.proto.wire import Message
 from hogshard.scheduler.checkpoint_ops import CheckpointOps
@@ -41,17 +43,10 @@ from hogshard.scheduler.heartbeats import HeartbeatOps
 from hogshard.scheduler.lost import LostShards
 from hogshard.scheduler.membership import MembershipTable, server_list
 from hogshard.scheduler.op_table import scheduler_ops
-from hogshard.scheduler.placement import (
-    DEFAULT_CHUNK_ELEMS,
-    Chunk,
-    DenseTableSpec,
-    PlacedTable,
-    plan_dense_table,
-)
-from hogshard.scheduler.policy import parse_policy
+from hogshard.scheduler.placement import PlacedTable, plan_dense_table
 from hogshard.scheduler.recovery import RecoveryOps, parse_table_report
 from hogshard.scheduler.rejoin import RejoinOps
-from hogshard.scheduler.replication import EMBEDDING_MAP, ReplicationOps, check_replication
+from hogshard.scheduler.replication import ReplicationOps, check_replication
 
 log = logging.getLogger(__name__)
 

@@ -40,6 +40,7 @@ from hogshard.proto.errors import (
     UnknownMemberError,
 )
 from hogshard.proto.security import load_security
+from hogshard.proto.tables import DEFAULT_CHUNK_ELEMS, Chunk
 from hogshard.proto.transport import (
     ERROR,
     RpcChannel,
@@ -49,7 +50,6 @@ from hogshard.proto.transport import (
     send,
 )
 from hogshard.proto.wire import decode, encode
-from hogshard.scheduler.placement import DEFAULT_CHUNK_ELEMS, Chunk
 from hogshard.worker import sparse
 from hogshard.worker.compression import Compressor, message_seed
 from hogshard.worker.control import call_across_restarts

@@ -26,8 +26,8 @@ from typing import Any
 import torch
 
 from hogshard.proto.errors import ConfigError
-from hogshard.scheduler.placement import DEFAULT_CHUNK_ELEMS
-from hogshard.scheduler.policy import SSPPolicy, parse_policy
+from hogshard.proto.policy import SSPPolicy, parse_policy
+from hogshard.proto.tables import DEFAULT_CHUNK_ELEMS
 from hogshard.worker.auto_codec import prepare_compression
 from hogshard.worker.client import DenseTable, PSClient
 from hogshard.worker.compression import CompressionPolicy, Compressor

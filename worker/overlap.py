@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from hogshard.proto.errors import ConfigError
-from hogshard.scheduler.placement import Chunk
+from hogshard.proto.tables import Chunk
 from hogshard.worker.device import DeviceMirror, Fence
 
 DEFAULT_BUCKET_BYTES = 4 << 20

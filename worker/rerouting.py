@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from hogshard.proto.errors import HogshardError
-from hogshard.scheduler.placement import Chunk
+from hogshard.proto.tables import Chunk
 from hogshard.worker.futures import PendingRequest
 
 if TYPE_CHECKING:

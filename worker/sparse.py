@@ -29,9 +29,8 @@ from hogshard.proto.codecs import Codec
 from hogshard.proto.codecs.pull import PULL_CODECS, decode_weights, encode_weights, pull_codec
 from hogshard.proto.errors import ConfigError, ProtocolError, UnknownTableError
 from hogshard.proto.hashing import shard_of
-from hogshard.ps.embedding import EmbeddingSpec
-from hogshard.ps.row_rules import make_row_rule
-from hogshard.scheduler.replication import EMBEDDING_MAP
+from hogshard.proto.rule_specs import ROW_RULES, check_rule_spec
+from hogshard.proto.tables import EMBEDDING_MAP, EmbeddingSpec
 from hogshard.worker.futures import Future
 from hogshard.worker.rerouting import Route
 from hogshard.worker.tables import DenseTable, follow_map
@@ -61,7 +60,7 @@ class EmbeddingHandle:
 def create_table(client: PSClient, spec: EmbeddingSpec) -> EmbeddingHandle:
     """Create the table on every server (idempotent: every worker may call it with the same
     spec; a different spec is refused with CONFLICT)."""
-    make_row_rule(spec.rule)  # refuse a bad rule here, before anything is sent
+    check_rule_spec(spec.rule, ROW_RULES)  # refuse a bad rule here, before anything is sent
     _find_embedding_map(client)
     fields = spec.to_wire()
     futures = [client._request(rank, "emb_create", fields) for rank in sorted(client._servers)]

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from hogshard.proto.errors import ConfigError
-from hogshard.ps.rules import make_rule
-from hogshard.scheduler.placement import Chunk, DenseTableSpec
+from hogshard.proto.rule_specs import check_rule_spec
+from hogshard.proto.tables import Chunk, DenseTableSpec
 from hogshard.worker.futures import Future
 
 if TYPE_CHECKING:
@@ -65,7 +65,7 @@ def open_dense_table(client: PSClient, name: str, size: int, rule: dict[str, Any
                      init: np.ndarray | None, chunk_elems: int) -> DenseTable:
     """What :meth:`PSClient.dense_table` does: with ``init``, declare the table, fill every
     server's chunks and flag it ready; without, wait until it is ready and check its spec."""
-    make_rule(rule)  # refuse a bad rule here, before anything is declared
+    check_rule_spec(rule)  # refuse a bad rule here, before anything is declared
     spec = DenseTableSpec(name, int(size), int(chunk_elems), dict(rule))
     if init is None:
         reply = client._control.call(

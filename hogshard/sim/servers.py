@@ -21,11 +21,11 @@ from typing import Any
 import numpy as np
 
 from hogshard.proto.errors import HogshardError
+from hogshard.proto.policy import ConsistencyPolicy
+from hogshard.proto.tables import Chunk
 from hogshard.ps.applier import UpdateApplier
 from hogshard.ps.dense import DenseStore
 from hogshard.ps.stats import ServerStats, summarise_histogram
-from hogshard.scheduler.placement import Chunk
-from hogshard.scheduler.policy import ConsistencyPolicy
 from hogshard.sim.events import EventLoop
 from hogshard.sim.timing import NetworkModel
 

@@ -29,9 +29,9 @@ from typing import Any
 import numpy as np
 
 from hogshard.proto.errors import ConfigError
+from hogshard.proto.policy import parse_policy
 from hogshard.ps.stats import summarise_histogram
 from hogshard.scheduler.placement import plan_dense_table
-from hogshard.scheduler.policy import parse_policy
 from hogshard.sim.events import EventLoop
 from hogshard.sim.servers import VirtualServer
 from hogshard.sim.timing import ComputeModel, NetworkModel

@@ -23,9 +23,9 @@ import zmq
 
 from hogshard.proto.config import ClientSettings
 from hogshard.proto.errors import ConflictError, ServerLostError
+from hogshard.proto.tables import Chunk, DenseTableSpec
 from hogshard.proto.transport import RpcChannel
 from hogshard.scheduler.lost import LOST_GRACE_TIMEOUTS
-from hogshard.scheduler.placement import Chunk, DenseTableSpec
 from hogshard.worker.client import DenseTable, PSClient
 
 PYTHON = sys.executable

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from hogshard.proto.config import ClientSettings
+from hogshard.proto.tables import EMBEDDING_MAP
 from hogshard.proto.transport import RpcChannel
-from hogshard.scheduler.replication import EMBEDDING_MAP
 from hogshard.worker.client import PSClient
 
 IDS = 256

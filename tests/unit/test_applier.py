@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 
 from hogshard.proto.errors import ConflictError
+from hogshard.proto.policy import parse_policy
 from hogshard.proto.wire import Message
 from hogshard.ps.applier import UpdateApplier
 from hogshard.ps.dense import DenseChunk, DenseStore, DenseTable
 from hogshard.ps.server import ShardServer
 from hogshard.ps.stats import ServerStats
-from hogshard.scheduler.policy import parse_policy
 
 F32 = np.dtype("<f4")
 WORKERS = [f"worker-{i}" for i in range(8)]

@@ -17,9 +17,10 @@ from hogshard.proto.manifest import (
     resolve_checkpoint,
     write_manifest,
 )
+from hogshard.proto.tables import EmbeddingSpec
 from hogshard.ps.checkpoint import restore_shard, save_shard
 from hogshard.ps.dense import DenseStore
-from hogshard.ps.embedding import EmbeddingSpec, EmbeddingStore
+from hogshard.ps.embedding import EmbeddingStore
 
 
 def _trained_store(seed: int = 0) -> tuple[DenseStore, EmbeddingStore]:

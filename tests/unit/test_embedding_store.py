@@ -17,7 +17,8 @@ from hogshard.proto.errors import (
     UnknownTableError,
 )
 from hogshard.proto.hashing import init_rows
-from hogshard.ps.embedding import EmbeddingSpec, EmbeddingStore
+from hogshard.proto.tables import EmbeddingSpec
+from hogshard.ps.embedding import EmbeddingStore
 from hogshard.ps.slot_index import SlotIndex
 
 

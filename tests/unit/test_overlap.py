@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from hogshard.proto.errors import ConfigError
-from hogshard.scheduler.placement import Chunk
+from hogshard.proto.tables import Chunk
 from hogshard.worker.device import DeviceMirror, HostBuffer, HostMirror, make_mirror
 from hogshard.worker.overlap import GradientBuckets, make_buckets
 

@@ -12,13 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hogshard.proto.errors import ConfigError, ErrorCode, HogshardError
+from hogshard.proto.tables import DEFAULT_CHUNK_ELEMS, Chunk, DenseTableSpec
 from hogshard.proto.wire import PROTOCOL_VERSION, Message
-from hogshard.scheduler.placement import (
-    DEFAULT_CHUNK_ELEMS,
-    Chunk,
-    DenseTableSpec,
-    plan_dense_table,
-)
+from hogshard.scheduler.placement import plan_dense_table
 from hogshard.scheduler.service import Scheduler
 
 FAST = settings(deadline=None, max_examples=300, suppress_health_check=[HealthCheck.too_slow])

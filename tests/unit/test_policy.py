@@ -1,4 +1,4 @@
-"""Unit tests of hogshard.scheduler.policy: parsing ``async`` and ``ssp:S`` and the SSP read gate.
+"""Unit tests of hogshard.proto.policy: parsing ``async`` and ``ssp:S`` and the SSP read gate.
 
 Pure logic; membership comes from a real MembershipTable driven with explicit times.
 """
@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hogshard.proto.errors import ConfigError, ErrorCode
+from hogshard.proto.policy import AsyncPolicy, SSPPolicy, parse_policy
 from hogshard.scheduler.membership import MembershipTable
-from hogshard.scheduler.policy import AsyncPolicy, SSPPolicy, parse_policy
 
 FAST = settings(deadline=None, max_examples=300)
 clocks = st.dictionaries(st.text(min_size=1, max_size=6), st.integers(0, 10_000), max_size=8)
@@ -184,7 +184,7 @@ def test_servers_do_not_count_as_workers() -> None:
 
 
 def test_parse_hardsync_and_softsync() -> None:
-    from hogshard.scheduler.policy import HardSyncPolicy, SoftSyncPolicy
+    from hogshard.proto.policy import HardSyncPolicy, SoftSyncPolicy
 
     hard = parse_policy(" HardSync ")
     assert isinstance(hard, HardSyncPolicy) and hard.waits_for_apply and hard.spec == "hardsync"

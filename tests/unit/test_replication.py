@@ -11,6 +11,8 @@ import pytest
 import zmq
 
 from hogshard.proto.errors import ConfigError, NotOwnerError, ProtocolError
+from hogshard.proto.policy import parse_policy
+from hogshard.proto.tables import Chunk, DenseTableSpec
 from hogshard.proto.wire import PROTOCOL_VERSION, Message
 from hogshard.ps.dense import DenseStore
 from hogshard.ps.peer_gate import PeerGate
@@ -18,8 +20,7 @@ from hogshard.ps.replica_ops import replica_snapshot, replicate
 from hogshard.ps.replication import HeldReply, RecentPushes, Replicator
 from hogshard.ps.rules import make_rule
 from hogshard.ps.stats import ServerStats
-from hogshard.scheduler.placement import Chunk, DenseTableSpec, PlacedTable
-from hogshard.scheduler.policy import parse_policy
+from hogshard.scheduler.placement import PlacedTable
 from hogshard.scheduler.replication import (
     assign_backups,
     assignments_for,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from hogshard.scheduler.placement import Chunk, DenseTableSpec
+from hogshard.proto.tables import Chunk, DenseTableSpec
 from hogshard.worker.rerouting import REFRESH_EVERY_S, Rerouter
 from hogshard.worker.tables import DenseTable
 

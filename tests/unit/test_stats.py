@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hogshard.proto.policy import parse_policy
 from hogshard.ps.dense import DenseStore
 from hogshard.ps.server import ShardServer
 from hogshard.ps.stats import (
@@ -22,7 +23,6 @@ from hogshard.ps.stats import (
     staleness_bucket,
     summarise_histogram,
 )
-from hogshard.scheduler.policy import parse_policy
 
 FAST = settings(deadline=None, max_examples=300)
 histograms = st.dictionaries(st.integers(0, 500), st.integers(1, 1000), max_size=30)

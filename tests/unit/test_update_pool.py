@@ -10,13 +10,13 @@ import pytest
 import zmq
 
 from hogshard.proto.errors import ErrorCode, HogshardError
+from hogshard.proto.policy import parse_policy
 from hogshard.ps.applier import UpdateApplier
 from hogshard.ps.dense import DenseChunk, DenseTable
 from hogshard.ps.rules import make_rule
 from hogshard.ps.stats import ServerStats
 from hogshard.ps.update_pool import UpdateJob, UpdatePool
 from hogshard.ps.update_threads import ThreadedUpdates
-from hogshard.scheduler.policy import parse_policy
 
 
 class Recording:

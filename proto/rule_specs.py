@@ -1,0 +1,113 @@
+"""Update-rule specs as workers, servers and the scheduler agree on them: each rule's
+parameters, their defaults (``torch.optim``'s) and their valid ranges.
+
+A spec is a msgpack-able map ``{"rule": NAME, ...params}``. Dense rules (``DENSE_RULES``) update
+chunks; row rules (``ROW_RULES``) update embedding rows. :func:`check_rule_spec` validates a spec
+and fills in the defaults, without building the rule (that is the server's, in ``ps.rules``).
+
+Example::
+
+    >>> check_rule_spec({"rule": "momentum", "lr": 0.5, "momentum": 0.9})["nesterov"]
+    False
+    >>> check_rule_spec({"rule": "rowwise_adagrad", "lr": 0.1}, ROW_RULES)["eps"]
+    1e-08
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from hogshard.proto.errors import ConfigError
+
+Check = Callable[[str, Any], Any]
+#: rule name -> parameter -> (default, check)
+Schema = dict[str, dict[str, tuple[Any, Check]]]
+
+
+def real(lo: float, hi: float, lo_open: bool = False, hi_open: bool = True) -> Check:
+    """A check for a finite real number in the interval from ``lo`` to ``hi``."""
+    interval = f"{'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}"
+
+    def check(name: str, value: Any) -> float:
+        ok = isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+        v = float(value) if ok else math.nan
+        if not (math.isfinite(v) and lo <= v <= hi and not (lo_open and v == lo or hi_open and v == hi)):
+            raise ConfigError(f"{name} must be a finite number in {interval}, got {value!r}")
+        return v
+
+    return check
+
+
+def flag(name: str, value: Any) -> bool:
+    """A check for a boolean."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ConfigError(f"{name} must be a boolean (true/false), got {value!r}")
+    return bool(value)
+
+
+POSITIVE, NONNEGATIVE, UNIT = real(0.0, math.inf, lo_open=True), real(0.0, math.inf), real(0.0, 1.0)
+CLOSED_UNIT = real(0.0, 1.0, hi_open=False)
+
+
+def betas(name: str, value: Any) -> list[float]:
+    """A check for Adam's two betas, each in [0, 1)."""
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or len(value) != 2:
+        raise ConfigError(f"{name} must be a list of two numbers in [0, 1), got {value!r}")
+    return [UNIT(f"{name}[{i}]", v) for i, v in enumerate(value)]
+
+
+DENSE_RULES: Schema = {
+    "sgd": {"lr": (1e-3, POSITIVE), "weight_decay": (0.0, NONNEGATIVE)},
+    "momentum": {"lr": (1e-3, POSITIVE), "momentum": (0.0, UNIT), "dampening": (0.0, CLOSED_UNIT),
+                 "nesterov": (False, flag), "weight_decay": (0.0, NONNEGATIVE)},
+    "adagrad": {"lr": (1e-2, POSITIVE), "lr_decay": (0.0, NONNEGATIVE),
+                "weight_decay": (0.0, NONNEGATIVE),
+                "initial_accumulator_value": (0.0, NONNEGATIVE), "eps": (1e-10, POSITIVE)},
+    "adam": {"lr": (1e-3, POSITIVE), "betas": ((0.9, 0.999), betas), "eps": (1e-8, POSITIVE),
+             "weight_decay": (0.0, NONNEGATIVE), "amsgrad": (False, flag)},
+}
+
+ROW_RULES: Schema = {
+    "sgd": {"lr": (0.01, POSITIVE), "weight_decay": (0.0, NONNEGATIVE)},
+    "rowwise_adagrad": {"lr": (0.01, POSITIVE), "eps": (1e-8, POSITIVE),
+                        "initial_accumulator_value": (0.0, NONNEGATIVE)},
+    "adam": {"lr": (1e-3, POSITIVE), "betas": ((0.9, 0.999), betas), "eps": (1e-8, POSITIVE),
+             "weight_decay": (0.0, NONNEGATIVE)},
+}
+
+
+def rule_name(spec: Any, names: Any, kind: str) -> str:
+    """The ``rule`` of a spec, or ConfigError naming the known rules."""
+    if not isinstance(spec, Mapping):
+        raise ConfigError(f"{kind} spec must be a mapping with a 'rule' key, got {spec!r}")
+    name = spec.get("rule")
+    if not isinstance(name, str) or name not in names:
+        raise ConfigError(f"unknown {kind} {name!r}; expected one of {sorted(names)}")
+    return name
+
+
+def check_params(name: str, params: Mapping[str, Any], schema: Mapping[str, tuple[Any, Check]],
+                 kind: str = "rule") -> dict[str, Any]:
+    """Every parameter of ``schema``, checked, from ``params`` or its default."""
+    unknown = sorted(str(k) for k in params if k not in schema)
+    if unknown:
+        raise ConfigError(f"unknown parameter(s) {unknown} for {kind} {name!r}; "
+                          f"accepted: {['rule', *schema]}")
+    values = {key: check(key, params.get(key, default)) for key, (default, check) in schema.items()}
+    if values.get("nesterov") and (values["momentum"] <= 0 or values["dampening"] != 0):
+        raise ConfigError("nesterov requires momentum > 0 and dampening == 0, "
+                          f"got momentum={values['momentum']}, dampening={values['dampening']}")
+    return values
+
+
+def check_rule_spec(spec: Any, schema: Schema = DENSE_RULES) -> dict[str, Any]:
+    """``spec`` validated, with every parameter (defaults filled in); ConfigError otherwise."""
+    kind = "update rule" if schema is DENSE_RULES else "row rule"
+    name = rule_name(spec, schema, kind)
+    params = {str(k): v for k, v in spec.items() if k != "rule"}
+    return {"rule": name, **check_params(name, params, schema[name], kind)}

@@ -1,0 +1,123 @@
+"""What workers, servers and the scheduler agree on about tables: dense table and chunk specs,
+embedding table specs, and the name of the embedding shards' map.
+
+Example::
+
+    >>> Chunk.from_wire([3, 0, 1024, 1]).to_wire()
+    [3, 0, 1024, 1]
+    >>> EmbeddingSpec("user", dim=8, num_embeddings=None, rule={"rule": "sgd"}).scale
+    0.01
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from hogshard.proto.errors import ProtocolError
+from hogshard.proto.hashing import MAX_ID
+
+#: 1 Mi float32 elements = 4 MiB chunks by default.
+DEFAULT_CHUNK_ELEMS = 1 << 20
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One contiguous slice ``[offset, offset + length)`` of a dense table, owned by ``server``
+    (the primary, which workers talk to) and copied on ``backup`` (-1: no copy)."""
+
+    chunk_id: int
+    offset: int
+    length: int
+    server: int
+    backup: int = -1
+
+    def to_wire(self) -> list[int]:
+        """``[chunk_id, offset, length, server]``, with ``backup`` as a fifth entry if any."""
+        head = [self.chunk_id, self.offset, self.length, self.server]
+        return head if self.backup < 0 else [*head, self.backup]
+
+    @classmethod
+    def from_wire(cls, fields: list[int]) -> Chunk:
+        return cls(*fields)
+
+
+@dataclass(frozen=True)
+class DenseTableSpec:
+    """What a worker declares: a table's name, element count, chunk size and update rule."""
+
+    name: str
+    size: int
+    chunk_elems: int
+    rule: dict[str, Any]
+
+    def to_wire(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+#: The map of embedding shards under replication: a pseudo-table whose "chunk" i is embedding
+#: shard i (rows with ``splitmix64(id) % S == i``), placed and promoted like dense chunks.
+EMBEDDING_MAP = "__embeddings__"
+
+#: The widest embedding row a table may declare.
+MAX_DIM = 1 << 16
+
+
+@dataclass(frozen=True)
+class EmbeddingSpec:
+    """What a worker declares. ``init_scale`` None means ``sqrt(1 / num_embeddings)`` (DLRM's
+    uniform init) for a bounded table and 0.01 for an unbounded one."""
+
+    name: str
+    dim: int
+    num_embeddings: int | None
+    rule: dict[str, Any]
+    seed: int = 0
+    init_scale: float | None = None
+    max_rows: int | None = None
+
+    def __post_init__(self) -> None:
+        def is_int(v: Any) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool)
+
+        if not isinstance(self.name, str) or not self.name:
+            raise ProtocolError("embedding table 'table' must be a non-empty string")
+        if not is_int(self.dim) or not 1 <= self.dim <= MAX_DIM:
+            raise ProtocolError(f"table {self.name!r}: 'dim' must be an int in [1, {MAX_DIM}]; "
+                                f"got {self.dim!r}")
+        n = self.num_embeddings
+        if n is not None and (not is_int(n) or not 1 <= n <= MAX_ID):
+            raise ProtocolError(f"table {self.name!r}: 'num_embeddings' must be nil or an int "
+                                f"in [1, 2^63]; got {n!r}")
+        if not is_int(self.seed) or not 0 <= self.seed < 1 << 63:
+            raise ProtocolError(f"table {self.name!r}: 'seed' must be an int in [0, 2^63)")
+        s = self.init_scale
+        if s is not None and (isinstance(s, bool) or not isinstance(s, (int, float))
+                              or not math.isfinite(s) or s < 0):
+            raise ProtocolError(f"table {self.name!r}: 'init_scale' must be nil or a finite "
+                                f"number >= 0; got {s!r}")
+        m = self.max_rows
+        if m is not None and (not is_int(m) or m < 1):
+            raise ProtocolError(f"table {self.name!r}: 'max_rows' must be nil or an int >= 1")
+
+    @property
+    def scale(self) -> float:
+        if self.init_scale is not None:
+            return float(self.init_scale)
+        return math.sqrt(1.0 / self.num_embeddings) if self.num_embeddings else 0.01
+
+    def to_wire(self) -> dict[str, Any]:
+        fields = asdict(self)
+        fields["table"] = fields.pop("name")
+        return fields
+
+    @classmethod
+    def from_wire(cls, fields: dict[str, Any]) -> EmbeddingSpec:
+        rule = fields.get("rule")
+        if not isinstance(rule, dict):
+            raise ProtocolError("field 'rule' must be a map {rule: NAME, ...params}")
+        return cls(name=fields.get("table"), dim=fields.get("dim"),
+                   num_embeddings=fields.get("num_embeddings"), rule=dict(rule),
+                   seed=fields.get("seed", 0), init_scale=fields.get("init_scale"),
+                   max_rows=fields.get("max_rows"))
