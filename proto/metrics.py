@@ -47,7 +47,7 @@ def staleness_histogram(name: str, documentation: str, histogram: dict[int, int]
     """A Prometheus histogram from a ServerStats-style ``{value or bucket: count}`` map.
 
     >>> family = staleness_histogram("s", "doc", {0: 3, 2: 1, 64: 1})
-    >>> [(s.labels["le"], s.value) for s in family.samples if s.name == "s_bucket"][:4]
+    >>> [(s.labels["le"], float(s.value)) for s in family.samples if s.name == "s_bucket"][:4]
     [('0.0', 3.0), ('1.0', 3.0), ('2.0', 4.0), ('4.0', 4.0)]
     """
     labels = labels or {}
