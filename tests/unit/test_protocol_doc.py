@@ -47,7 +47,8 @@ def _section(text: str, number: int) -> str:
 def _documented_ops(section: str) -> dict[str, str]:
     """{op: its block of text} for every op heading in ``section``."""
     ops: dict[str, str] = {}
-    name, lines = None, []
+    name: str | None = None
+    lines: list[str] = []
     for line in section.splitlines():
         heading = _OP_HEADING.match(line)
         if heading or line.startswith(("## ", "### ")):
@@ -75,7 +76,8 @@ SERVICES = [pytest.param(Scheduler, 6, id="scheduler"), pytest.param(ShardServer
 
 
 @pytest.mark.parametrize(("service", "number"), SERVICES)
-def test_every_op_is_documented_and_every_documented_op_exists(text, service, number):
+def test_every_op_is_documented_and_every_documented_op_exists(
+        text: str, service: type, number: int) -> None:
     declared = set(_op_table(service))
     documented = set(_documented_ops(_section(text, number)))
     assert declared - documented == set(), "ops in the op table but not in PROTOCOL.md"
@@ -83,7 +85,7 @@ def test_every_op_is_documented_and_every_documented_op_exists(text, service, nu
 
 
 @pytest.mark.parametrize(("service", "number"), SERVICES)
-def test_each_op_names_the_roles_that_may_send_it(text, service, number):
+def test_each_op_names_the_roles_that_may_send_it(text: str, service: type, number: int) -> None:
     documented = _documented_ops(_section(text, number))
     for name, spec in _op_table(service).items():
         sent_by = [m.group(1) for line in documented.get(name, "").splitlines()
@@ -93,7 +95,8 @@ def test_each_op_names_the_roles_that_may_send_it(text, service, number):
 
 
 @pytest.mark.parametrize(("service", "number"), SERVICES)
-def test_each_op_documents_its_declared_header_fields(text, service, number):
+def test_each_op_documents_its_declared_header_fields(
+        text: str, service: type, number: int) -> None:
     documented = _documented_ops(_section(text, number))
     for name, spec in _op_table(service).items():
         missing = [f.name for f in spec.fields if f.name not in COMMON_FIELDS
@@ -101,7 +104,7 @@ def test_each_op_documents_its_declared_header_fields(text, service, number):
         assert missing == [], f"{name!r}: header fields not documented"
 
 
-def test_the_role_summary_table_matches_the_op_tables(text):
+def test_the_role_summary_table_matches_the_op_tables(text: str) -> None:
     receivers = {"scheduler": _op_table(Scheduler), "server": _op_table(ShardServer)}
     summary: dict[tuple[str, str], set[str]] = {}
     for row in re.findall(r"(?m)^\| (`[a-z_]+`(?:, `[a-z_]+`)*) \| (\w+) \| ([a-z, ]+) \|$",
@@ -115,6 +118,6 @@ def test_the_role_summary_table_matches_the_op_tables(text):
     assert summary == expected
 
 
-def test_every_error_code_is_documented(text):
+def test_every_error_code_is_documented(text: str) -> None:
     documented = set(re.findall(r"(?m)^\| `([A-Z_]+)` \|", _section(text, 4)))
     assert documented == {code.value for code in ErrorCode}
