@@ -75,7 +75,7 @@ def _restore_option(command):
 
 
 def _keys_option(command):
-    """``--keys DIR``: CURVE-encrypt and authenticate every socket (PROTOCOL.md section 2)."""
+    """``--keys DIR``: CURVE-encrypt and authenticate every socket (PROTOCOL.md section 5)."""
     return _option("keys", default=None, type=click.Path(exists=True, file_okay=False),
                    help="CURVE keys folder (`hogshard keys generate DIR`): every socket is "
                    "encrypted and only authorised clients connect")(command)
