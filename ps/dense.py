@@ -66,7 +66,8 @@ class DenseTable:
     chunks: dict[int, DenseChunk] = field(default_factory=dict)
 
     def chunk(self, chunk_id: Any) -> DenseChunk:
-        found = self.chunks.get(chunk_id) if isinstance(chunk_id, int) else None
+        found = (self.chunks.get(chunk_id) if isinstance(chunk_id, int)
+                 and not isinstance(chunk_id, bool) else None)
         if found is None:
             raise UnknownChunkError(
                 f"table {self.name!r} has no chunk {chunk_id!r} on this server; it holds "

@@ -228,7 +228,7 @@ def test_unknown_table(store: DenseStore, name: Any) -> None:
     assert info.value.code is ErrorCode.UNKNOWN_TABLE
 
 
-@pytest.mark.parametrize("chunk_id", [3, -1, "0", 0.0, None, [0]])
+@pytest.mark.parametrize("chunk_id", [3, -1, "0", 0.0, None, [0], True, False])
 def test_unknown_chunk(store: DenseStore, chunk_id: Any) -> None:
     with pytest.raises(UnknownChunkError, match=r"\[0, 1, 2\]") as info:
         store.resolve("model", [0, chunk_id])
