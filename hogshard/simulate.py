@@ -84,12 +84,19 @@ def _positive(**kwargs: Any) -> click.FloatRange:
 @click.option("--eval-subset", default=1000, show_default=True, type=click.IntRange(min=1),
               help="test images per history sample (the final accuracy uses all)")
 @click.option("--torch-threads", default=1, show_default=True, type=click.IntRange(min=1))
+@click.option("--parameters", default=None, type=click.IntRange(min=1),
+              help="timing only: a synthetic model of this many float32 parameters whose "
+              "gradients cost nothing to compute (no data, no accuracy: test_accuracy is null); "
+              "for questions of scale")
+@click.option("--steps", default=20, show_default=True, type=click.IntRange(min=1),
+              help="with --parameters: each learner's steps per epoch")
 def simulate(learners: int, servers: int, policy: str, data: Path | None, seed: int,
              report: Path, rule: str, lr: float, momentum: float, batch: int, epochs: int,
              limit: int | None, compute_ms: float, jitter: float, stragglers: int,
              slowdown: float, start_spread: float, latency_us: float | None,
              bandwidth_gbps: float | None, server_us: float | None, server_gbps: float | None,
-             eval_every: float | None, eval_subset: int, torch_threads: int) -> None:
+             eval_every: float | None, eval_subset: int, torch_threads: int,
+             parameters: int | None, steps: int) -> None:
     """Simulate a job of LEARNERS learners and SERVERS servers in this process: the real
     policies, server stores and update rules, the example's model and data, on a
     discrete-event clock. Writes test accuracy, staleness, clock gap and server load."""
@@ -110,16 +117,19 @@ def simulate(learners: int, servers: int, policy: str, data: Path | None, seed: 
                            momentum=momentum, batch=batch, epochs=epochs, limit=limit, seed=seed,
                            compute=ComputeModel(compute_ms / 1000, jitter, stragglers, slowdown),
                            network=network, start_spread_s=start_spread,
-                           eval_every_s=eval_every, eval_subset=eval_subset, data_dir=data)
+                           eval_every_s=eval_every, eval_subset=eval_subset, data_dir=data,
+                           parameters=parameters, steps=steps)
         result = Simulation(config).run()
     except HogshardError as err:
         raise click.ClickException(err.message) from None
     tmp = report.with_name(report.name + f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(result, indent=2))
     tmp.replace(report)
+    accuracy = result["test_accuracy"]
     click.echo(f"{result['policy']}: {learners} learners, {servers} servers, "
                f"{result['gradients']} gradients in {result['simulated_seconds']:.2f} simulated s "
                f"({result['wall_seconds']:.1f} s wall); test accuracy "
-               f"{result['test_accuracy']:.4f}; staleness mean {result['staleness_mean']:.2f} "
+               f"{'-' if accuracy is None else format(accuracy, '.4f')}; "
+               f"staleness mean {result['staleness_mean']:.2f} "
                f"p99 {result['staleness_p99']}; clock gap max {result['clock_gap']['max']}; "
                f"server utilisation max {result['server_load']['max_utilisation']:.2f}")

@@ -20,19 +20,19 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from hogshard.proto.errors import ConfigError
 
 
-@dataclass(order=True)
+@dataclass(slots=True)
 class Event:
     """A scheduled callback; ``cancel()`` makes it a no-op when its time comes."""
 
     time: float
     seq: int
-    action: Callable[[], None] = field(compare=False)
-    cancelled: bool = field(default=False, compare=False)
+    action: Callable[[], None]
+    cancelled: bool = False
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -43,7 +43,8 @@ class EventLoop:
 
     def __init__(self) -> None:
         self.now = 0.0
-        self._heap: list[Event] = []
+        #: (time, seq, event): tuples compare in C, and seq is unique, so events never compare
+        self._heap: list[tuple[float, int, Event]] = []
         self._seq = 0
         self._stopped = False
 
@@ -52,8 +53,8 @@ class EventLoop:
         if not math.isfinite(time) or time < self.now:
             raise ConfigError(f"cannot schedule an event at {time!r}: the clock is at {self.now}")
         event = Event(time, self._seq, action)
+        heapq.heappush(self._heap, (time, self._seq, event))
         self._seq += 1
-        heapq.heappush(self._heap, event)
         return event
 
     def after(self, delay: float, action: Callable[[], None]) -> Event:
@@ -68,21 +69,22 @@ class EventLoop:
 
     @property
     def pending(self) -> int:
-        return sum(1 for event in self._heap if not event.cancelled)
+        return sum(1 for _, _, event in self._heap if not event.cancelled)
 
     def run(self, until: float = math.inf) -> int:
         """Run events up to simulated time ``until`` (or until none is left, or ``stop()``);
         returns how many ran."""
         ran = 0
         self._stopped = False
-        while self._heap and not self._stopped:
-            if self._heap[0].time > until:
+        heap, pop = self._heap, heapq.heappop
+        while heap and not self._stopped:
+            if heap[0][0] > until:
                 self.now = until
                 break
-            event = heapq.heappop(self._heap)
+            time, _, event = pop(heap)
             if event.cancelled:
                 continue
-            self.now = event.time
+            self.now = time
             event.action()
             ran += 1
         return ran

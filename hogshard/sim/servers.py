@@ -69,14 +69,15 @@ class VirtualServer:
 
     def __init__(self, rank: int, policy: ConsistencyPolicy, rule_spec: dict[str, Any],
                  chunks: Sequence[Chunk], weights: np.ndarray, loop: EventLoop,
-                 network: NetworkModel, learners: Sequence[str]) -> None:
+                 network: NetworkModel, learners: Sequence[str],
+                 bytes_per_element: float = 4.0) -> None:
         self.rank = rank
         self.policy = policy
         self.loop = loop
         self.network = network
         self.chunks = list(chunks)
         self.ids = [c.chunk_id for c in self.chunks]
-        self.nbytes = 4 * sum(c.length for c in self.chunks)
+        self.nbytes = int(bytes_per_element * sum(c.length for c in self.chunks))
         self.store = DenseStore()
         self.store.init(TABLE, rule_spec, [(c.chunk_id, c.offset, c.length) for c in chunks],
                         [weights[c.offset:c.offset + c.length].copy() for c in chunks])
@@ -85,7 +86,8 @@ class VirtualServer:
         self.queue_stats = QueueStats()
         self.live: set[str] = set(learners)
         self.refused = 0
-        self._clocks: dict[str, int] = {}
+        #: Steps finished by each live learner: what the policy gate reads, kept as it changes.
+        self._clocks: dict[str, int] = dict.fromkeys(self.live, 0)
         self._queue: deque[_Job] = deque()
         self._busy = False
         self._deferred: list[tuple[str, int, Reply]] = []
@@ -155,9 +157,9 @@ class VirtualServer:
     def _allowed(self, learner: str, clock: int) -> bool:
         if self.applier.waiting_on(learner, TABLE, self.ids):
             return False
-        clocks = {w: self._clocks.get(w, 0) for w in self.live}
-        clocks[learner] = max(clocks.get(learner, 0), clock)
-        return self.policy.may_pull(clock, clocks)
+        if learner in self.live and clock > self._clocks.get(learner, 0):
+            self._clocks[learner] = clock
+        return self.policy.may_pull(clock, self._clocks)
 
     def _pull(self, learner: str, clock: int, reply: Reply) -> None:
         self.stats.pulls += 1

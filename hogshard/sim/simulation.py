@@ -34,6 +34,7 @@ from hogshard.ps.stats import summarise_histogram
 from hogshard.scheduler.placement import plan_dense_table
 from hogshard.sim.events import EventLoop
 from hogshard.sim.servers import VirtualServer
+from hogshard.sim.synthetic import SyntheticWorkload
 from hogshard.sim.timing import ComputeModel, NetworkModel
 from hogshard.sim.workload import Workload
 
@@ -65,11 +66,18 @@ class SimConfig:
     eval_every_s: float | None = None
     eval_subset: int = 1000
     data_dir: Path | None = None
+    #: Timing only: a model of this many parameters whose gradients cost nothing (no accuracy).
+    parameters: int | None = None
+    #: With ``parameters``: each learner's steps per epoch.
+    steps: int = 20
 
     def __post_init__(self) -> None:
-        for name in ("learners", "servers", "batch", "epochs", "eval_subset"):
+        for name in ("learners", "servers", "batch", "epochs", "eval_subset", "steps"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.parameters is not None and self.parameters < self.servers:
+            raise ConfigError(f"a synthetic model needs at least one parameter a server, got "
+                              f"{self.parameters} for {self.servers} servers")
         if self.limit is not None and self.limit < 1:
             raise ConfigError(f"limit must be >= 1 training images, got {self.limit}")
         if self.eval_every_s is not None and not self.eval_every_s > 0:
@@ -152,10 +160,10 @@ class _Learner:
 class Simulation:
     """Build with a config (and optionally a loaded ``Workload``), then ``run()``."""
 
-    def __init__(self, config: SimConfig, workload: Workload | None = None) -> None:
+    def __init__(self, config: SimConfig, workload: Workload | SyntheticWorkload | None = None
+                 ) -> None:
         self.config = config
-        self.workload = workload or Workload.fashion_mnist(config.data_dir, config.seed,
-                                                           config.limit)
+        self.workload = workload or self._default_workload(config)
         self.loop = EventLoop()
         self.rng = np.random.default_rng([config.seed, 0x51])
         self.policy = parse_policy(config.policy)
@@ -167,7 +175,8 @@ class Simulation:
         self.servers = [
             VirtualServer(rank, self.policy, config.rule_spec(),
                           [c for c in placed if c.server == rank], initial, self.loop,
-                          config.network, names)
+                          config.network, names,
+                          self.workload.bytes_per_element)
             for rank in range(config.servers)
         ]
         self.learners = [_Learner(self, rank) for rank in range(config.learners)]
@@ -178,6 +187,13 @@ class Simulation:
         self._gap: Counter[int] = Counter()
         self._loss_ema: float | None = None
         self.history: list[list[float]] = []
+
+    @staticmethod
+    def _default_workload(config: SimConfig) -> Workload | SyntheticWorkload:
+        if config.parameters is not None:
+            return SyntheticWorkload(config.parameters, config.steps, 4 * config.servers,
+                                     config.seed)
+        return Workload.fashion_mnist(config.data_dir, config.seed, config.limit)
 
     # ---- what learners report -----------------------------------------------------------------
 
@@ -215,6 +231,7 @@ class Simulation:
 
     def _sample(self) -> None:
         accuracy = self.workload.accuracy(self.weights())
+        accuracy = math.nan if accuracy is None else accuracy
         mean = summarise_histogram(dict(self.staleness()))["mean"]
         self.history.append([round(self.loop.now, 6), self.gradients, accuracy, mean,
                              self.clock_gap()])
@@ -239,7 +256,7 @@ class Simulation:
         final = self.workload.accuracy(self.weights(), full=True)
         return self._report(final, time.monotonic() - started)
 
-    def _report(self, accuracy: float, wall_s: float) -> dict[str, Any]:
+    def _report(self, accuracy: float | None, wall_s: float) -> dict[str, Any]:
         config, elapsed = self.config, self.finished_at
         histogram = self.staleness()
         staleness = summarise_histogram(dict(histogram))

@@ -90,3 +90,13 @@ class NetworkModel:
     def service(self, nbytes: int) -> float:
         """Seconds a server is busy with a message of ``nbytes`` payload."""
         return self.server_s + nbytes / self.server_bytes_per_s
+
+    def fan_in_bound(self, model_bytes: float, servers: int) -> float:
+        """The most learner steps a second that ``servers`` servers can serve, however many
+        learners there are. Every step of every learner reaches every server (a push of its
+        share, a pull request, and the weights copied out), so a server spends
+        ``3 x server_s + 2 x share / bandwidth`` on each step, and the servers work in parallel:
+        more servers shrink the share but not the fixed part, so no S lifts the bound above
+        ``1 / (3 x server_s)``."""
+        share = model_bytes / servers
+        return 1.0 / (3 * self.server_s + 2 * share / self.server_bytes_per_s)

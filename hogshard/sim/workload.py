@@ -46,6 +46,9 @@ def load_example(path: Path = EXAMPLE) -> ModuleType:
 class Workload:
     """A torch model evaluated at flat weight vectors, and the data it trains on."""
 
+    #: Wire bytes of one parameter (float32).
+    bytes_per_element = 4.0
+
     def __init__(self, data: ImageDataset, seed: int, limit: int | None = None,
                  eval_subset: int | None = None) -> None:
         import torch
