@@ -35,6 +35,7 @@ from hogshard.proto.security import load_security
 from hogshard.proto.transport import RpcChannel
 from hogshard.scheduler.replication import check_replication
 from hogshard.status import ClusterView
+from hogshard.tuning import with_malloc_settings
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ def worker_environment(
         for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", env_name("torch_threads")):
             env.setdefault(var, str(threads))
     env.setdefault("PYTHONUNBUFFERED", "1")
-    return env
+    return with_malloc_settings(env)
 
 
 @dataclass
