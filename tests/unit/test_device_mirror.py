@@ -125,7 +125,7 @@ import torch
 import hogshard.worker.optimizer, hogshard.worker.embedding, hogshard.worker.overlap
 from hogshard.worker.device import make_mirror
 from hogshard.worker.overlap import GradientBuckets
-from hogshard.scheduler.placement import Chunk
+from hogshard.proto.tables import Chunk
 model = torch.nn.Linear(4, 2)
 params = list(model.parameters())
 mirror = make_mirror(params)
