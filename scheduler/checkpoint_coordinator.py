@@ -28,10 +28,9 @@ from hogshard.scheduler.checkpointing import CheckpointRounds, Round
 from hogshard.scheduler.membership import MembershipTable
 from hogshard.scheduler.placement import Chunk, DenseTableSpec, PlacedTable
 from hogshard.scheduler.policy import ConsistencyPolicy, parse_policy
+from hogshard.scheduler.waiters import Ready, Reply
 
 log = logging.getLogger(__name__)
-
-Reply = dict[str, Any]
 
 
 class Chunks(Protocol):
@@ -76,7 +75,7 @@ class CheckpointCoordinator:
         return self.rounds.start(parent, ranks, self._describe, time.monotonic(),
                                  self._chunks.primaries())
 
-    def request(self, directory: str) -> Callable[[], Reply | None]:
+    def request(self, directory: str) -> Ready:
         """The ``checkpoint`` op: a round into ``directory``, answered once it is written."""
         return self.rounds.waiter(self.start(Path(directory)))
 

@@ -47,11 +47,9 @@ from hogshard.scheduler.rejoin import Rejoin
 from hogshard.scheduler.replication import check_replication
 from hogshard.scheduler.server_recovery import ServerRecovery
 from hogshard.scheduler.shard_map import ShardMap
-from hogshard.scheduler.waiters import Ready, Waiters
+from hogshard.scheduler.waiters import Ready, Reply, Waiters
 
 log = logging.getLogger(__name__)
-
-Reply = dict[str, Any]
 
 
 class Scheduler:

@@ -22,7 +22,9 @@ from hogshard.proto.errors import HogshardError, TooLargeError
 MAX_WAITERS_PER_PEER = 64
 MAX_WAITERS = 4096
 
-Ready = Callable[[], dict[str, Any] | None]
+#: A reply's fields, and a held request's ``ready()``: its reply once it can be answered.
+Reply = dict[str, Any]
+Ready = Callable[[], Reply | None]
 
 
 class Replies(Protocol):
