@@ -1,1 +1,20 @@
-"""hogshard.proto."""
+"""hogshard.proto: what every role shares (imports nothing else of hogshard).
+
+=================  ============================================================================
+``wire.py``        :class:`Message`, :class:`Limits`, ``encode``/``decode``: frames and headers
+``transport.py``   ``bind_router``, ``connect_dealer``, ``send``, ``reply_ok``/``reply_error``
+``service.py``     :class:`ServiceCore`: the request loop of every long-running service
+``ops.py``         :class:`OpSpec`, :class:`Field`, ``check_header``, ``check_role``: op tables
+``dispatch.py``    ``run_handler``, ``as_error``: a handler's failure as a typed error
+``roles.py``       :class:`Role`, ``roles_of``: who a connection is
+``security.py``    :class:`Security`, ``generate_keys``, ``load_security``: CURVE and ZAP
+``errors.py``      :class:`ErrorCode`, :class:`HogshardError` and its typed subclasses
+``config.py``      :class:`ClientSettings`, ``env_name``: configuration, read in one place
+``manifest.py``    ``write_manifest``, ``load_manifest``, ``atomic_write``: checkpoint files
+``metrics.py``     :class:`MetricsServer`, ``snapshot``, ``staleness_histogram``
+``peerlog.py``     :class:`PeerErrorLog`: error replies logged once per peer
+``hashing.py``     ``splitmix64``, ``shard_of``, ``row_keys``: ids to shards and rows
+``codecs/``        :class:`Codec` (``base.py``) and its codecs (``simple.py``, ``sparse.py``,
+                   ``lowrank.py``), ``make_codec`` (``registry.py``), pull codecs (``pull.py``)
+=================  ============================================================================
+"""

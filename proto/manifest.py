@@ -50,7 +50,7 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: Path, write: Callable[[IO[bytes]], None]) -> Path:
+def atomic_write(path: Path, write: Callable[[IO[bytes]], object]) -> Path:
     """Write ``path`` through a temporary name: ``write(f)``, flush, fsync, rename, fsync the
     directory. A crash leaves either the old file or the new one, never half of one."""
     path = Path(path)

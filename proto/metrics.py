@@ -76,7 +76,7 @@ class MetricsServer:
         if not 0 <= port <= 65535:
             raise ConfigError(f"metrics port {port}: expected 0 (any free port) to 65535")
         self.registry = CollectorRegistry(auto_describe=False)
-        for collector in [collectors] if hasattr(collectors, "collect") else collectors:
+        for collector in collectors if isinstance(collectors, Iterable) else [collectors]:
             self.registry.register(collector)
         try:
             self._server, self._thread = start_http_server(port, addr=host,

@@ -77,7 +77,7 @@ class Message:
     def __post_init__(self) -> None:
         # handlers call ``get`` ~10 times a request: the dict's own bound method skips a
         # Python frame per call (the method below documents it; ``header`` is never rebound)
-        self.get = self.header.get  # type: ignore[method-assign]
+        self.get = self.header.get  # type: ignore[assignment]
 
     @property
     def op(self) -> str:
@@ -178,8 +178,9 @@ def _decode_array(descriptor: Any, frame: Any, index: int, limits: Limits) -> np
             f"arrays[{index}] has dtype {dtype_name!r}; expected one of {sorted(ALLOWED_DTYPES)}"
         )
     shape = descriptor.get("shape")
-    count = 1
+    count, ndim = 1, 0
     if type(shape) is list and len(shape) <= limits.max_ndim:
+        ndim = len(shape)
         biggest = limits.max_frame_bytes
         for d in shape:
             if type(d) is not int or not 0 <= d <= biggest:  # msgpack ints: bool is not int
@@ -207,7 +208,7 @@ def _decode_array(descriptor: Any, frame: Any, index: int, limits: Limits) -> np
         )
     try:
         array = np.frombuffer(buffer, dtype=dtype)
-        if len(shape) != 1:
+        if ndim != 1:
             array = array.reshape(shape)
     except ValueError as exc:  # e.g. a zero-sized shape with a dimension numpy cannot hold
         raise ShapeError(f"arrays[{index}] shape {shape!r} is not usable: {exc}") from None

@@ -1,1 +1,29 @@
-"""hogshard.scheduler."""
+"""hogshard.scheduler: the control plane of a job, built from parts that each own their state.
+
+============================  ================================================================
+``service.py``                :class:`Scheduler`: binds the socket (the shared loop of
+                              ``proto/service.py``), wires the parts and answers the ops
+``op_table.py``               ``scheduler_ops``: every op, its typed header and who may send it
+``membership.py``             :class:`MembershipTable`, :class:`Member`: ranks, liveness,
+                              fencing, worker clocks; :class:`Roster`, what other parts need
+``shard_map.py``              :class:`ShardMap`: declared tables, primaries and backups, the
+                              map epoch, the map relearnt from servers after a restart
+``placement.py``              :class:`Chunk`, :class:`DenseTableSpec`, :class:`PlacedTable`,
+                              ``plan_dense_table``: the chunk planner (pure)
+``replication.py``            ``assign_backups``, ``drop_server``, ``assignments_for``,
+                              ``check_replication``: chain replication's placement (pure)
+``recovery.py``               ``parse_table_report``, ``merge_chunks``: servers' reports (pure)
+``policy.py``                 :class:`ConsistencyPolicy` and ``parse_policy`` (pure)
+``policy_control.py``         :class:`PolicyControl`: the policy in force and its changes
+``barriers.py``               :class:`Barriers`: named barriers of workers
+``heartbeats.py``             :class:`Heartbeats`: the ``heartbeat`` op's reply from every part
+``checkpointing.py``          :class:`CheckpointRounds`, :class:`Round`: rounds to a manifest
+``checkpoint_coordinator.py`` :class:`CheckpointCoordinator`: when a round may start;
+                              ``restore_job``, :class:`RestoredJob`: a job from a checkpoint
+``lost.py``                   :class:`LostShards`: lost unreplicated ranks (bookkeeping)
+``server_recovery.py``        :class:`ServerRecovery`: what to do when a server is lost or back
+``rejoin.py``                 :class:`Rejoin`: registration with fencing; members gone
+``waiters.py``                :class:`Waiters`: requests answered later, bounded per peer
+``metrics.py``                :class:`SchedulerCollector`: Prometheus metrics
+============================  ================================================================
+"""

@@ -55,7 +55,7 @@ class CheckpointRounds:
     """At most one round at a time; ``every`` seconds between periodic rounds (None: off)."""
 
     def __init__(self, every: float | None = None, directory: Path | None = None,
-                 timeout: float = 300.0) -> None:
+                 timeout: float = 300.0, complete: Round | None = None) -> None:
         if every and directory is None:
             raise ConfigError("--checkpoint-every needs --checkpoint-dir")
         self.every = every
@@ -65,7 +65,7 @@ class CheckpointRounds:
         self.last: Round | None = None
         #: The newest complete checkpoint (this scheduler's last complete round, or the one it
         #: was restored from): what a server that lost its chunks is restored from.
-        self.complete: Round | None = None
+        self.complete = complete
         self._next_due = time.monotonic() + every if every else float("inf")
 
     def due(self, now: float) -> bool:

@@ -1,63 +1,83 @@
-"""The scheduler's ``heartbeat`` handler: liveness, worker clocks and their rate, progress and
-server stats in; membership (the clocks servers gate on), policy, shard-map epoch and
-assignments, checkpoint requests and the end of the job out (PROTOCOL.md, ``heartbeat``).
+"""The scheduler's ``heartbeat`` op: liveness, worker clocks and their rate, progress and server
+stats in; membership (the clocks servers gate on), policy, shard-map epoch and assignments,
+checkpoint requests and the end of the job out (PROTOCOL.md, ``heartbeat``).
 
 Example::
 
-    class Scheduler(HeartbeatOps, ...): ...
-    reply = scheduler._heartbeat(message)
+    heartbeats = Heartbeats(members, shard_map, recovery, coordinator, policy, barriers,
+                            shutting_down=lambda: job.shutting_down)
+    reply = heartbeats.handle(message)
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from hogshard.proto.wire import Message
+from hogshard.scheduler.barriers import Barriers
+from hogshard.scheduler.checkpoint_coordinator import CheckpointCoordinator
+from hogshard.scheduler.membership import Member, MembershipTable
+from hogshard.scheduler.policy_control import PolicyControl
+from hogshard.scheduler.server_recovery import ServerRecovery
+from hogshard.scheduler.shard_map import ShardMap
 
 
-class HeartbeatOps:
-    """Mixed into the Scheduler; uses its ``members``, ``barriers``, ``released_barriers``,
-    ``checkpoints``, ``lost_shards``, ``policy`` fields and ``_replica_fields``."""
+def observe(member: Member, clock: Any, stats: Any, progress: Any, now: float) -> None:
+    """Take a heartbeat's clock (and its rate), server stats (and their rates) and progress."""
+    if isinstance(clock, int):
+        if member.clock_at and now > member.clock_at:
+            member.clock_rate = max(0, clock - member.clock) / (now - member.clock_at)
+        member.clock, member.clock_at = max(member.clock, clock), now
+    if isinstance(stats, dict):
+        stats = dict(stats)
+        previous, elapsed = member.stats, now - member.stats_at
+        if "updates" in previous and elapsed > 0:
+            stats["updates_per_second"] = (stats.get("updates", 0) - previous["updates"]) / elapsed
+            stats["bytes_per_second"] = (
+                stats.get("bytes_in", 0) + stats.get("bytes_out", 0)
+                - previous.get("bytes_in", 0) - previous.get("bytes_out", 0)
+            ) / elapsed
+        member.stats, member.stats_at = stats, now
+    if isinstance(progress, dict):
+        member.progress = progress
 
-    def _heartbeat(self, msg: Message) -> dict[str, Any]:
-        member = self.members.touch(msg.get("from", ""), time.monotonic(),
-                                    msg.get("incarnation"))
-        if isinstance(msg.get("clock"), int):
-            now = time.monotonic()
-            if member.clock_at and now > member.clock_at:
-                member.clock_rate = max(0, msg.get("clock") - member.clock) / (now - member.clock_at)
-            member.clock, member.clock_at = max(member.clock, msg.get("clock")), now
-        if isinstance(msg.get("stats"), dict):
-            stats = dict(msg.get("stats"))
-            previous, elapsed = member.stats, time.monotonic() - member.stats_at
-            if "updates" in previous and elapsed > 0:
-                stats["updates_per_second"] = (stats.get("updates", 0) - previous["updates"]) / elapsed
-                stats["bytes_per_second"] = (
-                    stats.get("bytes_in", 0) + stats.get("bytes_out", 0)
-                    - previous.get("bytes_in", 0) - previous.get("bytes_out", 0)
-                ) / elapsed
-            member.stats, member.stats_at = stats, time.monotonic()
-        if isinstance(msg.get("progress"), dict):
-            member.progress = msg.get("progress")
-        reply: dict[str, Any] = {"epoch": self.members.epoch, "shutdown": self.shutting_down,
-                                 **self._replica_fields(member, msg.get("map_epoch"))}
-        if self.lost_shards.failed is not None:
-            reply["failed"] = self.lost_shards.failed
+
+class Heartbeats:
+    """Answers heartbeats from what each part of the scheduler has to tell."""
+
+    def __init__(self, members: MembershipTable, shard_map: ShardMap,
+                 recovery: ServerRecovery, checkpoints: CheckpointCoordinator,
+                 policy: PolicyControl, barriers: Barriers,
+                 shutting_down: Callable[[], bool]) -> None:
+        self._members = members
+        self._shard_map = shard_map
+        self._recovery = recovery
+        self._checkpoints = checkpoints
+        self._policy = policy
+        self._barriers = barriers
+        self._shutting_down = shutting_down
+
+    def handle(self, msg: Message) -> dict[str, Any]:
+        now = time.monotonic()
+        member = self._members.touch(msg.get("from", ""), now, msg.get("incarnation"))
+        observe(member, msg.get("clock"), msg.get("stats"), msg.get("progress"), now)
+        reply: dict[str, Any] = {"epoch": self._members.epoch, "shutdown": self._shutting_down(),
+                                 **self._shard_map.replica_fields(member, msg.get("map_epoch"))}
+        if self._recovery.failed is not None:
+            reply["failed"] = self._recovery.failed
         if member.role == "server":
-            self.checkpoints.report(member.rank, msg.get("checkpoint"))
-            request = self.checkpoints.request_for(member.rank)
+            request = self._checkpoints.heartbeat(member.rank, msg.get("checkpoint"))
             if request is not None:
                 reply["checkpoint"] = request
-            reply["workers"] = self._training_clocks()
-            reply.update(policy=self.policy.spec, policy_version=self.policy_version,
-                         policy_from_clock=self.policy_from_clock)
+            reply["workers"] = self.training_clocks()
+            reply.update(self._policy.heartbeat_fields())
         return reply
 
-    def _training_clocks(self) -> dict[str, int]:
+    def training_clocks(self) -> dict[str, int]:
         """The live workers' clocks, less those waiting at a barrier not yet released: they
         push and pull nothing meanwhile, so no policy waits for them (a worker that trained
         fewer steps and waits at the end must not hold the others back under SSP)."""
-        waiting = {w for name, arrived in self.barriers.items()
-                   if name not in self.released_barriers for w in arrived}
-        return {w: c for w, c in self.members.live_clocks().items() if w not in waiting}
+        waiting = self._barriers.waiting()
+        return {w: c for w, c in self._members.live_clocks().items() if w not in waiting}

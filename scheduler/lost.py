@@ -87,6 +87,14 @@ class LostShards:
                     lost_updates)
         return record
 
+    def refilled(self, rank: int, node_id: str, incarnation: Any, replaced: Any,
+                 at: float) -> None:
+        """Record a new process under a replicated ``rank``, given its chunks by the backups."""
+        self.recoveries.append({"rank": rank, "node_id": node_id, "incarnation": incarnation,
+                                "replaced": replaced, "from": "backups", "lost_updates": 0,
+                                "at": at})
+        del self.recoveries[:-MAX_RECOVERIES]
+
     def fail(self, why: str) -> None:
         if self.failed is None:
             self.failed = why

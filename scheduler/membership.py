@@ -15,8 +15,9 @@ Example::
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from hogshard.proto.errors import ConfigError, FencedError, UnknownMemberError
 
@@ -69,14 +70,19 @@ class MembershipTable:
     #: Replaced incarnations remembered per rank.
     MAX_FENCED = 64
 
-    def __init__(self, heartbeat_timeout: float) -> None:
+    def __init__(self, heartbeat_timeout: float, epoch: int = 0) -> None:
         self.heartbeat_timeout = heartbeat_timeout
         self._members: dict[str, Member] = {}
         self._fenced: dict[str, list[int]] = {}  # node id -> incarnations replaced
-        self.epoch = 0
+        #: Moves whenever membership or the layout of a table changes (``bump``).
+        self.epoch = epoch
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Member]:
         return iter(list(self._members.values()))
+
+    def bump(self) -> None:
+        """A change that members learn of through the epoch (a table placed or relearnt)."""
+        self.epoch += 1
 
     def register(
         self, role: str, address: str, now: float, rank_hint: int | None = None, clock: int = 0,
@@ -182,6 +188,17 @@ class MembershipTable:
     def min_live_clock(self) -> int:
         clocks = self.live_clocks()
         return min(clocks.values()) if clocks else 0
+
+
+class Roster(Protocol):
+    """What a part that places or tracks chunks needs of membership."""
+
+    @property
+    def epoch(self) -> int: ...
+
+    def live(self, role: str) -> list[Member]: ...
+
+    def bump(self) -> None: ...
 
 
 def server_list(servers: list[Member]) -> list[dict[str, Any]]:

@@ -13,12 +13,15 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from hogshard.proto.metrics import snapshot, staleness_histogram
 from hogshard.scheduler.membership import ROLES, MemberState
+
+if TYPE_CHECKING:
+    from hogshard.scheduler.service import Scheduler
 
 #: Server counters relayed from heartbeats (name in ServerStats, help text).
 RELAYED = {
@@ -30,23 +33,23 @@ RELAYED = {
 }
 
 
-def _read(scheduler: Any) -> dict[str, Any]:
+def _read(scheduler: Scheduler) -> dict[str, Any]:
     now = time.monotonic()
     members = [
         {"node_id": m.node_id, "role": m.role, "state": m.state.value, "clock": m.clock,
          "age": now - m.last_seen, "stats": dict(m.stats), "progress": dict(m.progress)}
         for m in scheduler.members
     ]
-    return {"members": members, "errors": dict(scheduler._errors),
-            "epoch": scheduler.members.epoch, "tables": len(scheduler.tables),
-            "uptime": now - scheduler.started_at, "policy": scheduler.policy.spec,
-            "policy_version": scheduler.policy_version}
+    return {"members": members, "errors": dict(scheduler.errors),
+            "epoch": scheduler.members.epoch, "tables": len(scheduler.shard_map.tables),
+            "uptime": now - scheduler.started_at, "policy": scheduler.policy.policy.spec,
+            "policy_version": scheduler.policy.version}
 
 
 class SchedulerCollector:
     """A prometheus_client collector over a :class:`~hogshard.scheduler.service.Scheduler`."""
 
-    def __init__(self, scheduler: Any) -> None:
+    def __init__(self, scheduler: Scheduler) -> None:
         self.scheduler = scheduler
 
     def collect(self) -> Iterator[Metric]:

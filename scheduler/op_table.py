@@ -4,7 +4,7 @@ handler runs; ``register`` also checks that the role registered is the sender's.
 
 Example (what ``Scheduler`` does)::
 
-    ops = scheduler_ops({"register": Scheduler._register, ...})
+    ops = scheduler_ops({"register": self._register, "heartbeat": heartbeats.handle, ...})
 """
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ ROLES: dict[str, frozenset[Role]] = {
 
 
 def scheduler_ops(handlers: Mapping[str, Callable[..., Any]]) -> dict[str, OpSpec]:
-    """The full table, given each op's handler (``(scheduler, msg)``)."""
+    """The full table, given each op's handler (``handler(msg)``: its reply fields, or a
+    ``ready()`` for a request answered later)."""
     if set(handlers) != set(FIELDS) or set(handlers) != set(ROLES):
         raise ValueError(f"scheduler ops without a header or roles: "
                          f"{sorted(set(handlers) ^ set(FIELDS) | set(handlers) ^ set(ROLES))}")

@@ -20,19 +20,20 @@ Example::
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
-from hogshard.proto.errors import ConflictError, HogshardError, ProtocolError
+from hogshard.proto.errors import ConflictError, ProtocolError
 from hogshard.proto.tables import Chunk, DenseTableSpec
-from hogshard.scheduler.placement import PlacedTable
 
-log = logging.getLogger(__name__)
-
-#: Limits on a report (the same as on declare_table).
+#: The most tables one report may list.
 MAX_TABLES = 4096
+#: The largest dense table the scheduler plans or relearns (2^40 float32 = 4 TiB).
 MAX_TABLE_ELEMS = 1 << 40
+#: The most chunks one dense table may be cut into.
 MAX_CHUNKS = 1 << 20
+
+#: A server's report of its tables: {name: (spec, [(chunk_id, offset, length)])}.
+TableReport = dict[str, tuple[DenseTableSpec, list[tuple[int, int, int]]]]
 
 
 def _int(value: Any, name: str, low: int, high: int) -> int:
@@ -42,11 +43,11 @@ def _int(value: Any, name: str, low: int, high: int) -> int:
     return value
 
 
-def parse_table_report(report: Any) -> dict[str, tuple[DenseTableSpec, list[tuple[int, int, int]]]]:
+def parse_table_report(report: Any) -> TableReport:
     """Validate a server's ``tables`` field: {name: (spec, [(chunk_id, offset, length)])}."""
     if not isinstance(report, dict) or len(report) > MAX_TABLES:
         raise ProtocolError(f"register.tables must be a map of at most {MAX_TABLES} tables")
-    parsed = {}
+    parsed: TableReport = {}
     for name, view in report.items():
         if not isinstance(name, str) or not name or not isinstance(view, dict):
             raise ProtocolError("register.tables: expected {name: {table, chunks}}")
@@ -95,33 +96,3 @@ def merge_chunks(spec: DenseTableSpec, known: list[Chunk], rank: int,
             break
         position += chunk.length
     return chunks, ready and position == spec.size
-
-
-class RecoveryOps:
-    """Mixed into the Scheduler; uses its ``tables``, ``members``, ``replication`` and
-    ``_replicate_new_table``."""
-
-    def _adopt_tables(self, rank: int, reported: dict[str, Any]) -> None:
-        """Relearn the shard map from a registering server's tables (scheduler restart;
-        scheduler/recovery.py). Tables this scheduler already knows as ready are kept."""
-        for name, (spec, layout) in reported.items():
-            table = self.tables.get(name)
-            if table is None:
-                table = self.tables[name] = PlacedTable(spec, [])
-            elif (table.spec.size, table.spec.rule) != (spec.size, spec.rule):
-                log.error("server %d reports table %s as %s; the scheduler has %s", rank, name,
-                          spec.to_wire(), table.spec.to_wire())
-                continue
-            if table.ready and (table.replication > 1
-                                or any(c.server == rank for c in table.chunks)):
-                continue  # a replicated table's map is the scheduler's, not a rejoiner's
-            try:
-                table.chunks, table.ready = merge_chunks(table.spec, table.chunks, rank, layout)
-            except HogshardError as err:
-                log.error("server %d: %s", rank, err.message)
-                continue
-            self.members.epoch += 1
-            log.info("table %s: server %d reported %d chunks%s", name, rank, len(layout),
-                     "; shard map complete" if table.ready else "")
-            if table.ready and self.replication > 1:
-                self._replicate_new_table(table)

@@ -337,10 +337,10 @@ class QSGDCodec(Codec):
         per, width = self._per_byte, self.width
         byte = np.arange(256, dtype=np.int64)
         fields = (byte[:, None] >> (width * np.arange(per))) & ((1 << width) - 1)
-        level = fields & (sign_bit - 1)
-        table = np.where(fields & sign_bit, -level, level).astype(F32) * unit
+        magnitude = fields & (sign_bit - 1)
+        table = np.where(fields & sign_bit, -magnitude, magnitude).astype(F32) * unit
         if self.levels < sign_bit - 1:
-            bad = (level > self.levels).any(axis=1)
+            bad = (magnitude > self.levels).any(axis=1)
             if np.take(bad, codes).any():
                 raise ProtocolError(f"{self.name}: a level exceeds {self.levels}")
         return byte_lookup(table, codes, size)

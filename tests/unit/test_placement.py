@@ -1,21 +1,16 @@
-"""Unit tests of hogshard.scheduler.placement (the shard-map planner), and of the scheduler's
-chunk-size rule for declared tables. Pure logic: no sockets are opened.
+"""Unit tests of hogshard.scheduler.placement (the chunk planner). Pure logic: no sockets are
+opened. The scheduler's rules for declared tables are tested in test_shard_map.py.
 """
 
 from __future__ import annotations
-
-from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hogshard.proto.errors import ConfigError, ErrorCode, HogshardError
-from hogshard.proto.tables import DEFAULT_CHUNK_ELEMS, Chunk, DenseTableSpec
-from hogshard.proto.wire import PROTOCOL_VERSION, Message
+from hogshard.proto.errors import ConfigError, ErrorCode
+from hogshard.proto.tables import Chunk, DenseTableSpec
 from hogshard.scheduler.placement import plan_dense_table
-from hogshard.scheduler.service import Scheduler
 
 FAST = settings(deadline=None, max_examples=300, suppress_health_check=[HealthCheck.too_slow])
 FLOAT32_BYTES = 4
@@ -182,108 +177,3 @@ def test_chunk_and_spec_wire_round_trip() -> None:
     assert wire == {"name": "model", "size": 10, "chunk_elems": 4,
                     "rule": {"rule": "sgd", "lr": 0.1}}
     assert DenseTableSpec(**wire) == spec
-
-
-# ---------------------------------------------------------------------------------------------
-# the scheduler's chunk-size rule (declare_table), driven without a socket
-# ---------------------------------------------------------------------------------------------
-
-
-_SCHEDULERS: list[Scheduler] = []
-
-
-@pytest.fixture(autouse=True)
-def _close_schedulers() -> Iterator[None]:
-    yield
-    while _SCHEDULERS:
-        scheduler = _SCHEDULERS.pop()
-        scheduler.stop()
-        scheduler.serve_forever()  # returns at once, closing its socket and context
-
-
-def bare_scheduler(server_ranks: list[int], expected: int | None = None) -> Scheduler:
-    """A real Scheduler (bound to an ephemeral loopback port, never served) whose membership
-    holds servers of these ranks: ``_declare_table`` is called on it directly."""
-    scheduler = Scheduler("tcp://127.0.0.1:0",
-                          expected_servers=len(server_ranks) if expected is None else expected)
-    _SCHEDULERS.append(scheduler)
-    for rank in server_ranks:
-        scheduler.members.register("server", f"inproc://s{rank}", now=0.0, rank_hint=rank)
-    return scheduler
-
-
-def declare(scheduler: Scheduler, **fields: Any) -> dict[str, Any]:
-    header = {"v": PROTOCOL_VERSION, "op": "declare_table", "id": 1, "from": "worker-0",
-              "rule": {"rule": "sgd", "lr": 0.1}, **fields}
-    return scheduler._declare_table(Message(header))
-
-
-def test_declare_small_table_spreads_over_every_server() -> None:
-    view = declare(bare_scheduler([0, 1, 2]), table="t", size=10)
-    assert view["table"]["chunk_elems"] == 4  # ceil(10 / 3), not the 1 Mi default
-    assert [c[3] for c in view["chunks"]] == [0, 1, 2]
-    assert view["ready"] is False
-
-
-def test_declare_large_table_keeps_requested_chunk_size() -> None:
-    view = declare(bare_scheduler([0, 1]), table="t", size=10_000, chunk_elems=1000)
-    assert view["table"]["chunk_elems"] == 1000
-    assert len(view["chunks"]) == 10
-
-
-@pytest.mark.parametrize("chunk_elems", [None, 0])
-def test_declare_missing_chunk_elems_means_default(chunk_elems: int | None) -> None:
-    size = 3 * DEFAULT_CHUNK_ELEMS
-    view = declare(bare_scheduler([0]), table="t", size=size, chunk_elems=chunk_elems)
-    assert view["table"]["chunk_elems"] == DEFAULT_CHUNK_ELEMS
-
-
-def test_declare_table_smaller_than_server_count() -> None:
-    view = declare(bare_scheduler([0, 1, 2]), table="t", size=2)
-    assert view["table"]["chunk_elems"] == 1
-    assert [c[1:] for c in view["chunks"]] == [[0, 1, 0], [1, 1, 1]]
-
-
-def test_declare_maps_chunks_to_live_server_ranks() -> None:
-    """Planner indices are positions among live servers; the map carries their real ranks."""
-    scheduler = bare_scheduler([0, 2])
-    view = declare(scheduler, table="t", size=4)
-    assert [c[3] for c in view["chunks"]] == [0, 2]
-
-
-def test_declare_before_all_servers_is_refused() -> None:
-    scheduler = bare_scheduler([0], expected=2)
-    with pytest.raises(HogshardError) as info:
-        declare(scheduler, table="t", size=10)
-    assert info.value.code is ErrorCode.CONFLICT
-    assert "wait_servers" in info.value.message
-
-
-def test_redeclare_same_table_returns_existing_map() -> None:
-    scheduler = bare_scheduler([0, 1])
-    first = declare(scheduler, table="t", size=10)
-    epoch = scheduler.members.epoch
-    again = declare(scheduler, table="t", size=10)
-    assert again["chunks"] == first["chunks"]
-    assert scheduler.members.epoch == epoch  # only a new table bumps the epoch
-
-
-@pytest.mark.parametrize("change", [{"size": 11}, {"rule": {"rule": "sgd", "lr": 0.2}}])
-def test_redeclare_with_other_size_or_rule_conflicts(change: dict[str, Any]) -> None:
-    scheduler = bare_scheduler([0, 1])
-    declare(scheduler, table="t", size=10)
-    with pytest.raises(HogshardError) as info:
-        declare(scheduler, table="t", **{"size": 10, **change})
-    assert info.value.code is ErrorCode.CONFLICT
-
-
-def test_declare_negative_chunk_elems_is_refused() -> None:
-    with pytest.raises(HogshardError):
-        declare(bare_scheduler([0]), table="t", size=10, chunk_elems=-5)
-
-
-@pytest.mark.parametrize("fields", [{"size": float("inf")},
-                                    {"size": 10, "chunk_elems": float("inf")}])
-def test_declare_infinite_size_is_a_handled_error(fields: dict[str, Any]) -> None:
-    with pytest.raises((HogshardError, KeyError, TypeError, ValueError)):
-        declare(bare_scheduler([0]), table="t", **fields)
