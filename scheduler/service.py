@@ -30,7 +30,6 @@ import zmq
 from hogshard.proto.errors import ConfigError, HogshardError
 from hogshard.proto.ops import OpSpec, check_claimed_role
 from hogshard.proto.policy import parse_policy
-from hogshard.proto.policy_control import PolicyControl
 from hogshard.proto.security import Security
 from hogshard.proto.service import ServiceCore
 from hogshard.proto.transport import bind_router
@@ -42,6 +41,7 @@ from hogshard.scheduler.heartbeats import Heartbeats
 from hogshard.scheduler.lost import LostShards
 from hogshard.scheduler.membership import MembershipTable, server_list
 from hogshard.scheduler.op_table import scheduler_ops
+from hogshard.scheduler.policy_control import PolicyControl
 from hogshard.scheduler.recovery import parse_table_report
 from hogshard.scheduler.rejoin import Rejoin
 from hogshard.scheduler.replication import check_replication

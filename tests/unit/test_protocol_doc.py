@@ -18,6 +18,8 @@ import pytest
 from hogshard.proto.errors import ErrorCode
 from hogshard.proto.ops import OpSpec
 from hogshard.ps.server import ShardServer
+from hogshard.scheduler.op_table import FIELDS as SCHEDULER_FIELDS
+from hogshard.scheduler.op_table import scheduler_ops
 from hogshard.scheduler.service import Scheduler
 
 PROTOCOL = Path(__file__).resolve().parents[2] / "PROTOCOL.md"
@@ -28,8 +30,11 @@ _SENT_BY = re.compile(r"^\*\*Sent by:\*\* (.+?)\.?\s*$")
 
 
 def _op_table(cls: type) -> Mapping[str, OpSpec]:
-    """The op table a service class answers from (the class attribute mapping op names to
-    their ``OpSpec``)."""
+    """The op table a service class answers from: the scheduler's as ``scheduler_ops`` builds
+    it (its handlers are its parts' methods, bound per instance), the server's as the class
+    attribute mapping op names to their ``OpSpec``."""
+    if cls is Scheduler:
+        return scheduler_ops(dict.fromkeys(SCHEDULER_FIELDS, lambda message: None))
     for klass in cls.__mro__:
         for value in vars(klass).values():
             if isinstance(value, Mapping) and value and all(

@@ -11,7 +11,6 @@ import pytest
 
 from hogshard.proto.errors import ConfigError, FencedError, HogshardError, UnknownMemberError
 from hogshard.proto.policy import parse_policy
-from hogshard.proto.policy_control import PolicyControl
 from hogshard.proto.wire import PROTOCOL_VERSION, Message
 from hogshard.scheduler.barriers import Barriers
 from hogshard.scheduler.checkpoint_coordinator import CheckpointCoordinator
@@ -19,6 +18,7 @@ from hogshard.scheduler.checkpointing import CheckpointRounds
 from hogshard.scheduler.heartbeats import Heartbeats, observe
 from hogshard.scheduler.lost import LostShards
 from hogshard.scheduler.membership import MembershipTable
+from hogshard.scheduler.policy_control import PolicyControl
 from hogshard.scheduler.server_recovery import ServerRecovery
 from hogshard.scheduler.shard_map import ShardMap
 from hogshard.scheduler.waiters import Waiters
