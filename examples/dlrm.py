@@ -11,6 +11,8 @@ servers as hashed rows (``RemoteEmbeddingBag``, row-wise Adagrad); the MLPs are 
 Rank 0 evaluates AUC and log-loss on the held-out split and, with ``--report``, also trains the
 same model in one process with ``torch.nn.EmbeddingBag`` tables (same init, data, epochs and
 update rules) and writes both (``auc``, ``baseline_auc``, ...) to the JSON report.
+``--from-export DIR`` evaluates a model written by ``hogshard export`` in this one process,
+with no servers (``--predictions`` saves the test split's probabilities, in either mode).
 ``--device`` (``auto``: cuda when torch sees one) is where the MLPs and pooled vectors live,
 for both; the remote bags' ids stay on the host, where their rows are looked up.
 """
@@ -122,8 +124,9 @@ def batches(data: RecsysDataset, sparse: np.ndarray, epoch: int, args: argparse.
 
 
 @torch.no_grad()
-def evaluate(model: DLRM, data: RecsysDataset, sparse: np.ndarray,
-             ids_device: torch.device) -> tuple[float, float]:
+def predict(model: DLRM, data: RecsysDataset, sparse: np.ndarray,
+            ids_device: torch.device) -> np.ndarray:
+    """The model's click probabilities on the held-out split."""
     device = next(model.parameters()).device
     probs = []
     for start in range(0, data.test.size, 4096):
@@ -132,7 +135,15 @@ def evaluate(model: DLRM, data: RecsysDataset, sparse: np.ndarray,
                  for f in range(sparse.shape[1])]
         dense = torch.from_numpy(data.dense[index]).to(device)
         probs.append(torch.sigmoid(model(dense, feats)).cpu().numpy())
-    p, y = np.concatenate(probs), data.labels[data.test]
+    return np.concatenate(probs)
+
+
+def evaluate(model: DLRM, data: RecsysDataset, sparse: np.ndarray, ids_device: torch.device,
+             predictions: Path | None = None) -> tuple[float, float]:
+    """AUC and log-loss on the held-out split (its probabilities saved to ``predictions``)."""
+    p, y = predict(model, data, sparse, ids_device), data.labels[data.test]
+    if predictions is not None:
+        np.save(predictions, p)
     return auc(p, y), logloss(p, y)
 
 
@@ -195,7 +206,7 @@ def train_remote(args: argparse.Namespace, data: RecsysDataset) -> dict[str, Any
     if rank == 0:
         opt.pull()
         model.eval()
-        result_auc, result_logloss = evaluate(model, data, data.sparse, host)
+        result_auc, result_logloss = evaluate(model, data, data.sparse, host, args.predictions)
         stats = embedding_stats(client)
         report = {"auc": result_auc, "logloss": result_logloss,
                   "samples_per_second": data.train.size * args.epochs / total_wall,
@@ -209,6 +220,20 @@ def train_remote(args: argparse.Namespace, data: RecsysDataset) -> dict[str, Any
                                           for f in range(data.num_sparse)))}
     client.close()
     return report
+
+
+def serve_export(args: argparse.Namespace, data: RecsysDataset) -> dict[str, Any]:
+    """Evaluate a model exported by ``hogshard export`` in this process, with no servers."""
+    from hogshard.worker.export import load_exported
+
+    exported = load_exported(args.from_export[0], *args.from_export[1:])
+    bags = [exported.bag(table_spec(args, data, f).name) for f in range(data.num_sparse)]
+    model = exported.load_dense(DLRM(data.dense.shape[1], bags, args.dim), "dlrm-dense")
+    model.eval()
+    host = torch.device("cpu")
+    result_auc, result_logloss = evaluate(model, data, data.sparse, host, args.predictions)
+    return {"auc": result_auc, "logloss": result_logloss, "workers": 1, "servers": 0,
+            "policy": "export"}
 
 
 def load(args: argparse.Namespace) -> RecsysDataset:
@@ -235,6 +260,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-baseline", action="store_true",
                    help="skip the single-process baseline in the report")
     p.add_argument("--local", action="store_true", help="only the single-process baseline")
+    p.add_argument("--predictions", type=Path, default=None,
+                   help="save the test split's click probabilities (.npy; rank 0)")
+    p.add_argument("--from-export", type=Path, nargs="+", default=None, metavar="DIR",
+                   help="evaluate a `hogshard export` (then any incremental ones) in this "
+                   "process, with no servers")
     add_device_argument(p)
     return p.parse_args(argv)
 
@@ -246,7 +276,9 @@ def main(argv: list[str] | None = None) -> int:
     data = load(args)
     log.info("%s: %d train, %d test, %d categorical features, oracle auc %s", data.name,
              data.train.size, data.test.size, data.num_sparse, data.oracle_auc)
-    if args.local:
+    if args.from_export:
+        report = serve_export(args, data)
+    elif args.local:
         base = train_local(args, data)
         report: dict[str, Any] | None = {**base, "workers": 1, "servers": 0, "policy": "local"}
         base_fields = {f"baseline_{k}": v for k, v in base.items()}
