@@ -73,7 +73,13 @@ class DLRM(nn.Module):
 
 def table_spec(args: argparse.Namespace, data: RecsysDataset, f: int) -> EmbeddingSpec:
     return EmbeddingSpec(f"cat{f}", args.dim, data.vocab[f],
-                         {"rule": "rowwise_adagrad", "lr": args.emb_lr}, seed=args.seed)
+                         {"rule": "rowwise_adagrad", "lr": args.emb_lr}, seed=args.seed,
+                         max_rows=args.max_rows, admit_after=args.admit_after, ttl=args.ttl)
+
+
+def peak_table_rows(stats: dict[int, dict[str, Any]]) -> int:
+    """The most rows one table holds on one shard (``embedding_stats`` replies)."""
+    return max((t["rows"] for s in stats.values() for t in s["tables"].values()), default=0)
 
 
 def local_bags(args: argparse.Namespace, data: RecsysDataset) -> tuple[list[nn.Module], np.ndarray]:
@@ -179,14 +185,15 @@ def train_remote(args: argparse.Namespace, data: RecsysDataset) -> dict[str, Any
     rank, workers = client.rank, client.settings.num_workers
     torch.manual_seed(args.seed)
     bags = [RemoteEmbeddingBag(client, s.name, s.num_embeddings, s.dim, mode="sum",
-                               rule=s.rule, seed=s.seed)
+                               rule=s.rule, seed=s.seed, max_rows=s.max_rows,
+                               admit_after=s.admit_after, ttl=s.ttl)
             for s in (table_spec(args, data, f) for f in range(data.num_sparse))]
     model = DLRM(data.dense.shape[1], bags, args.dim).to(args.device)  # moves the bags too
     opt = PSOptimizer(client, model.named_parameters(), rule="adam", lr=args.lr,
                       table="dlrm-dense", embeddings=bags)
     steps = args.epochs * -(-len(range(rank, data.train.size, workers)) // args.batch)
     host = torch.device("cpu")  # the bags look their ids up on the host
-    started, seen, step, ema = time.monotonic(), 0, 0, None
+    started, seen, step, ema, peak = time.monotonic(), 0, 0, None, 0
     for epoch in range(args.epochs):
         for dense, feats, y in batches(data, data.sparse, epoch, args, rank, workers, host):
             prefetch(list(zip(bags, feats, strict=True)))
@@ -197,6 +204,8 @@ def train_remote(args: argparse.Namespace, data: RecsysDataset) -> dict[str, Any
             seen, step = seen + len(y), step + 1
             ema = loss.item() if ema is None else 0.95 * ema + 0.05 * loss.item()
             client.set_progress(done=step, total=steps, loss=ema)
+            if rank == 0 and args.rows_every and step % args.rows_every == 0:
+                peak = max(peak, peak_table_rows(embedding_stats(client)))
     wall = time.monotonic() - started
     log.info("rank %d: %d samples in %.1f s (%.0f/s), loss %.4f", rank, seen, wall, seen / wall,
              ema or 0.0)
@@ -214,6 +223,10 @@ def train_remote(args: argparse.Namespace, data: RecsysDataset) -> dict[str, Any
                   "policy": client.policy,
                   "server_rows": sum(t["rows"] for s in stats.values()
                                      for t in s["tables"].values()),
+                  "peak_table_rows": max(peak, peak_table_rows(stats)),
+                  **{f"server_{key}": sum(t[key] for s in stats.values()
+                                          for t in s["tables"].values())
+                     for key in ("evicted", "expired", "admitted", "rejected")},
                   "server_embedding_bytes": sum(t["bytes"] for s in stats.values()
                                                 for t in s["tables"].values()),
                   "distinct_ids": int(sum(np.unique(data.sparse[:, f]).size
@@ -260,6 +273,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-baseline", action="store_true",
                    help="skip the single-process baseline in the report")
     p.add_argument("--local", action="store_true", help="only the single-process baseline")
+    p.add_argument("--max-rows", type=int, default=None,
+                   help="rows per table per server (least recently used evicted beyond)")
+    p.add_argument("--admit-after", type=int, default=None,
+                   help="create a row on its N-th push (earlier pushes dropped)")
+    p.add_argument("--ttl", type=int, default=None,
+                   help="a row no push touched in a server's last TTL pushes expires")
+    p.add_argument("--rows-every", type=int, default=0, metavar="STEPS",
+                   help="rank 0: sample the servers' row counts every STEPS steps (the "
+                   "report's peak_table_rows)")
     p.add_argument("--predictions", type=Path, default=None,
                    help="save the test split's click probabilities (.npy; rank 0)")
     p.add_argument("--from-export", type=Path, nargs="+", default=None, metavar="DIR",

@@ -56,7 +56,8 @@ class RemoteEmbeddingBag(nn.Module):
     """``nn.EmbeddingBag`` over (indices, offsets[, per_sample_weights]) with ``sum`` or
     ``mean`` pooling, backed by a sharded embedding table. It holds no ``nn.Parameter``: its
     rows are updated by the servers' row-wise rule. Its device is ``device`` (cpu by default),
-    and then wherever ``.to()`` moves the module."""
+    and then wherever ``.to()`` moves the module. ``max_rows``, ``admit_after`` and ``ttl``
+    bound the rows each server holds (:class:`hogshard.proto.tables.EmbeddingSpec`)."""
 
     def __init__(
         self,
@@ -70,6 +71,8 @@ class RemoteEmbeddingBag(nn.Module):
         init_scale: float | None = None,
         max_rows: int | None = None,
         device: torch.device | str | None = None,
+        admit_after: int | None = None,
+        ttl: int | None = None,
     ) -> None:
         super().__init__()
         if mode not in ("sum", "mean"):
@@ -79,7 +82,8 @@ class RemoteEmbeddingBag(nn.Module):
         self.embedding_dim = embedding_dim
         self.num_embeddings = num_embeddings
         self.handle: EmbeddingHandle = client.embedding_table(
-            name, embedding_dim, num_embeddings, rule, seed, init_scale, max_rows)
+            name, embedding_dim, num_embeddings, rule, seed, init_scale, max_rows, admit_after,
+            ttl)
         self._prefetched: _Fetched | None = None
         self._touched: list[tuple[np.ndarray, torch.Tensor]] = []
         # no parameters to follow .to(); an empty buffer carries the device
