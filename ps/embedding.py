@@ -114,8 +114,9 @@ class EmbeddingTable:
 
     # ---- validation -------------------------------------------------------------------------
 
-    def check_ids(self, ids: np.ndarray, what: str = "ids") -> None:
-        """Raise a typed error unless ``ids`` is a 1-D int64 array of valid ids."""
+    def check_ids(self, ids: np.ndarray, what: str = "ids", reading: bool = False) -> None:
+        """Raise a typed error unless ``ids`` is a 1-D int64 array of valid ids (and, unless
+        a pull under admission, which creates no row, touches at most ``max_rows``)."""
         if ids.dtype != INT64:
             raise DtypeError(f"table {self.name!r}: {what} have dtype {ids.dtype.str}; expected "
                              "int64 ('<i8')")
@@ -130,6 +131,8 @@ class EmbeddingTable:
             raise ProtocolError(f"table {self.name!r}: id {int(ids.max())} out of range; "
                                 f"expected ids in [0, {n})")
         cap = self.spec.max_rows
+        if reading and self.sketch is not None:
+            return
         if cap is not None and ids.size > cap and np.unique(ids).size > cap:
             raise TooLargeError(f"table {self.name!r}: one request touches more than max_rows="
                                 f"{cap} rows")
@@ -312,7 +315,7 @@ class EmbeddingStore:
             raise ProtocolError(f"{len(tables)} tables but {len(ids)} id arrays; expected one "
                                 "id array per table")
         for table, table_ids in zip(tables, ids, strict=True):
-            table.check_ids(table_ids)
+            table.check_ids(table_ids, reading=True)
         return [t.read(i) for t, i in zip(tables, ids, strict=True)]
 
     def push(self, names: Any, ids: Sequence[np.ndarray], grads: Sequence[np.ndarray]) -> None:

@@ -55,6 +55,8 @@ def test_a_row_is_created_on_its_nth_push_and_earlier_pushes_are_dropped() -> No
     np.testing.assert_allclose(store.pull(["t"], [ids_of(7)])[0], initial - 1.0)
     store.pull(["t"], [ids_of(8, 9)])  # pulls alone never create rows
     assert table.rows == 1
+    capped = store_with(admit_after=2, max_rows=2)
+    assert capped.pull(["t"], [ids_of(1, 2, 3, 4)])[0].shape == (4, 2)  # nothing created
     assert store.summary()["admitted"] == 1 and store.summary()["rejected"] == 2
 
 
