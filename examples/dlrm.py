@@ -77,6 +77,17 @@ def table_spec(args: argparse.Namespace, data: RecsysDataset, f: int) -> Embeddi
                          max_rows=args.max_rows, admit_after=args.admit_after, ttl=args.ttl)
 
 
+def cache_stats(bags: list[Any]) -> dict[str, float]:
+    """The hot-row caches' hit rate and mean staleness (clocks) over every bag, if on."""
+    stats = [bag.cache.stats() for bag in bags if bag.cache is not None]
+    hits, misses = sum(s["hits"] for s in stats), sum(s["misses"] for s in stats)
+    if not stats or not hits + misses:
+        return {}
+    return {"cache_hit_rate": hits / (hits + misses),
+            "cache_staleness_mean": sum(s["staleness_mean"] * s["hits"] for s in stats)
+            / max(hits, 1)}
+
+
 def peak_table_rows(stats: dict[int, dict[str, Any]]) -> int:
     """The most rows one table holds on one shard (``embedding_stats`` replies)."""
     return max((t["rows"] for s in stats.values() for t in s["tables"].values()), default=0)
@@ -186,7 +197,8 @@ def train_remote(args: argparse.Namespace, data: RecsysDataset) -> dict[str, Any
     torch.manual_seed(args.seed)
     bags = [RemoteEmbeddingBag(client, s.name, s.num_embeddings, s.dim, mode="sum",
                                rule=s.rule, seed=s.seed, max_rows=s.max_rows,
-                               admit_after=s.admit_after, ttl=s.ttl)
+                               admit_after=s.admit_after, ttl=s.ttl,
+                               cache_staleness=args.cache_staleness)
             for s in (table_spec(args, data, f) for f in range(data.num_sparse))]
     model = DLRM(data.dense.shape[1], bags, args.dim).to(args.device)  # moves the bags too
     opt = PSOptimizer(client, model.named_parameters(), rule="adam", lr=args.lr,
@@ -203,13 +215,17 @@ def train_remote(args: argparse.Namespace, data: RecsysDataset) -> dict[str, Any
             opt.step()
             seen, step = seen + len(y), step + 1
             ema = loss.item() if ema is None else 0.95 * ema + 0.05 * loss.item()
-            client.set_progress(done=step, total=steps, loss=ema)
+            client.set_progress(done=step, total=steps, loss=ema, **cache_stats(bags))
             if rank == 0 and args.rows_every and step % args.rows_every == 0:
                 peak = max(peak, peak_table_rows(embedding_stats(client)))
     wall = time.monotonic() - started
     log.info("rank %d: %d samples in %.1f s (%.0f/s), loss %.4f", rank, seen, wall, seen / wall,
              ema or 0.0)
     client.barrier("dlrm-trained")
+    trained_cache = cache_stats(bags)
+    for bag in bags:  # evaluate on fresh rows
+        if bag.cache is not None:
+            bag.cache.clear()
     total_wall = time.monotonic() - started
     report = None
     if rank == 0:
@@ -217,7 +233,7 @@ def train_remote(args: argparse.Namespace, data: RecsysDataset) -> dict[str, Any
         model.eval()
         result_auc, result_logloss = evaluate(model, data, data.sparse, host, args.predictions)
         stats = embedding_stats(client)
-        report = {"auc": result_auc, "logloss": result_logloss,
+        report = {"auc": result_auc, "logloss": result_logloss, **trained_cache,
                   "samples_per_second": data.train.size * args.epochs / total_wall,
                   "wall_seconds": total_wall, "workers": workers, "servers": client.num_servers,
                   "policy": client.policy,
@@ -279,6 +295,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="create a row on its N-th push (earlier pushes dropped)")
     p.add_argument("--ttl", type=int, default=None,
                    help="a row no push touched in a server's last TTL pushes expires")
+    p.add_argument("--cache-staleness", type=int, default=None, metavar="K",
+                   help="reuse a row pulled at most K steps ago (the worker's hot-row cache)")
     p.add_argument("--rows-every", type=int, default=0, metavar="STEPS",
                    help="rank 0: sample the servers' row counts every STEPS steps (the "
                    "report's peak_table_rows)")

@@ -1,7 +1,8 @@
 """DLRM trained by two worker processes against a scheduler and two servers that stay up
 after it: the export of the running job, evaluated in a fresh process with no servers,
 predicts what the cluster model does; admission, expiry and a row cap keep every shard's
-tables under the cap, as the servers' status reports."""
+tables under the cap, as the servers' status reports; the workers' hot-row cache serves rows
+no older than its bound."""
 
 from __future__ import annotations
 
@@ -82,3 +83,13 @@ def test_admission_expiry_and_cap_bound_every_shard(cluster_factory, procs,
     emb = procs.wait_until(reported, 10.0, "heartbeats with the final row counts")
     assert sum(e["admitted"] for e in emb) == report["server_admitted"]
     assert all(e["bytes"] > 0 for e in emb)
+
+
+@pytest.mark.timeout(180)
+def test_hot_row_cache_serves_rows_within_its_staleness(cluster_factory, procs,
+                                                        tmp_path: Path) -> None:
+    cluster = cluster_factory(servers=2)
+    report = train(procs, cluster, tmp_path, "--cache-staleness", "4", "--vocab", "2000")
+    assert report["auc"] > 0.6, report
+    assert 0.3 < report["cache_hit_rate"] < 1.0, report
+    assert 0.0 < report["cache_staleness_mean"] <= 4.0, report
