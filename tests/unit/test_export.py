@@ -163,3 +163,28 @@ def test_bad_exports_and_models_are_refused(tmp_path: Path) -> None:
         load_exported(tmp_path / "out")
     with pytest.raises(CheckpointError, match="not a checkpoint"):
         export_checkpoint(tmp_path / "nowhere", tmp_path / "out2")
+
+
+def test_cli_writes_full_and_incremental_exports(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from hogshard.cli import main
+
+    shards = Shards()
+    shards.push([1, 2], 1.0)
+    first = shards.checkpoint(tmp_path / "ckpts", 1)
+    shards.push([2], 1.0)
+    second = shards.checkpoint(tmp_path / "ckpts", 2)
+    runner = CliRunner()
+    full = runner.invoke(main, ["export", "--out", str(tmp_path / "full"), str(first)])
+    assert full.exit_code == 0 and "full export of ckpt-000001" in full.output, full.output
+    inc = runner.invoke(main, ["export", "--out", str(tmp_path / "inc"), "--since", str(first),
+                               str(tmp_path / "ckpts")])  # LATEST: ckpt-000002
+    assert inc.exit_code == 0 and "incremental export of ckpt-000002" in inc.output, inc.output
+    assert "1 rows" in inc.output
+    np.testing.assert_array_equal(
+        load_exported(tmp_path / "full", tmp_path / "inc").tables["user"].rows(
+            np.array([1, 2], np.int64)), shards.rows(np.array([1, 2], np.int64)))
+    bad = runner.invoke(main, ["export", "--out", str(tmp_path / "x"), str(tmp_path)])
+    assert bad.exit_code == 1 and "not a checkpoint" in bad.output
+    assert second.name == "ckpt-000002"
