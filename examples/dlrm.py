@@ -11,6 +11,8 @@ servers as hashed rows (``RemoteEmbeddingBag``, row-wise Adagrad); the MLPs are 
 Rank 0 evaluates AUC and log-loss on the held-out split and, with ``--report``, also trains the
 same model in one process with ``torch.nn.EmbeddingBag`` tables (same init, data, epochs and
 update rules) and writes both (``auc``, ``baseline_auc``, ...) to the JSON report.
+``--from-export DIR`` evaluates a model written by ``hogshard export`` in this one process,
+with no servers (``--predictions`` saves the test split's probabilities, in either mode).
 ``--device`` (``auto``: cuda when torch sees one) is where the MLPs and pooled vectors live,
 for both; the remote bags' ids stay on the host, where their rows are looked up.
 """
@@ -71,7 +73,24 @@ class DLRM(nn.Module):
 
 def table_spec(args: argparse.Namespace, data: RecsysDataset, f: int) -> EmbeddingSpec:
     return EmbeddingSpec(f"cat{f}", args.dim, data.vocab[f],
-                         {"rule": "rowwise_adagrad", "lr": args.emb_lr}, seed=args.seed)
+                         {"rule": "rowwise_adagrad", "lr": args.emb_lr}, seed=args.seed,
+                         max_rows=args.max_rows, admit_after=args.admit_after, ttl=args.ttl)
+
+
+def cache_stats(bags: list[Any]) -> dict[str, float]:
+    """The hot-row caches' hit rate and mean staleness (clocks) over every bag, if on."""
+    stats = [bag.cache.stats() for bag in bags if bag.cache is not None]
+    hits, misses = sum(s["hits"] for s in stats), sum(s["misses"] for s in stats)
+    if not stats or not hits + misses:
+        return {}
+    return {"cache_hit_rate": hits / (hits + misses),
+            "cache_staleness_mean": sum(s["staleness_mean"] * s["hits"] for s in stats)
+            / max(hits, 1)}
+
+
+def peak_table_rows(stats: dict[int, dict[str, Any]]) -> int:
+    """The most rows one table holds on one shard (``embedding_stats`` replies)."""
+    return max((t["rows"] for s in stats.values() for t in s["tables"].values()), default=0)
 
 
 def local_bags(args: argparse.Namespace, data: RecsysDataset) -> tuple[list[nn.Module], np.ndarray]:
@@ -122,8 +141,9 @@ def batches(data: RecsysDataset, sparse: np.ndarray, epoch: int, args: argparse.
 
 
 @torch.no_grad()
-def evaluate(model: DLRM, data: RecsysDataset, sparse: np.ndarray,
-             ids_device: torch.device) -> tuple[float, float]:
+def predict(model: DLRM, data: RecsysDataset, sparse: np.ndarray,
+            ids_device: torch.device) -> np.ndarray:
+    """The model's click probabilities on the held-out split."""
     device = next(model.parameters()).device
     probs = []
     for start in range(0, data.test.size, 4096):
@@ -132,7 +152,15 @@ def evaluate(model: DLRM, data: RecsysDataset, sparse: np.ndarray,
                  for f in range(sparse.shape[1])]
         dense = torch.from_numpy(data.dense[index]).to(device)
         probs.append(torch.sigmoid(model(dense, feats)).cpu().numpy())
-    p, y = np.concatenate(probs), data.labels[data.test]
+    return np.concatenate(probs)
+
+
+def evaluate(model: DLRM, data: RecsysDataset, sparse: np.ndarray, ids_device: torch.device,
+             predictions: Path | None = None) -> tuple[float, float]:
+    """AUC and log-loss on the held-out split (its probabilities saved to ``predictions``)."""
+    p, y = predict(model, data, sparse, ids_device), data.labels[data.test]
+    if predictions is not None:
+        np.save(predictions, p)
     return auc(p, y), logloss(p, y)
 
 
@@ -168,14 +196,16 @@ def train_remote(args: argparse.Namespace, data: RecsysDataset) -> dict[str, Any
     rank, workers = client.rank, client.settings.num_workers
     torch.manual_seed(args.seed)
     bags = [RemoteEmbeddingBag(client, s.name, s.num_embeddings, s.dim, mode="sum",
-                               rule=s.rule, seed=s.seed)
+                               rule=s.rule, seed=s.seed, max_rows=s.max_rows,
+                               admit_after=s.admit_after, ttl=s.ttl,
+                               cache_staleness=args.cache_staleness)
             for s in (table_spec(args, data, f) for f in range(data.num_sparse))]
     model = DLRM(data.dense.shape[1], bags, args.dim).to(args.device)  # moves the bags too
     opt = PSOptimizer(client, model.named_parameters(), rule="adam", lr=args.lr,
                       table="dlrm-dense", embeddings=bags)
     steps = args.epochs * -(-len(range(rank, data.train.size, workers)) // args.batch)
     host = torch.device("cpu")  # the bags look their ids up on the host
-    started, seen, step, ema = time.monotonic(), 0, 0, None
+    started, seen, step, ema, peak = time.monotonic(), 0, 0, None, 0
     for epoch in range(args.epochs):
         for dense, feats, y in batches(data, data.sparse, epoch, args, rank, workers, host):
             prefetch(list(zip(bags, feats, strict=True)))
@@ -185,30 +215,54 @@ def train_remote(args: argparse.Namespace, data: RecsysDataset) -> dict[str, Any
             opt.step()
             seen, step = seen + len(y), step + 1
             ema = loss.item() if ema is None else 0.95 * ema + 0.05 * loss.item()
-            client.set_progress(done=step, total=steps, loss=ema)
+            client.set_progress(done=step, total=steps, loss=ema, **cache_stats(bags))
+            if rank == 0 and args.rows_every and step % args.rows_every == 0:
+                peak = max(peak, peak_table_rows(embedding_stats(client)))
     wall = time.monotonic() - started
     log.info("rank %d: %d samples in %.1f s (%.0f/s), loss %.4f", rank, seen, wall, seen / wall,
              ema or 0.0)
     client.barrier("dlrm-trained")
+    trained_cache = cache_stats(bags)
+    for bag in bags:  # evaluate on fresh rows
+        if bag.cache is not None:
+            bag.cache.clear()
     total_wall = time.monotonic() - started
     report = None
     if rank == 0:
         opt.pull()
         model.eval()
-        result_auc, result_logloss = evaluate(model, data, data.sparse, host)
+        result_auc, result_logloss = evaluate(model, data, data.sparse, host, args.predictions)
         stats = embedding_stats(client)
-        report = {"auc": result_auc, "logloss": result_logloss,
+        report = {"auc": result_auc, "logloss": result_logloss, **trained_cache,
                   "samples_per_second": data.train.size * args.epochs / total_wall,
                   "wall_seconds": total_wall, "workers": workers, "servers": client.num_servers,
                   "policy": client.policy,
                   "server_rows": sum(t["rows"] for s in stats.values()
                                      for t in s["tables"].values()),
+                  "peak_table_rows": max(peak, peak_table_rows(stats)),
+                  **{f"server_{key}": sum(t[key] for s in stats.values()
+                                          for t in s["tables"].values())
+                     for key in ("evicted", "expired", "admitted", "rejected")},
                   "server_embedding_bytes": sum(t["bytes"] for s in stats.values()
                                                 for t in s["tables"].values()),
                   "distinct_ids": int(sum(np.unique(data.sparse[:, f]).size
                                           for f in range(data.num_sparse)))}
     client.close()
     return report
+
+
+def serve_export(args: argparse.Namespace, data: RecsysDataset) -> dict[str, Any]:
+    """Evaluate a model exported by ``hogshard export`` in this process, with no servers."""
+    from hogshard.worker.export import load_exported
+
+    exported = load_exported(args.from_export[0], *args.from_export[1:])
+    bags = [exported.bag(table_spec(args, data, f).name) for f in range(data.num_sparse)]
+    model = exported.load_dense(DLRM(data.dense.shape[1], bags, args.dim), "dlrm-dense")
+    model.eval()
+    host = torch.device("cpu")
+    result_auc, result_logloss = evaluate(model, data, data.sparse, host, args.predictions)
+    return {"auc": result_auc, "logloss": result_logloss, "workers": 1, "servers": 0,
+            "policy": "export"}
 
 
 def load(args: argparse.Namespace) -> RecsysDataset:
@@ -235,6 +289,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-baseline", action="store_true",
                    help="skip the single-process baseline in the report")
     p.add_argument("--local", action="store_true", help="only the single-process baseline")
+    p.add_argument("--max-rows", type=int, default=None,
+                   help="rows per table per server (least recently used evicted beyond)")
+    p.add_argument("--admit-after", type=int, default=None,
+                   help="create a row on its N-th push (earlier pushes dropped)")
+    p.add_argument("--ttl", type=int, default=None,
+                   help="a row no push touched in a server's last TTL pushes expires")
+    p.add_argument("--cache-staleness", type=int, default=None, metavar="K",
+                   help="reuse a row pulled at most K steps ago (the worker's hot-row cache)")
+    p.add_argument("--rows-every", type=int, default=0, metavar="STEPS",
+                   help="rank 0: sample the servers' row counts every STEPS steps (the "
+                   "report's peak_table_rows)")
+    p.add_argument("--predictions", type=Path, default=None,
+                   help="save the test split's click probabilities (.npy; rank 0)")
+    p.add_argument("--from-export", type=Path, nargs="+", default=None, metavar="DIR",
+                   help="evaluate a `hogshard export` (then any incremental ones) in this "
+                   "process, with no servers")
     add_device_argument(p)
     return p.parse_args(argv)
 
@@ -246,7 +316,9 @@ def main(argv: list[str] | None = None) -> int:
     data = load(args)
     log.info("%s: %d train, %d test, %d categorical features, oracle auc %s", data.name,
              data.train.size, data.test.size, data.num_sparse, data.oracle_auc)
-    if args.local:
+    if args.from_export:
+        report = serve_export(args, data)
+    elif args.local:
         base = train_local(args, data)
         report: dict[str, Any] | None = {**base, "workers": 1, "servers": 0, "policy": "local"}
         base_fields = {f"baseline_{k}": v for k, v in base.items()}

@@ -320,6 +320,38 @@ def checkpoint(scheduler: str, timeout: float, keys: str | None, directory: str)
     click.echo(f"{reply['path']} ({len(reply['files'])} files, {total} bytes)")
 
 
+@main.command("export")
+@_option("out", required=True, type=click.Path(file_okay=False),
+         help="directory to write the export into (created)")
+@_option("since", default=None, type=click.Path(exists=True, file_okay=False),
+         help="an older checkpoint of the same job: export only the embedding rows that "
+         "appeared or changed after it (incremental; dense tables are always whole)")
+@click.option("--scheduler", default=None,  # no HOGSHARD_SCHEDULER: it changes what is read
+              help="first checkpoint the running job at this scheduler address into SOURCE, "
+              "then export that checkpoint")
+@_option("timeout", default=300.0, type=click.FloatRange(min=0.1))
+@_keys_option
+@click.argument("source", type=click.Path(file_okay=False))
+def export(out: str, since: str | None, scheduler: str | None, timeout: float,
+           keys: str | None, source: str) -> None:
+    """Export a checkpoint for serving: the dense weights and every embedding row as plain
+    .npz files with a manifest.json (format: hogshard.proto.export_format), loaded with no
+    servers by hogshard.worker.export.load_exported. SOURCE is a checkpoint (ckpt-N) or the
+    directory whose LATEST names one. Prints the export's path and what it holds."""
+    from hogshard.ps.export import export_checkpoint
+
+    if scheduler is not None:
+        reply = _call_scheduler(scheduler, "checkpoint", {"dir": str(Path(source).resolve())},
+                                timeout, keys)
+        source = reply["path"]
+    manifest = _or_exit(lambda: export_checkpoint(Path(source), Path(out),
+                                                  Path(since) if since else None))
+    rows = sum(t["rows"] for t in manifest["embeddings"].values())
+    click.echo(f"{out} ({manifest['kind']} export of {manifest['checkpoint']}: "
+               f"{len(manifest['dense'])} dense tables, {len(manifest['embeddings'])} "
+               f"embedding tables, {rows} rows)")
+
+
 @main.group()
 def policy() -> None:
     """Inspect or change the consistency policy of a running job."""

@@ -34,8 +34,14 @@ def _bytes(n: float) -> str:
 def _detail(member: dict[str, Any]) -> str:
     if member["role"] == "server":
         st = member.get("stats") or {}
-        return (f"pushes={st.get('pushes', 0)} pulls={st.get('pulls', 0)} "
-                f"updates={st.get('updates', 0)} deferred={st.get('deferred_pulls', 0)}")
+        detail = (f"pushes={st.get('pushes', 0)} pulls={st.get('pulls', 0)} "
+                  f"updates={st.get('updates', 0)} deferred={st.get('deferred_pulls', 0)}")
+        emb = st.get("embeddings") or {}
+        if emb.get("rows") or emb.get("rejected"):
+            detail += (f" rows={emb['rows']} ({_bytes(emb.get('bytes', 0))}) "
+                       f"evicted={emb.get('evicted', 0)} expired={emb.get('expired', 0)} "
+                       f"admitted={emb.get('admitted', 0)}")
+        return detail
     progress = member.get("progress") or {}
     return " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                     for k, v in progress.items())

@@ -67,7 +67,11 @@ MAX_DIM = 1 << 16
 @dataclass(frozen=True)
 class EmbeddingSpec:
     """What a worker declares. ``init_scale`` None means ``sqrt(1 / num_embeddings)`` (DLRM's
-    uniform init) for a bounded table and 0.01 for an unbounded one."""
+    uniform init) for a bounded table and 0.01 for an unbounded one. Memory bounds, per shard:
+    ``max_rows`` (least recently used rows evicted beyond it), ``admit_after`` (a row is
+    created only when a push carries its id for the N-th time; before, its pushes are dropped
+    and a pull returns its initial row) and ``ttl`` (a row no push touched in the shard's last
+    ``ttl`` pushes to the table expires)."""
 
     name: str
     dim: int
@@ -76,6 +80,8 @@ class EmbeddingSpec:
     seed: int = 0
     init_scale: float | None = None
     max_rows: int | None = None
+    admit_after: int | None = None
+    ttl: int | None = None
 
     def __post_init__(self) -> None:
         def is_int(v: Any) -> bool:
@@ -100,6 +106,11 @@ class EmbeddingSpec:
         m = self.max_rows
         if m is not None and (not is_int(m) or m < 1):
             raise ProtocolError(f"table {self.name!r}: 'max_rows' must be nil or an int >= 1")
+        for key in ("admit_after", "ttl"):
+            v = getattr(self, key)
+            if v is not None and (not is_int(v) or not 1 <= v < 1 << 31):
+                raise ProtocolError(f"table {self.name!r}: {key!r} must be nil or an int in "
+                                    f"[1, 2^31); got {v!r}")
 
     @property
     def scale(self) -> float:
@@ -120,4 +131,5 @@ class EmbeddingSpec:
         return cls(name=fields.get("table"), dim=fields.get("dim"),
                    num_embeddings=fields.get("num_embeddings"), rule=dict(rule),
                    seed=fields.get("seed", 0), init_scale=fields.get("init_scale"),
-                   max_rows=fields.get("max_rows"))
+                   max_rows=fields.get("max_rows"), admit_after=fields.get("admit_after"),
+                   ttl=fields.get("ttl"))

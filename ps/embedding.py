@@ -9,7 +9,9 @@ replayed or restarted shard creates the same rows.
 Rows live in one ``capacity x dim`` float32 block that doubles when full (amortised O(1) per
 new row, never a full copy per insert); the id -> slot map is a :class:`SlotIndex`. Every
 request is validated whole before anything changes. With ``max_rows`` set, least recently used
-rows are evicted (counted) when a request would exceed it.
+rows are evicted (counted) when a request would exceed it. With ``admit_after`` a row is
+created only once pushes have carried its id that many times (:mod:`hogshard.ps.row_bounds`),
+and with ``ttl`` a row that none of the table's last ``ttl`` pushes touched expires.
 
 Example::
 
@@ -47,6 +49,7 @@ from hogshard.proto.errors import (
 )
 from hogshard.proto.hashing import init_rows
 from hogshard.proto.tables import EmbeddingSpec
+from hogshard.ps.row_bounds import CountMinSketch
 from hogshard.ps.row_rules import RowRule, make_row_rule
 from hogshard.ps.slot_index import SlotIndex
 
@@ -65,11 +68,15 @@ class EmbeddingTable:
         self.state: dict[str, np.ndarray] = {}
         self.slot_ids = np.empty(0, INT64)
         self.last_used = np.empty(0, INT64)
+        self.last_push = np.empty(0, INT64)  # the push clock of each row's last push
         self._resize(initial_capacity)
         self.used = 0  # slots handed out (live rows + free slots)
         self.free = np.empty(0, INT64)
         self.tick = 0
-        self.counters = {"created": 0, "evicted": 0, "pulls": 0, "pushes": 0, "ids_pulled": 0,
+        self.push_clock = 0  # pushes applied to this table
+        self.sketch = CountMinSketch() if spec.admit_after and spec.admit_after > 1 else None
+        self.counters = {"created": 0, "evicted": 0, "expired": 0, "admitted": 0,
+                         "rejected": 0, "pulls": 0, "pushes": 0, "ids_pulled": 0,
                          "ids_pushed": 0}
 
     @property
@@ -88,7 +95,8 @@ class EmbeddingTable:
     @property
     def nbytes(self) -> int:
         return int(self.weights.nbytes + sum(a.nbytes for a in self.state.values())
-                   + self.slot_ids.nbytes + self.last_used.nbytes + self.index.nbytes)
+                   + self.slot_ids.nbytes + self.last_used.nbytes + self.last_push.nbytes
+                   + self.index.nbytes + (self.sketch.nbytes if self.sketch else 0))
 
     def _resize(self, capacity: int) -> None:
         def grown(old: np.ndarray, shape: tuple[int, ...], dtype: Any, fill: float) -> np.ndarray:
@@ -102,11 +110,13 @@ class EmbeddingTable:
             self.state[key] = grown(old, shape, dtype, self.rule.state_fill(key))
         self.slot_ids = grown(self.slot_ids, (), INT64, -1)
         self.last_used = grown(self.last_used, (), INT64, 0)
+        self.last_push = grown(self.last_push, (), INT64, 0)
 
     # ---- validation -------------------------------------------------------------------------
 
-    def check_ids(self, ids: np.ndarray, what: str = "ids") -> None:
-        """Raise a typed error unless ``ids`` is a 1-D int64 array of valid ids."""
+    def check_ids(self, ids: np.ndarray, what: str = "ids", reading: bool = False) -> None:
+        """Raise a typed error unless ``ids`` is a 1-D int64 array of valid ids (and, unless
+        a pull under admission, which creates no row, touches at most ``max_rows``)."""
         if ids.dtype != INT64:
             raise DtypeError(f"table {self.name!r}: {what} have dtype {ids.dtype.str}; expected "
                              "int64 ('<i8')")
@@ -121,6 +131,8 @@ class EmbeddingTable:
             raise ProtocolError(f"table {self.name!r}: id {int(ids.max())} out of range; "
                                 f"expected ids in [0, {n})")
         cap = self.spec.max_rows
+        if reading and self.sketch is not None:
+            return
         if cap is not None and ids.size > cap and np.unique(ids).size > cap:
             raise TooLargeError(f"table {self.name!r}: one request touches more than max_rows="
                                 f"{cap} rows")
@@ -163,10 +175,26 @@ class EmbeddingTable:
         if excess <= 0:
             return
         victims = live[np.argpartition(self.last_used[live], excess - 1)[:excess]]
+        self._drop(victims)
+        self.counters["evicted"] += int(excess)
+
+    def _drop(self, victims: np.ndarray) -> None:
+        """Forget the rows in slots ``victims`` (their slots are reused)."""
         self.index.remove(self.slot_ids[victims])
         self.slot_ids[victims] = -1
         self.free = np.concatenate([self.free, victims])
-        self.counters["evicted"] += int(excess)
+
+    def _expire(self) -> None:
+        """Drop the rows no push touched in the last ``ttl`` pushes; runs every ``ttl / 8``
+        pushes, so a row lives between ``ttl`` and ``1.125 * ttl`` pushes untouched."""
+        ttl = self.spec.ttl
+        if ttl is None or self.push_clock % max(1, ttl // 8):
+            return
+        live = np.flatnonzero(self.slot_ids[: self.used] >= 0)
+        old = live[self.last_push[live] < self.push_clock - ttl]
+        if old.size:
+            self._drop(old)
+            self.counters["expired"] += int(old.size)
 
     def slots_for(self, ids: np.ndarray) -> np.ndarray:
         """The slot of each id (validated), creating missing rows with their initial values."""
@@ -181,6 +209,7 @@ class EmbeddingTable:
             for key, array in self.state.items():
                 array[new_slots] = self.rule.state_fill(key)
             self.slot_ids[new_slots] = new_ids
+            self.last_push[new_slots] = self.push_clock
             self.index.insert(new_ids, new_slots)
             self.counters["created"] += int(new_ids.size)
             slots[missing] = new_slots[np.searchsorted(new_ids, ids[missing])]
@@ -189,9 +218,21 @@ class EmbeddingTable:
         return slots
 
     def read(self, ids: np.ndarray) -> np.ndarray:
-        """A copy of the rows of ``ids`` (validated first), shape ``(len(ids), dim)``."""
-        slots = self.slots_for(ids)  # may grow (replace) self.weights
-        rows = self.weights[slots]
+        """A copy of the rows of ``ids`` (validated first), shape ``(len(ids), dim)``. Under
+        admission an id without a row reads its initial values and creates nothing."""
+        if self.sketch is None:
+            slots = self.slots_for(ids)  # may grow (replace) self.weights
+            rows = self.weights[slots]
+        else:
+            slots = self.index.lookup(ids)
+            held = slots >= 0
+            rows = np.empty((ids.size, self.spec.dim), FLOAT32)
+            rows[held] = self.weights[slots[held]]
+            if not held.all():
+                rows[~held] = init_rows(self.spec.seed, self.name, ids[~held], self.spec.dim,
+                                        self.spec.scale)
+            self.tick += 1
+            self.last_used[slots[held]] = self.tick
         self.counters["pulls"] += 1
         self.counters["ids_pulled"] += int(ids.size)
         return rows
@@ -203,6 +244,9 @@ class EmbeddingTable:
             summed = np.zeros((uniq.size, self.spec.dim), FLOAT32)
             np.add.at(summed, inverse, grads)
             ids, grads = uniq, summed
+        if self.sketch is not None:
+            ids, grads = self._admitted(ids, grads)
+        self.push_clock += 1
         slots = self.slots_for(ids)
         w = self.weights[slots]
         state = {key: array[slots] for key, array in self.state.items()}
@@ -210,8 +254,24 @@ class EmbeddingTable:
         self.weights[slots] = w
         for key, array in state.items():
             self.state[key][slots] = array
+        self.last_push[slots] = self.push_clock
         self.counters["pushes"] += 1
         self.counters["ids_pushed"] += int(ids.size)
+        self._expire()
+
+    def _admitted(self, ids: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The (unique) ids of a push that have rows or are admitted now, with their
+        gradients; the others are counted in the sketch and dropped."""
+        assert self.sketch is not None and self.spec.admit_after is not None
+        missing = self.index.lookup(ids) < 0
+        if not missing.any():
+            return ids, grads
+        admit = self.sketch.add(ids[missing]) >= self.spec.admit_after
+        keep = ~missing
+        keep[np.flatnonzero(missing)[admit]] = True
+        self.counters["admitted"] += int(admit.sum())
+        self.counters["rejected"] += int(admit.size - admit.sum())
+        return ids[keep], grads[keep]
 
     def stats(self) -> dict[str, Any]:
         return {"dim": self.spec.dim, "rows": self.rows, "capacity": self.capacity,
@@ -255,7 +315,7 @@ class EmbeddingStore:
             raise ProtocolError(f"{len(tables)} tables but {len(ids)} id arrays; expected one "
                                 "id array per table")
         for table, table_ids in zip(tables, ids, strict=True):
-            table.check_ids(table_ids)
+            table.check_ids(table_ids, reading=True)
         return [t.read(i) for t, i in zip(tables, ids, strict=True)]
 
     def push(self, names: Any, ids: Sequence[np.ndarray], grads: Sequence[np.ndarray]) -> None:
@@ -271,6 +331,13 @@ class EmbeddingStore:
 
     def stats(self) -> dict[str, dict[str, Any]]:
         return {name: t.stats() for name, t in self.tables.items()}
+
+    def summary(self) -> dict[str, int]:
+        """Rows, bytes, evictions, expiries, admissions and rejected row pushes over every
+        table (what a server's heartbeat reports, and so ``hogshard status``)."""
+        keys = ("rows", "bytes", "evicted", "expired", "admitted", "rejected")
+        tables = [t.stats() for t in self.tables.values()]
+        return {key: int(sum(t[key] for t in tables)) for key in keys}
 
     # ---- checkpoint -------------------------------------------------------------------------
 

@@ -26,7 +26,18 @@ def _read(server: Any) -> dict[str, Any]:
         "tables": len(server.store.tables),
         "chunks": sum(len(t.chunks) for t in list(server.store.tables.values())),
         "policy_version": server.policy_version,
+        "embeddings": server.embeddings.stats(),
     }
+
+#: Per embedding table: (metric suffix, stats key, help, is a counter).
+EMBEDDING_METRICS = (
+    ("rows", "rows", "embedding rows held", False),
+    ("bytes", "bytes", "bytes of embedding rows, optimizer state and index", False),
+    ("evicted", "evicted", "embedding rows evicted (max_rows)", True),
+    ("expired", "expired", "embedding rows expired (ttl)", True),
+    ("admitted", "admitted", "embedding rows created on admission (admit_after)", True),
+    ("rejected", "rejected", "row pushes dropped before admission", True),
+)
 
 
 class ServerCollector:
@@ -84,6 +95,12 @@ class ServerCollector:
         yield gauge("hogshard_server_chunks", "dense chunks held", s["chunks"])
         yield gauge("hogshard_server_policy_version", "consistency policy version in force",
                     s["policy_version"])
+        for suffix, key, doc, is_counter in EMBEDDING_METRICS:
+            kind = CounterMetricFamily if is_counter else GaugeMetricFamily
+            family = kind(f"hogshard_server_embedding_{suffix}", doc, labels=[*names, "table"])
+            for table, stats in sorted(s["embeddings"].items()):
+                family.add_metric([*values, str(table)], float(stats[key]))
+            yield family
         yield staleness_histogram("hogshard_server_staleness",
                                   "staleness of applied pushes, in clocks",
                                   {int(k): int(v) for k, v in wire["staleness"]}, labels)

@@ -36,7 +36,8 @@ class SchedulerLink:
     def _send_heartbeat(self, now: float) -> None:
         self._heartbeat_due = now + self.heartbeat_interval
         self._heartbeat_sent_at = now
-        fields: dict[str, Any] = {"stats": self.stats.to_wire(),
+        fields: dict[str, Any] = {"stats": {**self.stats.to_wire(),
+                                            "embeddings": self.embeddings.summary()},
                                   "map_epoch": self.replicas.map_epoch,
                                   "incarnation": self.incarnation}
         if self._checkpoint_report is not None:

@@ -7,6 +7,10 @@ gradients of duplicate ids into that leaf. At the optimizer step :func:`push_gra
 the row gradients of every bag in one request per server (``PSOptimizer(embeddings=[...])``
 does it with the dense push).
 
+With ``cache_staleness=K`` a bag keeps the rows it pulled in a :class:`RowCache` and reuses
+a row pulled at most K clocks ago instead of pulling it again (its gradients are still pushed
+every step); ``bag.cache.stats()`` gives the hit rate and the mean age of the rows served.
+
 On a CUDA model (the bag follows ``model.to(device)``, or takes ``device=``) the rows are
 pulled into pinned host memory and copied to the device without blocking; the row gradients
 come back through pinned memory before they are pushed. Indices may be on either device (the
@@ -36,6 +40,7 @@ from hogshard.proto.errors import ConfigError
 from hogshard.worker.client import PSClient
 from hogshard.worker.device import host_empty, to_device, to_host
 from hogshard.worker.futures import Future
+from hogshard.worker.row_cache import DEFAULT_CAPACITY, RowCache
 from hogshard.worker.sparse import EmbeddingHandle
 
 
@@ -50,13 +55,47 @@ class _Fetched:
         self.rows_tensor = host_empty((self.ids.size, dim), device)  # pinned for a GPU
         self.rows = self.rows_tensor.numpy()
         self.future: Future | None = None
+        self.missed: np.ndarray | None = None  # positions pulled while the rest came cached
+        self.missed_rows = np.empty((0, dim), np.float32)
+        self.clock = 0
+
+    def land(self, cache: RowCache | None) -> None:
+        """Once the pull is done: put the pulled rows in place and cache them."""
+        if cache is None or self.missed is None:
+            return
+        self.rows[self.missed] = self.missed_rows
+        cache.insert(self.ids[self.missed], self.missed_rows, self.clock)
+        self.missed = None
+
+
+def _pull(bags: Sequence[RemoteEmbeddingBag], fetched: Sequence[_Fetched]) -> Future | None:
+    """Pull the rows of each batch that its bag's cache does not hold fresh enough, in one
+    request per server (None when every row was cached)."""
+    client = bags[0].client
+    handles, ids, outs = [], [], []
+    for bag, f in zip(bags, fetched, strict=True):
+        if bag.cache is None:
+            handles.append(bag.handle)
+            ids.append(f.ids)
+            outs.append(f.rows)
+            continue
+        f.clock = client.clock
+        f.missed = bag.cache.split(f.ids, f.clock, f.rows)
+        f.missed_rows = np.empty((f.missed.size, bag.embedding_dim), np.float32)
+        if f.missed.size:
+            handles.append(bag.handle)
+            ids.append(f.ids[f.missed])
+            outs.append(f.missed_rows)
+    return client.pull_rows(handles, ids, outs) if handles else None
 
 
 class RemoteEmbeddingBag(nn.Module):
     """``nn.EmbeddingBag`` over (indices, offsets[, per_sample_weights]) with ``sum`` or
     ``mean`` pooling, backed by a sharded embedding table. It holds no ``nn.Parameter``: its
     rows are updated by the servers' row-wise rule. Its device is ``device`` (cpu by default),
-    and then wherever ``.to()`` moves the module."""
+    and then wherever ``.to()`` moves the module. ``max_rows``, ``admit_after`` and ``ttl``
+    bound the rows each server holds (:class:`hogshard.proto.tables.EmbeddingSpec`);
+    ``cache_staleness`` turns on the hot-row cache (at most ``cache_rows`` rows)."""
 
     def __init__(
         self,
@@ -70,6 +109,10 @@ class RemoteEmbeddingBag(nn.Module):
         init_scale: float | None = None,
         max_rows: int | None = None,
         device: torch.device | str | None = None,
+        admit_after: int | None = None,
+        ttl: int | None = None,
+        cache_staleness: int | None = None,
+        cache_rows: int = DEFAULT_CAPACITY,
     ) -> None:
         super().__init__()
         if mode not in ("sum", "mean"):
@@ -79,7 +122,10 @@ class RemoteEmbeddingBag(nn.Module):
         self.embedding_dim = embedding_dim
         self.num_embeddings = num_embeddings
         self.handle: EmbeddingHandle = client.embedding_table(
-            name, embedding_dim, num_embeddings, rule, seed, init_scale, max_rows)
+            name, embedding_dim, num_embeddings, rule, seed, init_scale, max_rows, admit_after,
+            ttl)
+        self.cache = (RowCache(embedding_dim, cache_staleness, cache_rows)
+                      if cache_staleness is not None else None)
         self._prefetched: _Fetched | None = None
         self._touched: list[tuple[np.ndarray, torch.Tensor]] = []
         # no parameters to follow .to(); an empty buffer carries the device
@@ -97,7 +143,7 @@ class RemoteEmbeddingBag(nn.Module):
     def fetch(self, indices: torch.Tensor) -> _Fetched:
         """Start pulling the rows of ``indices`` (used by :func:`prefetch`)."""
         fetched = _Fetched(indices, self.embedding_dim, self.device)
-        fetched.future = self.client.pull_rows([self.handle], [fetched.ids], [fetched.rows])
+        fetched.future = _pull([self], [fetched])
         return fetched
 
     def forward(
@@ -112,6 +158,7 @@ class RemoteEmbeddingBag(nn.Module):
             fetched = self.fetch(indices)
         if fetched.future is not None:
             fetched.future.result(self.client.settings.request_timeout)
+        fetched.land(self.cache)
         device = self.device
         weight = to_device(fetched.rows_tensor, device)
         if torch.is_grad_enabled():
@@ -147,10 +194,8 @@ def prefetch(pairs: Sequence[tuple[RemoteEmbeddingBag, torch.Tensor]]) -> Future
     forward on that same ``indices`` tensor uses them."""
     if not pairs:
         return None
-    client = pairs[0][0].client
     fetched = [_Fetched(indices, bag.embedding_dim, bag.device) for bag, indices in pairs]
-    future = client.pull_rows([bag.handle for bag, _ in pairs], [f.ids for f in fetched],
-                              [f.rows for f in fetched])
+    future = _pull([bag for bag, _ in pairs], fetched)
     for (bag, _), f in zip(pairs, fetched, strict=True):
         f.future = future
         bag._prefetched = f

@@ -1,0 +1,67 @@
+"""The worker's hot-row cache: rows reused for at most K clocks, bounded capacity, counters;
+and its hit rate on the synthetic Criteo-shaped ids."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hogshard.proto.errors import ConfigError
+from hogshard.recsys_data import synthetic_criteo
+from hogshard.worker.row_cache import RowCache
+
+
+def test_rows_are_reused_for_at_most_k_clocks() -> None:
+    cache = RowCache(dim=3, staleness=2)
+    ids = np.array([1, 2, 3], np.int64)
+    out = np.zeros((3, 3), np.float32)
+    assert cache.split(ids, 10, out).tolist() == [0, 1, 2]
+    cache.insert(ids, np.arange(9, dtype=np.float32).reshape(3, 3), 10)
+    for clock in (10, 11, 12):
+        out[:] = -1
+        assert cache.split(ids, clock, out).size == 0
+        np.testing.assert_array_equal(out, np.arange(9).reshape(3, 3))
+    assert cache.split(ids, 13, out).tolist() == [0, 1, 2]
+    stats = cache.stats()
+    assert (stats["hits"], stats["misses"]) == (9, 6)
+    assert stats["staleness_mean"] == pytest.approx(1.0)  # ages 0, 1, 2
+
+
+def test_a_full_cache_drops_stale_rows_first_and_never_grows() -> None:
+    cache = RowCache(dim=1, staleness=1, capacity=4)
+    cache.insert(np.array([1, 2, 3, 4], np.int64), np.ones((4, 1), np.float32), 0)
+    cache.insert(np.array([5, 6], np.int64), np.full((2, 1), 2, np.float32), 1)  # no room
+    assert cache.stats()["rows"] == 4
+    cache.insert(np.array([5, 6], np.int64), np.full((2, 1), 2, np.float32), 5)  # 1-4 stale
+    out = np.zeros((2, 1), np.float32)
+    assert cache.split(np.array([5, 6], np.int64), 5, out).size == 0
+    assert cache.stats()["rows"] == 2
+    cache.clear()
+    assert cache.split(np.array([5], np.int64), 5, out[:1]).tolist() == [0]
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, None])
+def test_bad_staleness_is_refused(bad: object) -> None:
+    with pytest.raises(ConfigError, match="staleness"):
+        RowCache(dim=2, staleness=bad)  # type: ignore[arg-type]
+
+
+def hit_rate(staleness: int, vocab: int, samples: int = 20_000, batch: int = 256) -> float:
+    """The row hit rate of one worker's 26 caches over the synthetic data's batches."""
+    data = synthetic_criteo(samples, vocab=vocab)
+    caches = [RowCache(dim=1, staleness=staleness) for _ in range(26)]
+    for step, start in enumerate(range(0, samples, batch)):
+        for f, cache in enumerate(caches):
+            ids = np.unique(data.sparse[start:start + batch, f])
+            out = np.empty((ids.size, 1), np.float32)
+            missed = cache.split(ids, step, out)
+            cache.insert(ids[missed], out[missed], step)
+    hits = sum(c.hits for c in caches)
+    return hits / (hits + sum(c.misses for c in caches))
+
+
+def test_hit_rate_grows_with_staleness_on_criteo_shaped_ids() -> None:
+    rates = [hit_rate(k, vocab=1000) for k in (0, 4, 32)]
+    assert rates[0] < rates[1] < rates[2]
+    # measured 0.0, 0.54, 0.86 (deterministic data); with 10^5 ids per feature 0.22 and 0.43
+    assert rates[0] == 0.0 and rates[2] > 0.8, rates
