@@ -128,8 +128,11 @@ class EmbeddingSpec:
         rule = fields.get("rule")
         if not isinstance(rule, dict):
             raise ProtocolError("field 'rule' must be a map {rule: NAME, ...params}")
-        return cls(name=fields.get("table"), dim=fields.get("dim"),
-                   num_embeddings=fields.get("num_embeddings"), rule=dict(rule),
-                   seed=fields.get("seed", 0), init_scale=fields.get("init_scale"),
-                   max_rows=fields.get("max_rows"), admit_after=fields.get("admit_after"),
-                   ttl=fields.get("ttl"))
+        # each value is checked by __post_init__, whatever type the peer sent
+        values: dict[str, Any] = {
+            "name": fields.get("table"), "dim": fields.get("dim"),
+            "num_embeddings": fields.get("num_embeddings"), "rule": dict(rule),
+            "seed": fields.get("seed", 0), "init_scale": fields.get("init_scale"),
+            "max_rows": fields.get("max_rows"), "admit_after": fields.get("admit_after"),
+            "ttl": fields.get("ttl")}
+        return cls(**values)
