@@ -22,7 +22,7 @@ def _read(server: Any) -> dict[str, Any]:
     return {
         "wire": stats.to_wire(),
         "bytes_in_by_codec": dict(getattr(stats, "bytes_in_by_codec", {}) or {}),
-        "pending_pulls": len(server._deferred),
+        "pending_pulls": server.pending_pulls,
         "tables": len(server.store.tables),
         "chunks": sum(len(t.chunks) for t in list(server.store.tables.values())),
         "policy_version": server.policy_version,

@@ -4,7 +4,7 @@ handler runs.
 
 Example (what ``ShardServer.__init__`` does)::
 
-    ops = server_ops({"init": ShardServer._init, "push": ShardServer._push, ...})
+    ops = server_ops({"init": dense.init, "push": dense.push, **embedding.handlers(), ...})
 """
 
 from __future__ import annotations
@@ -14,10 +14,12 @@ from typing import Any
 
 from hogshard.proto.ops import ADMINS, ANYONE, SERVERS, WORKERS, Field, OpSpec, op_table
 from hogshard.proto.roles import Role
+from hogshard.proto.wire import Message
 from hogshard.ps.embedding_ops import FIELDS as EMBEDDING_FIELDS
-from hogshard.ps.embedding_ops import HANDLERS as EMBEDDING_HANDLERS
 from hogshard.ps.replica_ops import FIELDS as REPLICA_FIELDS
-from hogshard.ps.replica_ops import HANDLERS as REPLICA_HANDLERS
+
+#: An op's handler: ``(identity, message)`` to what proto.service.ServiceCore answers.
+Handler = Callable[[bytes, Message], Any]
 
 #: Fields any request may carry (proto.transport.request_header).
 #: ``incarnation``: the server process a worker's request is for (PROTOCOL.md section 10.2).
@@ -42,16 +44,17 @@ _ROLES: dict[str, frozenset[Role]] = {
     "stats": ANYONE, "ping": ANYONE,
     "emb_create": WORKERS, "emb_pull": WORKERS, "emb_push": WORKERS, "emb_stats": ANYONE,
     "emb_save": WORKERS | ADMINS, "emb_load": WORKERS | ADMINS,
-    **{op: SERVERS for op in REPLICA_HANDLERS},
+    **{op: SERVERS for op in REPLICA_FIELDS},
 }
 
+#: Every op's header fields (without COMMON).
+FIELDS: dict[str, tuple[Field, ...]] = {**DENSE_FIELDS, **EMBEDDING_FIELDS, **REPLICA_FIELDS}
 
-def server_ops(dense: Mapping[str, Callable[..., Any]]) -> dict[str, OpSpec]:
-    """The full table, given the handlers of the dense ops (``(server, identity, msg)``)."""
-    handlers = {**dense, **EMBEDDING_HANDLERS, **REPLICA_HANDLERS}
-    fields = {**DENSE_FIELDS, **EMBEDDING_FIELDS, **REPLICA_FIELDS}
-    if set(handlers) != set(fields) or set(handlers) != set(_ROLES):
-        raise ValueError(f"server ops without a header or roles: "
-                         f"{sorted(set(handlers) ^ set(fields) | set(handlers) ^ set(_ROLES))}")
-    return op_table(OpSpec(op, handler, _ROLES[op], COMMON + fields[op])
+
+def server_ops(handlers: Mapping[str, Handler]) -> dict[str, OpSpec]:
+    """The full table, given every op's handler; refuses a handler missing or extra."""
+    if set(handlers) != set(FIELDS) or set(handlers) != set(_ROLES):
+        raise ValueError(f"server ops without a handler, header or roles: "
+                         f"{sorted(set(handlers) ^ set(FIELDS) | set(handlers) ^ set(_ROLES))}")
+    return op_table(OpSpec(op, handler, _ROLES[op], COMMON + FIELDS[op])
                     for op, handler in handlers.items())

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +36,7 @@ from hogshard.proto.wire import Message, decode
 from hogshard.ps.dense import DenseChunk, DenseStore, DenseTable
 from hogshard.ps.embedding import EmbeddingStore
 from hogshard.ps.embedding_replica import shard_rows
+from hogshard.ps.update_pool import AppliedUpdate
 from hogshard.scheduler.replication import EMBEDDING_MAP
 
 log = logging.getLogger(__name__)
@@ -273,7 +275,7 @@ class Replicator:
                 "shard": shard, "tables": specs, "state_keys": keys}, arrays)
         return sent
 
-    def forward(self, table: DenseTable, applied: list[tuple[DenseChunk, np.ndarray, float]],
+    def forward(self, table: DenseTable, applied: Sequence[AppliedUpdate],
                 push_id: int | None) -> dict[int, int]:
         """Send the updates a push applied to their chunks' backups; returns what the reply
         must wait for ({backup rank: sequence number})."""
