@@ -62,7 +62,10 @@ def save_shard(store: DenseStore, embeddings: EmbeddingStore, rank: int,
         tables.append({"name": table.name, "rule": table.rule_spec, "chunks": chunks})
     meta = {"format": SHARD_FORMAT, "rank": rank, "tables": tables, "clocks": dict(clocks)}
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
-    path = atomic_write(Path(ckpt) / shard_file(rank), lambda f: np.savez(f, **arrays))
+    def write(f: Any) -> None:
+        np.savez(f, **arrays)  # type: ignore[arg-type]  # numpy stubs: ** meets allow_pickle
+
+    path = atomic_write(Path(ckpt) / shard_file(rank), write)
     held = {table.name: sorted(table.chunks) for table in store.tables.values()}
     entries = [file_entry(path, rank=rank, kind="dense", chunks=held)]
     if embeddings.tables:

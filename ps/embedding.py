@@ -108,7 +108,9 @@ class EmbeddingSpec:
         rule = fields.get("rule")
         if not isinstance(rule, dict):
             raise ProtocolError("field 'rule' must be a map {rule: NAME, ...params}")
-        return cls(name=fields.get("table"), dim=fields.get("dim"),
+        name: Any = fields.get("table")  # the types are checked in __post_init__
+        dim: Any = fields.get("dim")
+        return cls(name=name, dim=dim,
                    num_embeddings=fields.get("num_embeddings"), rule=dict(rule),
                    seed=fields.get("seed", 0), init_scale=fields.get("init_scale"),
                    max_rows=fields.get("max_rows"))
@@ -351,7 +353,7 @@ class EmbeddingStore:
         path = Path(path)
         tmp = path.with_name(path.name + ".tmp")
         with open(tmp, "wb") as f:
-            np.savez(f, **arrays)
+            np.savez(f, **arrays)  # type: ignore[arg-type]  # stubs: ** meets allow_pickle
         os.replace(tmp, path)
         return total
 

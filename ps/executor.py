@@ -47,8 +47,10 @@ log = logging.getLogger(__name__)
 CONCURRENT_OPS = frozenset({"push", "pull", "ping", "stats"})
 
 Fail = Callable[[bytes, int, HogshardError], None]
+#: What runs once a request's updates are applied, with those updates (its result is unused).
+Then = Callable[[list[AppliedUpdate]], object]
 #: What a pull is answered with once read: the weights (copies) and their versions.
-ReadThen = Callable[[list[np.ndarray], list[int]], None]
+ReadThen = Callable[[list[np.ndarray], list[int]], object]
 
 
 class UpdateRunner(Protocol):
@@ -71,8 +73,7 @@ class UpdateExecutor(UpdateRunner, Protocol):
         nothing to record (inline, ``record`` false)."""
         ...
 
-    def when_applied(self, ticket: Ticket | None,
-                     then: Callable[[list[AppliedUpdate]], None]) -> None:
+    def when_applied(self, ticket: Ticket | None, then: Then) -> None:
         """Run ``then(updates)`` on the loop thread once the ticket's updates are applied."""
         ...
 
@@ -114,8 +115,7 @@ class InlineUpdates:
             ticket.jobs.append(UpdateJob(table, chunk, grad, scale, chunk.version, ticket))
             ticket.done += 1
 
-    def when_applied(self, ticket: Ticket | None,
-                     then: Callable[[list[AppliedUpdate]], None]) -> None:
+    def when_applied(self, ticket: Ticket | None, then: Then) -> None:
         then(ticket.updates() if ticket is not None else [])
 
     def read_for_pull(self, identity: bytes, request_id: int, table: DenseTable,
@@ -156,8 +156,7 @@ class ThreadedUpdates:
         chunk.version += 1  # at once: staleness is measured against it
         self._pool.submit(UpdateJob(table, chunk, grad, scale, chunk.version, ticket))
 
-    def when_applied(self, ticket: Ticket | None,
-                     then: Callable[[list[AppliedUpdate]], None]) -> None:
+    def when_applied(self, ticket: Ticket | None, then: Then) -> None:
         if ticket is None:
             then([])
             return

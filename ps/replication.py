@@ -331,9 +331,12 @@ class Replicator:
         if not self.lease_valid(now):
             error = NotOwnerError(f"{self.sender}: lease from the scheduler ran out before the "
                                   "backup acknowledged; retry after a map refresh")
-            ready, self.held = [(held, error) for held in self.held], []
-            return ready
-        ready, waiting = [], []
+            refused: list[tuple[HeldReply, NotOwnerError | None]] = [
+                (held, error) for held in self.held]
+            self.held = []
+            return refused
+        ready: list[tuple[HeldReply, NotOwnerError | None]] = []
+        waiting: list[HeldReply] = []
         for held in self.held:
             links = [self.links.get(r) for r in held.needs]
             fenced = next((lk.fenced for lk in links if lk is not None and lk.fenced), None)

@@ -145,6 +145,7 @@ class SGD(UpdateRule):
 
     name = "sgd"
     PARAMS = {"lr": (1e-3, _POS), "weight_decay": (0.0, _NONNEG)}
+    weight_decay: float
 
     def new_state(self, size: int) -> State:
         return {}
@@ -164,6 +165,10 @@ class Momentum(UpdateRule):
     name = "momentum"
     PARAMS = {"lr": (1e-3, _POS), "momentum": (0.0, _UNIT), "dampening": (0.0, _CLOSED_UNIT),
               "nesterov": (False, _flag), "weight_decay": (0.0, _NONNEG)}
+    momentum: float
+    dampening: float
+    nesterov: bool
+    weight_decay: float
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
@@ -204,6 +209,10 @@ class Adagrad(UpdateRule):
     name = "adagrad"
     PARAMS = {"lr": (1e-2, _POS), "lr_decay": (0.0, _NONNEG), "weight_decay": (0.0, _NONNEG),
               "initial_accumulator_value": (0.0, _NONNEG), "eps": (1e-10, _POS)}
+    lr_decay: float
+    weight_decay: float
+    initial_accumulator_value: float
+    eps: float
 
     def new_state(self, size: int) -> State:
         return {"sum": np.full(size, self.initial_accumulator_value, np.float32), "step": 0}
@@ -228,6 +237,10 @@ class Adam(UpdateRule):
     name = "adam"
     PARAMS = {"lr": (1e-3, _POS), "betas": ((0.9, 0.999), _betas), "eps": (1e-8, _POS),
               "weight_decay": (0.0, _NONNEG), "amsgrad": (False, _flag)}
+    betas: list[float]
+    eps: float
+    weight_decay: float
+    amsgrad: bool
 
     def new_state(self, size: int) -> State:
         keys = ("exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if self.amsgrad else ())

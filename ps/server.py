@@ -30,7 +30,7 @@ import logging
 import secrets
 import threading
 import time
-from typing import Any
+from typing import Any, cast
 
 import zmq
 
@@ -173,7 +173,7 @@ class ShardServer:
                 if self._sock in events:
                     for _ in range(64):  # drain a burst before the next heartbeat check
                         self._core.handle_one(self._invoke, self._before)
-                        if not self._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                        if not cast(int, self._sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
                             break
         finally:
             self.close()

@@ -73,7 +73,7 @@ class Ticket:
     jobs: list[UpdateJob] = field(default_factory=list)
     done: int = 0
     error: BaseException | None = None
-    then: Callable[[Ticket], None] | None = None
+    then: Callable[[Ticket], object] | None = None
 
     @property
     def complete(self) -> bool:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from hogshard.proto.errors import HogshardError
+from hogshard.proto.errors import ConfigError, HogshardError
 from hogshard.scheduler.policy import ConsistencyPolicy, parse_policy
 
 log = logging.getLogger(__name__)
@@ -131,6 +131,8 @@ class PolicySchedule:
         if self._pending is not None and self._pending[2] >= version:
             return
         try:
+            if not isinstance(spec, str):
+                raise ConfigError(f"policy must be a spec string; got {spec!r}")
             policy = parse_policy(spec)
         except HogshardError as err:
             log.error("scheduler announced an unusable policy: %s", err.message)
