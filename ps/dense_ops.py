@@ -12,7 +12,7 @@ of a chunk whose reply is still leaving copies first, ``DenseChunk.writable``) o
 Example (what the server's op table does)::
 
     dense = DenseOps(store, applier, view, schedule, updates, primary, replicas, stats,
-                     replies, link, gate, node_id="server-0")
+                     replies, link, gate, node_id="server-0", rank=0)
     dense.push(identity, message)          # answered through ``replies``
 """
 
