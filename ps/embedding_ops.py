@@ -14,7 +14,6 @@ Example (what the server's op table does)::
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -117,10 +116,6 @@ class EmbeddingOps:
         self._embeddings.load(msg.header["path"])
         return {"tables": self._embeddings.stats()}, []
 
-    def handlers(self) -> dict[str, Callable[[bytes, Message], Any]]:
-        """Op name -> handler, for the op table."""
-        return {"emb_create": self.create, "emb_pull": self.pull, "emb_push": self.push,
-                "emb_stats": self.stats, "emb_save": self.save, "emb_load": self.load}
 
 
 _PATH = (Field("path", str, required=True, nonempty=True),)

@@ -2,24 +2,24 @@
 may send it (PROTOCOL.md, "Roles"). The service core (proto/service.py) checks both before the
 handler runs.
 
-Example (what ``ShardServer.__init__`` does)::
+Example (what ``ShardServer`` does)::
 
-    ops = server_ops({"init": dense.init, "push": dense.push, **embedding.handlers(), ...})
+    OPS = server_ops({"init": on("dense.init"), "push": on("dense.push"), ...})
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from operator import attrgetter
 from typing import Any
 
 from hogshard.proto.ops import ADMINS, ANYONE, SERVERS, WORKERS, Field, OpSpec, op_table
 from hogshard.proto.roles import Role
-from hogshard.proto.wire import Message
 from hogshard.ps.embedding_ops import FIELDS as EMBEDDING_FIELDS
 from hogshard.ps.replica_ops import FIELDS as REPLICA_FIELDS
 
-#: An op's handler: ``(identity, message)`` to what proto.service.ServiceCore answers.
-Handler = Callable[[bytes, Message], Any]
+#: An op's handler: ``(server, identity, message)`` to what proto.service.ServiceCore answers.
+Handler = Callable[..., Any]
 
 #: Fields any request may carry (proto.transport.request_header).
 #: ``incarnation``: the server process a worker's request is for (PROTOCOL.md section 10.2).
@@ -49,6 +49,18 @@ _ROLES: dict[str, frozenset[Role]] = {
 
 #: Every op's header fields (without COMMON).
 FIELDS: dict[str, tuple[Field, ...]] = {**DENSE_FIELDS, **EMBEDDING_FIELDS, **REPLICA_FIELDS}
+
+
+def on(path: str) -> Handler:
+    """The handler that calls the method at ``path`` of the server's parts: ``on("dense.push")``
+    answers with ``server.dense.push(identity, message)``."""
+    method = attrgetter(path)
+
+    def handler(server: Any, identity: bytes, message: Any) -> Any:
+        return method(server)(identity, message)
+
+    handler.__qualname__ = handler.__name__ = path
+    return handler
 
 
 def server_ops(handlers: Mapping[str, Handler]) -> dict[str, OpSpec]:

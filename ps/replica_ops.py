@@ -19,7 +19,6 @@ Example (what the server's op table does)::
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -151,10 +150,6 @@ class BackupOps:
         self._replicas.mark_replicated(EMBEDDING_MAP)
         return {"seq": msg.get("seq")}, []
 
-    def handlers(self) -> dict[str, Callable[[bytes, Message], Any]]:
-        """Op name -> handler, for the op table."""
-        return {"replicate": self.replicate, "replica_snapshot": self.replica_snapshot,
-                "emb_replicate": self.emb_replicate, "emb_snapshot": self.emb_snapshot}
 
 
 #: Their headers (checked by the service core before the handler runs).

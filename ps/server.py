@@ -30,7 +30,7 @@ import logging
 import secrets
 import threading
 import time
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 import zmq
 
@@ -48,7 +48,7 @@ from hogshard.ps.dense_ops import DenseOps
 from hogshard.ps.embedding import EmbeddingStore
 from hogshard.ps.embedding_ops import EmbeddingOps
 from hogshard.ps.executor import CONCURRENT_OPS, InlineUpdates, ThreadedUpdates, UpdateExecutor
-from hogshard.ps.op_table import server_ops
+from hogshard.ps.op_table import on, server_ops
 from hogshard.ps.peer_gate import PeerGate
 from hogshard.ps.primary import Primary
 from hogshard.ps.replica_ops import BackupOps
@@ -92,8 +92,7 @@ class ShardServer:
         self.store = DenseStore(check_finite)
         self.embeddings = EmbeddingStore()
         self.stats = ServerStats()
-        # the op table needs the parts, which answer through the core: filled in below
-        self._core = ServiceCore(self._sock, {}, "a server", self.stats.errors, log, limits,
+        self._core = ServiceCore(self._sock, self.OPS, "a server", self.stats.errors, log, limits,
                                  authenticated=security is not None)
         self.view = WorkerView()
         self.schedule = PolicySchedule()
@@ -125,14 +124,10 @@ class ShardServer:
         self.dense = DenseOps(self.store, self.applier, self.view, self.schedule, self.updates,
                               self.primary, self.replicas, self.stats, self._core, self.link,
                               self.peer_gate, self.node_id, self.rank)
-        embedding = EmbeddingOps(self.embeddings, self.stats, self.replicas, self.primary,
-                                 self.rank, self.node_id)
-        backup = BackupOps(self.store, self.embeddings, self.replicas, self.peer_gate,
-                           self.stats, self.rank)
-        self._core.ops = server_ops({
-            "init": self.dense.init, "push": self.dense.push, "pull": self.dense.pull,
-            "stats": self.dense.stats, "leave": self.dense.leave, "ping": self._ping,
-            **embedding.handlers(), **backup.handlers()})
+        self.embedding = EmbeddingOps(self.embeddings, self.stats, self.replicas, self.primary,
+                                      self.rank, self.node_id)
+        self.backup = BackupOps(self.store, self.embeddings, self.replicas, self.peer_gate,
+                                self.stats, self.rank)
         self._before = self._settle_before if self.updates.concurrent else None
 
     @property
@@ -200,7 +195,7 @@ class ShardServer:
             raise NotOwnerError(
                 f"{self.node_id} is a new process (incarnation {self.incarnation}); the request "
                 f"was for incarnation {message.get('incarnation')}: fetch the map and retry")
-        return spec.handler(identity, message)
+        return spec.handler(self, identity, message)
 
     def _settle_before(self, message: Message) -> None:
         if message.op not in CONCURRENT_OPS:
@@ -208,15 +203,27 @@ class ShardServer:
 
     def _redo_peer_op(self, identity: bytes, message: Message, error: Exception | None) -> None:
         """Decide a server-to-server op the peer gate held, now that the map is known."""
-        spec = self._core.ops[message.op]
+        spec = self.OPS[message.op]
         if error is None and self._before is not None:
             self._before(message)
         result = error if error is not None else guarded(
-            message.op, lambda: spec.handler(identity, message))
+            message.op, lambda: spec.handler(self, identity, message))
         self._core.answer(identity, message.request_id, result)
 
     def _ping(self, identity: bytes, msg: Message) -> tuple[dict[str, Any], list[Any]]:
         return {}, []
+
+    #: Every op this server answers, with its header, the roles that may send it and the part
+    #: that handles it (ps/op_table.py).
+    OPS: ClassVar[dict[str, OpSpec]] = server_ops({
+        "init": on("dense.init"), "push": on("dense.push"), "pull": on("dense.pull"),
+        "stats": on("dense.stats"), "leave": on("dense.leave"), "ping": _ping,
+        "emb_create": on("embedding.create"), "emb_pull": on("embedding.pull"),
+        "emb_push": on("embedding.push"), "emb_stats": on("embedding.stats"),
+        "emb_save": on("embedding.save"), "emb_load": on("embedding.load"),
+        "replicate": on("backup.replicate"), "replica_snapshot": on("backup.replica_snapshot"),
+        "emb_replicate": on("backup.emb_replicate"), "emb_snapshot": on("backup.emb_snapshot"),
+    })
 
     # ---- the scheduler ------------------------------------------------------------------------
 
