@@ -149,7 +149,8 @@ class ShardServer:
     def serve_forever(self) -> None:
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
-        poller.register(self.link.socket, zmq.POLLIN)
+        scheduler = self.link.socket
+        poller.register(scheduler, zmq.POLLIN)
         updates = self.updates.socket
         if updates is not None:
             poller.register(updates, zmq.POLLIN)
@@ -162,7 +163,7 @@ class ShardServer:
                 events = dict(poller.poll(self.link.timeout_ms(now)))
                 if updates is not None and updates in events:
                     self.updates.collect()
-                if self.link.socket in events:
+                if scheduler in events:
                     self._read_scheduler()
                 self.primary.read(events)
                 if self._sock in events:
