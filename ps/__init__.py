@@ -1,1 +1,29 @@
-"""hogshard.ps."""
+"""hogshard.ps: the shard server, built from parts with small interfaces.
+
+============================  ==================================================================
+file                          classes
+============================  ==================================================================
+server.py                     ShardServer: owns the sockets and the loop, wires the parts
+op_table.py                   server_ops: every op's header, handler and the roles that send it
+dense_ops.py                  DenseOps: init, push, pull, leave, stats; pulls the policy holds
+embedding_ops.py              EmbeddingOps: the emb_* ops
+replica_ops.py                BackupOps: replicate, replica_snapshot, emb_replicate, emb_snapshot
+dense.py                      DenseStore, DenseTable, DenseChunk
+embedding.py                  EmbeddingStore, EmbeddingTable, EmbeddingSpec
+slot_index.py                 SlotIndex: the id-to-slot map of an embedding table
+rules.py                      UpdateRule: SGD, Momentum, Adagrad, Adam (make_rule)
+row_rules.py                  RowRule: RowSGD, RowWiseAdagrad, RowAdam (make_row_rule)
+applier.py                    UpdateApplier: staleness, groups and modifiers of the policy
+executor.py                   UpdateExecutor: InlineUpdates, ThreadedUpdates
+update_pool.py                UpdatePool, UpdateJob, Ticket: the update threads
+workers.py                    WorkerView (live workers, clocks, pull gate), PolicySchedule
+decoding.py                   PayloadDecoder: compressed pushes to dense gradients
+replication.py                Replicator: roles, links to backups, leases, recent push ids
+primary.py                    Primary: replicated pushes, held replies
+peer_gate.py                  PeerGate: who may send the server-to-server ops
+embedding_replica.py          shard_rows, install_rows: embedding shards between servers
+scheduler_link.py             SchedulerLink, Registration: registration and heartbeats
+checkpoint.py                 ShardCheckpointer, save_shard, restore_shard
+stats.py, metrics.py          ServerStats; ServerCollector (Prometheus)
+============================  ==================================================================
+"""

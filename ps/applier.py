@@ -16,7 +16,7 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -24,7 +24,9 @@ import numpy as np
 from hogshard.proto.errors import ConflictError
 from hogshard.proto.policy import ConsistencyPolicy
 from hogshard.ps.dense import DenseChunk, DenseTable
+from hogshard.ps.executor import InlineUpdates, UpdateRunner
 from hogshard.ps.stats import ServerStats
+from hogshard.ps.update_pool import Ticket
 
 
 @dataclass
@@ -39,22 +41,18 @@ class _Group:
 class UpdateApplier:
     """The policy-dependent half of a push (the store validates and holds the data)."""
 
-    def __init__(self, policy: ConsistencyPolicy, stats: ServerStats) -> None:
+    def __init__(self, policy: ConsistencyPolicy, stats: ServerStats,
+                 updates: UpdateRunner | None = None) -> None:
         self.policy = policy
         self.stats = stats
+        #: Runs each update and moves the chunk's version (inline by default; ps/executor.py).
+        self.updates: UpdateRunner = updates if updates is not None else InlineUpdates(stats)
         self._groups: dict[tuple[str, int], _Group] = {}
         self._chunks: dict[tuple[str, int], tuple[DenseTable, DenseChunk]] = {}
         self._pulled: dict[tuple[str, str, int], np.ndarray] = {}
         #: Sum and count of the staleness of the gradients taken under this policy (+lr=mean).
         self._staleness_sum = 0
         self._staleness_count = 0
-        #: Called after each update with (table, chunk, gradient applied, lr scale): the
-        #: server forwards it to the chunk's backup (ps/replication.py).
-        self.on_apply: Callable[[DenseTable, DenseChunk, np.ndarray, float], None] | None = None
-        #: When set, updates are handed to it instead of applied here (``--update-threads``,
-        #: ps/update_pool.py): the version moves at once, the rule runs on an update thread,
-        #: and neither ``stats.updates`` nor ``on_apply`` is touched here.
-        self.submit: Callable[[DenseTable, DenseChunk, np.ndarray, float], None] | None = None
 
     # ---- pushes -----------------------------------------------------------------------------
 
@@ -67,9 +65,11 @@ class UpdateApplier:
         sender: str,
         live: Collection[str],
         membership_known: bool = True,
+        ticket: Ticket | None = None,
     ) -> list[int | None]:
         """Take one validated gradient per chunk. Returns each gradient's staleness (None
-        where ``+maxstale`` dropped it)."""
+        where ``+maxstale`` dropped it). The updates this push makes (its own, and groups it
+        completes) are recorded on ``ticket``."""
         if self.policy.waits_for_apply:
             for chunk in chunks:
                 group = self._groups.get((table.name, chunk.chunk_id))
@@ -96,15 +96,7 @@ class UpdateApplier:
             self._staleness_count += 1
             scale = modifiers.lr_scale(staleness, self._staleness_sum / self._staleness_count)
             if group_size == 1 and not self.policy.waits_for_apply:
-                if self.submit is not None:
-                    chunk.version += 1
-                    self.submit(table, chunk, grad, scale)
-                    continue
-                table.rule.apply(chunk.writable(), grad, chunk.state, scale)
-                chunk.version += 1
-                self.stats.updates += 1
-                if self.on_apply is not None:
-                    self.on_apply(table, chunk, grad, scale)
+                self.updates.run(table, chunk, grad, scale, ticket)
                 continue
             key = (table.name, chunk.chunk_id)
             group = self._groups.setdefault(key, _Group())
@@ -119,7 +111,7 @@ class UpdateApplier:
             group.contributors.append(sender)
             group.staleness.append(staleness)
         if membership_known:
-            self.complete_groups(live)
+            self.complete_groups(live, ticket)
         return result
 
     def _compensate(
@@ -143,34 +135,25 @@ class UpdateApplier:
             return set(live) <= set(group.contributors)
         return len(group.contributors) >= self.policy.group_size(len(live))
 
-    def complete_groups(self, live: Collection[str]) -> int:
+    def complete_groups(self, live: Collection[str], ticket: Ticket | None = None) -> int:
         """Apply every group that is complete for the current live workers; returns how many
         updates were applied. Called after each push and on every membership change."""
         complete = [key for key, group in self._groups.items() if self._complete(group, live)]
         for key in complete:
-            self._apply_group(key)
+            self._apply_group(key, ticket)
         return len(complete)
 
-    def _apply_group(self, key: tuple[str, int]) -> None:
+    def _apply_group(self, key: tuple[str, int], ticket: Ticket | None) -> None:
         group = self._groups[key]
         table, chunk = self._chunks[key]
         if group.total is None or not group.contributors:
             return
         group.total *= np.float32(1.0 / len(group.contributors))
-        if self.submit is not None:  # the update thread owns the sum; the next group a new one
-            total, group.total = group.total, None
-            chunk.version += 1
-            self.submit(table, chunk, total, 1.0)
-            group.contributors.clear()
-            group.staleness.clear()
-            return
-        table.rule.apply(chunk.writable(), group.total, chunk.state, 1.0)
-        chunk.version += 1
-        self.stats.updates += 1
-        if self.on_apply is not None:
-            self.on_apply(table, chunk, group.total.copy(), 1.0)
+        # the update (and a forward to a backup) keeps the sum; the next group gets a new one
+        total, group.total = group.total, None
         group.contributors.clear()
         group.staleness.clear()
+        self.updates.run(table, chunk, total, 1.0, ticket)
 
     # ---- pulls ------------------------------------------------------------------------------
 
@@ -194,7 +177,7 @@ class UpdateApplier:
         """Adopt a new policy at a version boundary: open groups are applied first, as they
         are, so no gradient is lost or held across the switch."""
         for key in list(self._groups):
-            self._apply_group(key)
+            self._apply_group(key, None)
         self.policy = policy
         self._staleness_sum = self._staleness_count = 0
         if not policy.modifiers.dc_lambda:

@@ -62,7 +62,10 @@ def save_shard(store: DenseStore, embeddings: EmbeddingStore, rank: int,
         tables.append({"name": table.name, "rule": table.rule_spec, "chunks": chunks})
     meta = {"format": SHARD_FORMAT, "rank": rank, "tables": tables, "clocks": dict(clocks)}
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
-    path = atomic_write(Path(ckpt) / shard_file(rank), lambda f: np.savez(f, **arrays))
+    def write(f: Any) -> None:
+        np.savez(f, **arrays)  # type: ignore[arg-type]  # numpy stubs: ** meets allow_pickle
+
+    path = atomic_write(Path(ckpt) / shard_file(rank), write)
     held = {table.name: sorted(table.chunks) for table in store.tables.values()}
     entries = [file_entry(path, rank=rank, kind="dense", chunks=held)]
     if embeddings.tables:
@@ -132,38 +135,43 @@ def restore_shard(store: DenseStore, embeddings: EmbeddingStore, manifest: dict[
     return clocks
 
 
-class ShardCheckpointing:
-    """Mixed into ShardServer: write this shard into a checkpoint the scheduler asked for, and
-    restore it at start-up. Uses the server's ``store``, ``embeddings``, ``rank``, ``node_id``,
-    ``_observed_clocks``, ``_table_sizes``, ``_checkpoint_report`` and ``_heartbeat_due``."""
+class ShardCheckpointer:
+    """This shard's side of checkpoints: write it into a checkpoint the scheduler asked for,
+    and restore it from one. ``report`` is the result of the last write, carried on every
+    heartbeat until the next (PROTOCOL.md section 14)."""
 
-    def _write_checkpoint(self, request: dict[str, Any]) -> None:
-        """Write this shard into the checkpoint the scheduler asked for (once per path); the
-        result rides on the following heartbeats (PROTOCOL.md section 14)."""
+    def __init__(self, store: DenseStore, embeddings: EmbeddingStore) -> None:
+        self._store = store
+        self._embeddings = embeddings
+        self.report: dict[str, Any] | None = None
+
+    def write(self, request: dict[str, Any], rank: int, clocks: dict[str, int],
+              about: dict[str, Any]) -> bool:
+        """Write this shard into ``request["path"]`` (once per path); ``about`` goes into
+        the report of a written one (updates, incarnation). Returns whether a new report is
+        to be sent."""
         path = request.get("path")
-        if not isinstance(path, str) or (self._checkpoint_report or {}).get("path") == path:
-            return
+        if not isinstance(path, str) or (self.report or {}).get("path") == path:
+            return False
         try:
             Path(path).mkdir(parents=True, exist_ok=True)
-            files = save_shard(self.store, self.embeddings, self.rank, self._observed_clocks,
-                               Path(path))
-            self._checkpoint_report = {"path": path, "files": files,
-                                       "updates": self.stats.updates,
-                                       "incarnation": self.incarnation}
-            log.info("%s wrote checkpoint %s", self.node_id, path)
+            files = save_shard(self._store, self._embeddings, rank, clocks, Path(path))
+            self.report = {"path": path, "files": files, **about}
+            log.info("wrote checkpoint %s", path)
         except (OSError, HogshardError, ValueError) as err:
-            log.error("%s cannot write checkpoint %s: %r", self.node_id, path, err)
-            self._checkpoint_report = {"path": path, "error": repr(err)}
-        self._heartbeat_due = 0.0  # report at once
+            log.error("cannot write checkpoint %s: %r", path, err)
+            self.report = {"path": path, "error": repr(err)}
+        return True
 
-    def _restore(self, path: str) -> None:
-        """Load this rank's shard from a verified checkpoint (before serving anything, or
-        when the scheduler's ``register`` reply says this rank's chunks were lost)."""
+    def restore(self, path: str, rank: int) -> dict[str, int]:
+        """Load rank ``rank``'s shard from a verified checkpoint (before serving anything, or
+        when the scheduler's ``register`` reply says this rank's chunks were lost); returns
+        the worker clocks it had seen."""
         ckpt = resolve_checkpoint(Path(path))
-        manifest = load_manifest(ckpt, verify_ranks={self.rank})
-        self._observed_clocks = restore_shard(self.store, self.embeddings, manifest, self.rank,
-                                              ckpt)
+        manifest = load_manifest(ckpt, verify_ranks={rank})
+        clocks = restore_shard(self._store, self._embeddings, manifest, rank, ckpt)
         for name, view in manifest.get("tables", {}).items():
             spec = view.get("table", {})
-            self._table_sizes[name] = (int(spec.get("size", 0)), int(spec.get("chunk_elems", 0)))
-        log.info("%s restored %s: tables %s", self.node_id, ckpt, sorted(self.store.tables))
+            self._store.sizes[name] = (int(spec.get("size", 0)), int(spec.get("chunk_elems", 0)))
+        log.info("restored %s: tables %s", ckpt, sorted(self._store.tables))
+        return clocks

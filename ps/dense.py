@@ -105,6 +105,8 @@ class DenseStore:
     def __init__(self, check_finite: bool = True) -> None:
         self.tables: dict[str, DenseTable] = {}
         self.check_finite = check_finite
+        #: name -> (size, chunk_elems) of the whole table, where its client sent them.
+        self.sizes: dict[str, tuple[int, int]] = {}
 
     def table(self, name: Any) -> DenseTable:
         table = self.tables.get(name) if isinstance(name, str) else None

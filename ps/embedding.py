@@ -357,7 +357,7 @@ class EmbeddingStore:
         path = Path(path)
         tmp = path.with_name(path.name + ".tmp")
         with open(tmp, "wb") as f:
-            np.savez(f, **arrays)
+            np.savez(f, **arrays)  # type: ignore[arg-type]  # stubs: ** meets allow_pickle
         os.replace(tmp, path)
         return total
 

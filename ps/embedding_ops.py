@@ -1,18 +1,20 @@
 """The shard server's embedding ops (PROTOCOL.md section 13): create, pull, push, stats, save,
-load. Each handler takes ``(server, identity, message)`` and returns ``(fields, arrays)``.
+load, as the methods of :class:`EmbeddingOps`. Each takes ``(identity, message)`` and returns
+``(fields, arrays)`` (or None: answered later).
 
 Embedding ops are never held back by the consistency policy: embedding rows are applied at once
 (``async``) whatever policy the dense tables run (hybrid consistency, as in Persia).
 
 Example (what the server's op table does)::
 
-    fields, arrays = emb_pull(server, identity, message)
+    ops = EmbeddingOps(embeddings, stats, replicas, primary, rank=0, node_id="server-0")
+    fields, arrays = ops.pull(identity, message)
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -21,87 +23,99 @@ from hogshard.proto.errors import NotOwnerError, ProtocolError
 from hogshard.proto.ops import Field
 from hogshard.proto.tables import EMBEDDING_MAP, EmbeddingSpec
 from hogshard.proto.wire import Message
-
-if TYPE_CHECKING:
-    from hogshard.ps.server import ShardServer
+from hogshard.ps.embedding import EmbeddingStore
+from hogshard.ps.primary import Primary
+from hogshard.ps.replication import Replicator
+from hogshard.ps.stats import ServerStats
 
 Reply = tuple[dict[str, Any], list[np.ndarray]]
 
 
-def emb_create(server: ShardServer, identity: bytes, msg: Message) -> Reply:
-    """Create an embedding table (idempotent for the same spec)."""
-    spec = EmbeddingSpec.from_wire(msg.header)
-    created = server.embeddings.create(spec)
-    return {"created": created, "spec": server.embeddings.table(spec.name).spec.to_wire()}, []
-
-
-def check_shard_owner(server: ShardServer, msg: Message) -> int | None:
-    """With replication a request names its embedding ``shard``; this server must be its
-    primary (with a lease). Returns the shard, or None for an unreplicated request."""
-    shard = msg.get("shard")
-    if shard is None:
-        return None
-    if not server.replicas.replicated(EMBEDDING_MAP):
-        raise NotOwnerError(f"server {server.rank} has no embedding shard {shard!r} (yet); "
-                            "fetch the shard map and retry")
-    server.replicas.check_primary(EMBEDDING_MAP, [shard], time.monotonic(), server.rank)
-    return shard
-
-
-def emb_pull(server: ShardServer, identity: bytes, msg: Message) -> Reply:
-    """Rows for one id array per listed table, created on first touch."""
-    check_shard_owner(server, msg)
-    codec = pull_codec(msg.get("codec"))
-    rows = server.embeddings.pull(msg.get("tables"), msg.arrays)
-    fields: dict[str, Any] = {}
-    if codec is not None:  # half-precision rows (proto/codecs/pull.py)
-        rows, fields["codec"] = encode_weights(codec, rows), codec.name
-    server.stats.pulls += 1
-    server.stats.bytes_in += sum(a.nbytes for a in msg.arrays)
-    server.stats.bytes_out += sum(r.nbytes for r in rows)
-    return fields, rows
-
-
-def emb_push(server: ShardServer, identity: bytes, msg: Message) -> Reply | None:
-    """Apply row gradients: arrays are ``ids_1, grads_1, ids_2, grads_2, ...``. A replicated
-    shard's push is answered once its backup holds it (ps/primary.py)."""
-    if len(msg.arrays) % 2:
-        raise ProtocolError(f"emb_push carries {len(msg.arrays)} arrays; expected an (ids, "
-                            "grads) pair per table")
-    shard = check_shard_owner(server, msg)
-    if shard is not None:
-        return server._replicated_emb_push(identity, msg, shard)
-    return apply_rows(server, msg), []
-
-
-def apply_rows(server: ShardServer, msg: Message) -> dict[str, Any]:
+def apply_rows(embeddings: EmbeddingStore, stats: ServerStats, msg: Message) -> dict[str, Any]:
     """Apply an ``emb_push`` (or a forwarded one) and count it; its reply fields."""
     arrays = msg.arrays
     codec = pull_codec(msg.get("codec"))
     grads = arrays[1::2] if codec is None else decode_weights(codec, arrays[1::2])
-    server.embeddings.push(msg.get("tables"), arrays[0::2], grads)
-    server.stats.pushes += 1
-    server.stats.updates += len(arrays) // 2
-    server.stats.bytes_in += sum(a.nbytes for a in arrays)
+    embeddings.push(msg.get("tables"), arrays[0::2], grads)
+    stats.pushes += 1
+    stats.updates += len(arrays) // 2
+    stats.bytes_in += sum(a.nbytes for a in arrays)
     return {"rows": [int(a.size) for a in arrays[0::2]]}
 
 
-def emb_stats(server: ShardServer, identity: bytes, msg: Message) -> Reply:
-    """Per table: dim, rows held, capacity, bytes, created, evicted, pulls, pushes, ids."""
-    return {"node_id": server.node_id, "tables": server.embeddings.stats()}, []
+class EmbeddingOps:
+    """The embedding ops of one shard server; a replicated shard's pushes go through
+    ``primary`` (ps/primary.py)."""
 
+    def __init__(self, embeddings: EmbeddingStore, stats: ServerStats, replicas: Replicator,
+                 primary: Primary, rank: int, node_id: str) -> None:
+        self._embeddings = embeddings
+        self._stats = stats
+        self._replicas = replicas
+        self._primary = primary
+        self._rank = rank
+        self._node_id = node_id
 
-def emb_save(server: ShardServer, identity: bytes, msg: Message) -> Reply:
-    """Checkpoint every embedding table (touched rows and their optimizer state)."""
-    path = msg.header["path"]
-    return {"rows": server.embeddings.save(path)}, []
+    def create(self, identity: bytes, msg: Message) -> Reply:
+        """Create an embedding table (idempotent for the same spec)."""
+        spec = EmbeddingSpec.from_wire(msg.header)
+        created = self._embeddings.create(spec)
+        return {"created": created,
+                "spec": self._embeddings.table(spec.name).spec.to_wire()}, []
 
+    def _shard(self, msg: Message) -> int | None:
+        """With replication a request names its embedding ``shard``; this server must be its
+        primary (with a lease). Returns the shard, or None for an unreplicated request."""
+        shard = msg.get("shard")
+        if shard is None:
+            return None
+        if not self._replicas.replicated(EMBEDDING_MAP):
+            raise NotOwnerError(f"server {self._rank} has no embedding shard {shard!r} (yet); "
+                                "fetch the shard map and retry")
+        self._replicas.check_primary(EMBEDDING_MAP, [shard], time.monotonic(), self._rank)
+        return int(shard)
 
-def emb_load(server: ShardServer, identity: bytes, msg: Message) -> Reply:
-    """Replace the embedding tables with a checkpoint written by ``emb_save``."""
-    path = msg.header["path"]
-    server.embeddings.load(path)
-    return {"tables": server.embeddings.stats()}, []
+    def pull(self, identity: bytes, msg: Message) -> Reply:
+        """Rows for one id array per listed table, created on first touch."""
+        self._shard(msg)
+        codec = pull_codec(msg.get("codec"))
+        rows = self._embeddings.pull(msg.get("tables"), msg.arrays)
+        fields: dict[str, Any] = {}
+        if codec is not None:  # half-precision rows (proto/codecs/pull.py)
+            rows, fields["codec"] = encode_weights(codec, rows), codec.name
+        self._stats.pulls += 1
+        self._stats.bytes_in += sum(a.nbytes for a in msg.arrays)
+        self._stats.bytes_out += sum(r.nbytes for r in rows)
+        return fields, rows
+
+    def push(self, identity: bytes, msg: Message) -> Reply | None:
+        """Apply row gradients: arrays are ``ids_1, grads_1, ids_2, grads_2, ...``. A
+        replicated shard's push is answered once its backup holds it."""
+        if len(msg.arrays) % 2:
+            raise ProtocolError(f"emb_push carries {len(msg.arrays)} arrays; expected an (ids, "
+                                "grads) pair per table")
+        shard = self._shard(msg)
+        if shard is not None:
+            self._primary.emb_push(identity, msg, shard, self._apply)
+            return None
+        return self._apply(msg), []
+
+    def _apply(self, msg: Message) -> dict[str, Any]:
+        return apply_rows(self._embeddings, self._stats, msg)
+
+    def stats(self, identity: bytes, msg: Message) -> Reply:
+        """Per table: dim, rows held, capacity, bytes, created, evicted, pulls, pushes, ids."""
+        return {"node_id": self._node_id, "tables": self._embeddings.stats()}, []
+
+    def save(self, identity: bytes, msg: Message) -> Reply:
+        """Checkpoint every embedding table (touched rows and their optimizer state)."""
+        return {"rows": self._embeddings.save(msg.header["path"])}, []
+
+    def load(self, identity: bytes, msg: Message) -> Reply:
+        """Replace the embedding tables with a checkpoint written by ``emb_save``."""
+        self._embeddings.load(msg.header["path"])
+        return {"tables": self._embeddings.stats()}, []
+
 
 
 _PATH = (Field("path", str, required=True, nonempty=True),)
@@ -118,13 +132,4 @@ FIELDS = {
     "emb_stats": (),
     "emb_save": _PATH,
     "emb_load": _PATH,
-}
-
-HANDLERS = {
-    "emb_create": emb_create,
-    "emb_pull": emb_pull,
-    "emb_push": emb_push,
-    "emb_stats": emb_stats,
-    "emb_save": emb_save,
-    "emb_load": emb_load,
 }

@@ -10,19 +10,37 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from hogshard.proto.metrics import snapshot, staleness_histogram
+from hogshard.ps.dense import DenseStore
+from hogshard.ps.embedding import EmbeddingStore
+from hogshard.ps.stats import ServerStats
 
 
-def _read(server: Any) -> dict[str, Any]:
+class Observed(Protocol):
+    """What the collector reads of a shard server (``ShardServer`` has all of it)."""
+
+    node_id: str
+    stats: ServerStats
+    store: DenseStore
+    embeddings: EmbeddingStore
+
+    @property
+    def pending_pulls(self) -> int: ...
+
+    @property
+    def policy_version(self) -> int: ...
+
+
+def _read(server: Observed) -> dict[str, Any]:
     stats = server.stats
     return {
         "wire": stats.to_wire(),
-        "bytes_in_by_codec": dict(getattr(stats, "bytes_in_by_codec", {}) or {}),
-        "pending_pulls": len(server._deferred),
+        "bytes_in_by_codec": dict(stats.bytes_in_by_codec),
+        "pending_pulls": server.pending_pulls,
         "tables": len(server.store.tables),
         "chunks": sum(len(t.chunks) for t in list(server.store.tables.values())),
         "policy_version": server.policy_version,
@@ -45,13 +63,13 @@ class ServerCollector:
 
     Only reads: the serving loop keeps sole ownership of the counters."""
 
-    def __init__(self, server: Any) -> None:
+    def __init__(self, server: Observed) -> None:
         self.server = server
 
     def collect(self) -> Iterator[Metric]:
         s = snapshot(lambda: _read(self.server))
         wire = s["wire"]
-        labels = {"node_id": str(getattr(self.server, "node_id", "server-?"))}
+        labels = {"node_id": self.server.node_id}
         names, values = list(labels), list(labels.values())
 
         def counter(name: str, doc: str, value: float) -> CounterMetricFamily:

@@ -2,22 +2,24 @@
 may send it (PROTOCOL.md, "Roles"). The service core (proto/service.py) checks both before the
 handler runs.
 
-Example (what ``ShardServer.__init__`` does)::
+Example (what ``ShardServer`` does)::
 
-    ops = server_ops({"init": ShardServer._init, "push": ShardServer._push, ...})
+    OPS = server_ops({"init": on("dense.init"), "push": on("dense.push"), ...})
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from operator import attrgetter
 from typing import Any
 
 from hogshard.proto.ops import ADMINS, ANYONE, SERVERS, WORKERS, Field, OpSpec, op_table
 from hogshard.proto.roles import Role
 from hogshard.ps.embedding_ops import FIELDS as EMBEDDING_FIELDS
-from hogshard.ps.embedding_ops import HANDLERS as EMBEDDING_HANDLERS
 from hogshard.ps.replica_ops import FIELDS as REPLICA_FIELDS
-from hogshard.ps.replica_ops import HANDLERS as REPLICA_HANDLERS
+
+#: An op's handler: ``(server, identity, message)`` to what proto.service.ServiceCore answers.
+Handler = Callable[..., Any]
 
 #: Fields any request may carry (proto.transport.request_header).
 #: ``incarnation``: the server process a worker's request is for (PROTOCOL.md section 10.2).
@@ -42,16 +44,29 @@ _ROLES: dict[str, frozenset[Role]] = {
     "stats": ANYONE, "ping": ANYONE,
     "emb_create": WORKERS, "emb_pull": WORKERS, "emb_push": WORKERS, "emb_stats": ANYONE,
     "emb_save": WORKERS | ADMINS, "emb_load": WORKERS | ADMINS,
-    **{op: SERVERS for op in REPLICA_HANDLERS},
+    **{op: SERVERS for op in REPLICA_FIELDS},
 }
 
+#: Every op's header fields (without COMMON).
+FIELDS: dict[str, tuple[Field, ...]] = {**DENSE_FIELDS, **EMBEDDING_FIELDS, **REPLICA_FIELDS}
 
-def server_ops(dense: Mapping[str, Callable[..., Any]]) -> dict[str, OpSpec]:
-    """The full table, given the handlers of the dense ops (``(server, identity, msg)``)."""
-    handlers = {**dense, **EMBEDDING_HANDLERS, **REPLICA_HANDLERS}
-    fields = {**DENSE_FIELDS, **EMBEDDING_FIELDS, **REPLICA_FIELDS}
-    if set(handlers) != set(fields) or set(handlers) != set(_ROLES):
-        raise ValueError(f"server ops without a header or roles: "
-                         f"{sorted(set(handlers) ^ set(fields) | set(handlers) ^ set(_ROLES))}")
-    return op_table(OpSpec(op, handler, _ROLES[op], COMMON + fields[op])
+
+def on(path: str) -> Handler:
+    """The handler that calls the method at ``path`` of the server's parts: ``on("dense.push")``
+    answers with ``server.dense.push(identity, message)``."""
+    method = attrgetter(path)
+
+    def handler(server: Any, identity: bytes, message: Any) -> Any:
+        return method(server)(identity, message)
+
+    handler.__qualname__ = handler.__name__ = path
+    return handler
+
+
+def server_ops(handlers: Mapping[str, Handler]) -> dict[str, OpSpec]:
+    """The full table, given every op's handler; refuses a handler missing or extra."""
+    if set(handlers) != set(FIELDS) or set(handlers) != set(_ROLES):
+        raise ValueError(f"server ops without a handler, header or roles: "
+                         f"{sorted(set(handlers) ^ set(FIELDS) | set(handlers) ^ set(_ROLES))}")
+    return op_table(OpSpec(op, handler, _ROLES[op], COMMON + FIELDS[op])
                     for op, handler in handlers.items())

@@ -9,9 +9,9 @@ a message that names a newer map epoch than this server knows is held, the next 
 brought forward, and the message is decided once a heartbeat sent after it has been answered.
 Messages from a connection that has one held are held behind it, in order.
 
-Example (what ``replica_ops.replicate`` does)::
+Example (what ``BackupOps.replicate`` does)::
 
-    if not server.peer_gate.admit(identity, msg, server.replicas, server.rank, table, ids):
+    if not gate.admit(identity, msg, replicas, rank, table, ids):
         return None                      # held: answered by ``release``
 """
 

@@ -1,117 +1,160 @@
-"""The primary's side of chain replication inside the shard server's loop (PROTOCOL.md
-section 16): apply a push to a replicated table once per push id, forward the updates to the
-backups, hold the worker's reply until they are acknowledged, and keep the poller watching the
-links to the backups. The roles, links and leases live in :class:`hogshard.ps.replication.Replicator`.
+"""The primary's side of chain replication (PROTOCOL.md section 16): a push to a replicated
+table is applied once per push id, the updates it made are forwarded to the backups, and the
+worker's reply is held until they have acknowledged them. The roles, links and leases live in
+:class:`hogshard.ps.replication.Replicator`; this part decides what to apply and when to answer.
 
-Example (what ``ShardServer._push`` does for a replicated table)::
+Example (what ``DenseOps.push`` does for a replicated table)::
 
-    return self._replicated_push(identity, msg, table, chunks, grads, versions)
+    fresh = primary.fresh(msg, table, chunks)            # NotOwnerError if not the primary
+    ...apply the fresh chunks, then, once applied:
+    primary.forward_and_hold(identity, msg, table, chunks, fresh, staleness, updates)
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 import zmq
 
+from hogshard.proto.errors import HogshardError
 from hogshard.proto.tables import EMBEDDING_MAP
-from hogshard.proto.transport import reply_ok
 from hogshard.proto.wire import Message
-from hogshard.ps.embedding_ops import apply_rows
-from hogshard.ps.replication import HeldReply
+from hogshard.ps.dense import DenseChunk, DenseTable
+from hogshard.ps.executor import UpdateExecutor
+from hogshard.ps.replication import HeldReply, Replicator
+from hogshard.ps.stats import ServerStats
+from hogshard.ps.update_pool import AppliedUpdate
 
 
-class PrimaryReplication:
-    """Mixed into ShardServer; uses its ``replicas``, ``applier``, ``stats``, ``rank``,
-    ``_sock``, ``_fail``, ``_apply_push`` and ``_settle_updates``."""
+class Replies(Protocol):
+    """How a part answers a request it did not answer at once (proto.service.ServiceCore)."""
 
-    def _poll_links(self, poller: zmq.Poller, registered: set[zmq.Socket]) -> set[zmq.Socket]:
-        """Keep the poller watching exactly the current links to backups."""
-        if self._links_seen == self.replicas.links_version:
-            return registered
-        self._links_seen = self.replicas.links_version
-        current = set(self.replicas.sockets())
-        for sock in registered - current:
-            poller.unregister(sock)
-        for sock in current - registered:
-            poller.register(sock, zmq.POLLIN)
-        return current
+    def reply(self, identity: bytes, request_id: int, fields: dict[str, Any] | None = None,
+              arrays: Sequence[np.ndarray] = (), track: bool = False
+              ) -> zmq.MessageTracker | None: ...
 
-    def _release_held(self) -> None:
-        """Answer the pushes whose backups have acknowledged them."""
-        for held, error in self.replicas.ready_replies(time.monotonic()):
-            if error is not None:
-                self._fail(held.identity, held.request_id, error)
-            else:
-                reply_ok(self._sock, held.identity, held.request_id, held.fields)
-                self.stats.last_ack_at = time.time()
+    def fail(self, identity: bytes, request_id: int, err: HogshardError) -> None: ...
 
-    def _replicated_push(self, identity: bytes, msg: Message, table: Any, chunks: list[Any],
-                         grads: list[np.ndarray], versions: list[int]) -> None:
-        """Apply the chunks not applied before (by push id), forward the updates to the
-        backups once applied, and hold the reply until they have acknowledged them."""
-        self.replicas.check_primary(table.name, [c.chunk_id for c in chunks], time.monotonic(),
-                                    self.rank)
+
+class Primary:
+    """Replicated pushes on the primary: deduplicated, forwarded, answered when held."""
+
+    def __init__(self, replicas: Replicator, updates: UpdateExecutor, stats: ServerStats,
+                 replies: Replies, rank: int) -> None:
+        self._replicas = replicas
+        self._updates = updates
+        self._stats = stats
+        self._replies = replies
+        self._rank = rank
+        self._links_seen = -1  # Replicator.links_version the poller watches
+        self._watched: set[zmq.Socket] = set()
+
+    # ---- dense pushes -------------------------------------------------------------------------
+
+    def fresh(self, msg: Message, table: DenseTable, chunks: Sequence[DenseChunk]) -> list[int]:
+        """The indexes of the chunks of this push not applied before (by push id); raises
+        NotOwnerError unless this server is, under a lease, the primary of all of them."""
+        self._replicas.check_primary(table.name, [c.chunk_id for c in chunks],
+                                     time.monotonic(), self._rank)
         push_id = msg.get("push_id")
+        recent = self._replicas.recent
         fresh = [i for i, c in enumerate(chunks)
-                 if push_id is None or (push_id, c.chunk_id) not in self.replicas.recent]
+                 if push_id is None or (push_id, c.chunk_id) not in recent]
         if len(fresh) < len(chunks):  # sent again: answer once the first copy is replicated
-            self.stats.duplicates += len(chunks) - len(fresh)
-            self._settle_updates()  # the first copy's forward goes out before ``needs`` is read
+            self._stats.duplicates += len(chunks) - len(fresh)
+            self._updates.settle()  # the first copy's forward goes out before it is waited on
+        return fresh
 
-        def forward_and_hold(applied: list[int | None],
-                             updates: list[tuple[Any, np.ndarray, float]]) -> None:
-            staleness: list[int | None] = [None] * len(chunks)
-            needs: dict[int, int] = {}
-            if len(fresh) < len(chunks):
-                needs = self.replicas.forwarded_so_far()
-            for i, value in zip(fresh, applied, strict=True):
-                staleness[i] = value
-            for rank, seq in self.replicas.forward(table, updates, push_id).items():
-                needs[rank] = max(needs.get(rank, 0), seq)
-            fields: dict[str, Any] = {"staleness": staleness}
-            if len(fresh) < len(chunks):
-                fields["duplicates"] = [c.chunk_id for i, c in enumerate(chunks)
-                                        if i not in fresh]
-            self._hold(identity, msg.request_id, fields, needs)
+    def applied(self, msg: Message, chunks: Sequence[DenseChunk]) -> None:
+        """Remember the push id of chunks just applied: a copy sent while they are being
+        applied is a duplicate."""
+        push_id = msg.get("push_id")
+        if push_id is not None:
+            for chunk in chunks:
+                self._replicas.recent.add(push_id, chunk.chunk_id)
 
-        if not fresh:
-            forward_and_hold([], [])
-            return None
-        self._apply_push(msg, table, [chunks[i] for i in fresh], [grads[i] for i in fresh],
-                         [versions[i] for i in fresh], then=forward_and_hold, identity=identity)
-        if push_id is not None:  # at once: a retry that comes while this one applies is a copy
-            for i in fresh:
-                self.replicas.recent.add(push_id, chunks[i].chunk_id)
-        return None
+    def forward_and_hold(self, identity: bytes, msg: Message, table: DenseTable,
+                         chunks: Sequence[DenseChunk], fresh: list[int],
+                         staleness: list[int | None], updates: list[AppliedUpdate]) -> None:
+        """Forward a push's applied ``updates`` to the backups and hold its reply until they
+        (and, for a push sent again, everything forwarded before) are acknowledged."""
+        duplicate = len(fresh) < len(chunks)
+        needs = self._replicas.forwarded_so_far() if duplicate else {}
+        for rank, seq in self._replicas.forward(table, updates, msg.get("push_id")).items():
+            needs[rank] = max(needs.get(rank, 0), seq)
+        by_chunk: list[int | None] = [None] * len(chunks)
+        for i, value in zip(fresh, staleness, strict=True):
+            by_chunk[i] = value
+        fields: dict[str, Any] = {"staleness": by_chunk}
+        if duplicate:
+            taken = set(fresh)
+            fields["duplicates"] = [c.chunk_id for i, c in enumerate(chunks) if i not in taken]
+        self.hold(identity, msg.request_id, fields, needs)
 
-    def _replicated_emb_push(self, identity: bytes, msg: Message, shard: int) -> None:
-        """An ``emb_push`` to a replicated embedding shard: applied once per push id,
+    # ---- embedding pushes ---------------------------------------------------------------------
+
+    def emb_push(self, identity: bytes, msg: Message, shard: int,
+                 apply: Callable[[Message], dict[str, Any]]) -> None:
+        """An ``emb_push`` to a replicated embedding shard: ``apply``'d once per push id,
         forwarded to the shard's backup, answered once the backup holds it."""
         push_id = msg.get("push_id")
         needs: dict[int, int] = {}
-        if push_id is not None and (push_id, shard) in self.replicas.recent:
-            self.stats.duplicates += 1
+        if push_id is not None and (push_id, shard) in self._replicas.recent:
+            self._stats.duplicates += 1
             fields: dict[str, Any] = {"rows": [int(a.size) for a in msg.arrays[0::2]],
                                       "duplicate": True}
-            needs = self.replicas.forwarded_so_far()
+            needs = self._replicas.forwarded_so_far()
         else:
-            fields = apply_rows(self, msg)
+            fields = apply(msg)
             if push_id is not None:
-                self.replicas.recent.add(push_id, shard)
-            backup = self.replicas.roles[EMBEDDING_MAP].get(shard, (-1, -1))[1]
-            if backup in self.replicas.links:
-                needs[backup] = self.replicas.send(backup, "emb_replicate", {
+                self._replicas.recent.add(push_id, shard)
+            backup = self._replicas.roles[EMBEDDING_MAP].get(shard, (-1, -1))[1]
+            if backup in self._replicas.links:
+                needs[backup] = self._replicas.send(backup, "emb_replicate", {
                     "tables": msg.get("tables"), "shard": shard, "push_id": push_id,
                     "codec": msg.get("codec")},  # fp16 rows stay fp16 to the backup
                     list(msg.arrays))
-        self._hold(identity, msg.request_id, fields, needs)
-        return None
+        self.hold(identity, msg.request_id, fields, needs)
 
-    def _hold(self, identity: bytes, request_id: int, fields: dict[str, Any],
-              needs: dict[int, int]) -> None:
+    # ---- held replies -------------------------------------------------------------------------
+
+    def hold(self, identity: bytes, request_id: int, fields: dict[str, Any],
+             needs: dict[int, int]) -> None:
         """Answer once each backup in ``needs`` has acknowledged that sequence number."""
-        self.replicas.held.append(HeldReply(identity, request_id, fields, needs))
-        self._release_held()
+        self._replicas.held.append(HeldReply(identity, request_id, fields, needs))
+        self.release()
+
+    def release(self) -> None:
+        """Answer the pushes whose backups have acknowledged them."""
+        for held, error in self._replicas.ready_replies(time.monotonic()):
+            if error is not None:
+                self._replies.fail(held.identity, held.request_id, error)
+            else:
+                self._replies.reply(held.identity, held.request_id, held.fields)
+                self._stats.last_ack_at = time.time()
+
+    # ---- the links to the backups -------------------------------------------------------------
+
+    def watch(self, poller: zmq.Poller) -> None:
+        """Keep ``poller`` watching exactly the current links to backups."""
+        if self._links_seen == self._replicas.links_version:
+            return
+        self._links_seen = self._replicas.links_version
+        current = set(self._replicas.sockets())
+        for sock in self._watched - current:
+            poller.unregister(sock)
+        for sock in current - self._watched:
+            poller.register(sock, zmq.POLLIN)
+        self._watched = current
+
+    def read(self, events: dict[zmq.Socket, int]) -> None:
+        """Take the acknowledgements that came (``events`` of a poll), and answer what they
+        complete (and what a lease that ran out refuses)."""
+        acked = [sock for sock in self._watched if sock in events]
+        for sock in acked:
+            self._replicas.read_acks(sock)
+        if acked or self._replicas.held:
+            self.release()

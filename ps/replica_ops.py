@@ -1,8 +1,9 @@
-"""The backup's half of chain replication (PROTOCOL.md section 16): ``replicate`` applies the
-updates a primary forwards, in order; ``replica_snapshot`` installs a copy of whole chunks
-(weights, optimizer state, version) when this server becomes a chunk's backup. Each handler
-takes ``(server, identity, message)`` and returns ``(fields, arrays)``; the reply is the
-acknowledgement the primary waits for before it answers the worker.
+"""The backup's half of chain replication (PROTOCOL.md section 16), as the methods of
+:class:`BackupOps`: ``replicate`` applies the updates a primary forwards, in order;
+``replica_snapshot`` installs a copy of whole chunks (weights, optimizer state, version) when
+this server becomes a chunk's backup; ``emb_replicate`` and ``emb_snapshot`` do the same for
+embedding shards. Each takes ``(identity, message)`` and returns ``(fields, arrays)``; the reply
+is the acknowledgement the primary waits for before it answers the worker.
 
 Only the primary the shard map names may send them (ps/peer_gate.py): a backup refuses
 (``NOT_OWNER``) updates for a chunk it has been promoted to primary of, or is no longer the
@@ -12,12 +13,13 @@ A handler returns None when the gate holds the message until the map catches up.
 
 Example (what the server's op table does)::
 
-    fields, arrays = replicate(server, identity, message)
+    backup = BackupOps(store, embeddings, replicas, gate, stats, rank=1)
+    fields, arrays = backup.replicate(identity, message)
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -25,119 +27,129 @@ from hogshard.proto.errors import ConflictError, ProtocolError
 from hogshard.proto.ops import Field
 from hogshard.proto.tables import EMBEDDING_MAP, EmbeddingSpec
 from hogshard.proto.wire import Message
-from hogshard.ps.dense import FLOAT32, DenseChunk, DenseTable, check_arrays
+from hogshard.ps.dense import FLOAT32, DenseChunk, DenseStore, DenseTable, check_arrays
+from hogshard.ps.embedding import EmbeddingStore
 from hogshard.ps.embedding_ops import apply_rows
 from hogshard.ps.embedding_replica import install_rows
+from hogshard.ps.peer_gate import PeerGate
+from hogshard.ps.replication import Replicator
 from hogshard.ps.rules import make_rule
-
-if TYPE_CHECKING:
-    from hogshard.ps.server import ShardServer
+from hogshard.ps.stats import ServerStats
 
 Reply = tuple[dict[str, Any], list[np.ndarray]] | None
 
 
-def replicate(server: ShardServer, identity: bytes, msg: Message) -> Reply:
-    """Apply forwarded updates: ``records`` lists ``[chunk_id, lr_scale, version, push_id]``
-    with one gradient array each."""
-    records = msg.header["records"]
-    if len(records) != len(msg.arrays) or not all(
-            isinstance(r, list) and len(r) == 4 and type(r[2]) is int
-            and type(r[1]) in (int, float) for r in records):
-        raise ProtocolError("'replicate': field 'records' must list one [chunk_id, lr_scale, "
-                            "version, push_id] per array")
-    chunk_ids = [r[0] for r in records]
-    if not server.peer_gate.admit(identity, msg, server.replicas, server.rank,
-                                  msg.header["table"], chunk_ids):
-        return None
-    table = server.store.table(msg.header["table"])
-    chunks = [table.chunk(c) for c in chunk_ids]
-    check_arrays(table.name, chunks, msg.arrays)
-    server.store.check_grads_finite(table, chunks, msg.arrays)
-    for chunk, grad, (chunk_id, scale, version, push_id) in zip(
-            chunks, msg.arrays, records, strict=True):
-        table.rule.apply(chunk.writable(), grad, chunk.state, float(scale))
-        chunk.version = int(version)
-        if isinstance(push_id, int):
-            server.replicas.recent.add(push_id, chunk_id)
-    server.stats.replicated += len(chunks)
-    return {"seq": msg.get("seq")}, []
+class BackupOps:
+    """The server-to-server ops a backup answers; ``gate`` admits their senders."""
 
+    def __init__(self, store: DenseStore, embeddings: EmbeddingStore, replicas: Replicator,
+                 gate: PeerGate, stats: ServerStats, rank: int) -> None:
+        self._store = store
+        self._embeddings = embeddings
+        self._replicas = replicas
+        self._gate = gate
+        self._stats = stats
+        self._rank = rank
 
-def replica_snapshot(server: ShardServer, identity: bytes, msg: Message) -> Reply:
-    """Install whole chunks: ``chunks`` lists ``[id, offset, length, version, state_keys,
-    scalars]``; the arrays are each chunk's weights followed by its state arrays by key."""
-    name, rule_spec, entries = msg.header["table"], msg.header["rule"], msg.header["chunks"]
-    if not all(isinstance(e, list) and len(e) == 6 for e in entries):
-        raise ProtocolError("'replica_snapshot': field 'chunks' must list [id, offset, "
-                            "length, version, state_keys, scalars] entries")
-    if not server.peer_gate.admit(identity, msg, server.replicas, server.rank, name,
-                                  [e[0] for e in entries]):
-        return None
-    table = server.store.tables.get(name)
-    if table is not None and table.rule_spec != rule_spec:
-        raise ConflictError(f"table {name!r} exists with rule {table.rule_spec}; the primary "
-                            f"has {rule_spec}")
-    table = table or DenseTable(name, make_rule(rule_spec), dict(rule_spec))
-    arrays, fresh = list(msg.arrays), []
-    for entry in entries:
-        chunk_id, offset, length, version, keys, scalars = entry
-        weights = np.array(arrays.pop(0), dtype=FLOAT32, copy=True)
-        if weights.shape != (length,):
-            raise ProtocolError(f"snapshot of {name!r} chunk {chunk_id}: {weights.shape} "
-                                f"weights; expected ({length},)")
-        state = table.rule.new_state(length)
-        for key in keys:
-            if key not in state:
-                raise ProtocolError(f"snapshot of {name!r} chunk {chunk_id}: state {key!r} "
-                                    f"is not part of rule {rule_spec.get('rule')!r}")
-            state[key] = np.array(arrays.pop(0), dtype=state[key].dtype, copy=True)
-        state.update(scalars)
-        fresh.append(DenseChunk(chunk_id, offset, weights, state, int(version)))
-    if arrays:
-        raise ProtocolError(f"snapshot of {name!r}: {len(arrays)} arrays left over")
-    server.store.tables[name] = table
-    for chunk in fresh:
-        table.chunks[chunk.chunk_id] = chunk
-    server.replicas.mark_replicated(name)
-    return {"seq": msg.get("seq")}, []
+    def _admit(self, identity: bytes, msg: Message, table: str, ids: list[Any]) -> bool:
+        return self._gate.admit(identity, msg, self._replicas, self._rank, table, ids)
 
+    def replicate(self, identity: bytes, msg: Message) -> Reply:
+        """Apply forwarded updates: ``records`` lists ``[chunk_id, lr_scale, version,
+        push_id]`` with one gradient array each."""
+        records = msg.header["records"]
+        if len(records) != len(msg.arrays) or not all(
+                isinstance(r, list) and len(r) == 4 and type(r[2]) is int
+                and type(r[1]) in (int, float) for r in records):
+            raise ProtocolError("'replicate': field 'records' must list one [chunk_id, "
+                                "lr_scale, version, push_id] per array")
+        chunk_ids = [r[0] for r in records]
+        if not self._admit(identity, msg, msg.header["table"], chunk_ids):
+            return None
+        table = self._store.table(msg.header["table"])
+        chunks = [table.chunk(c) for c in chunk_ids]
+        check_arrays(table.name, chunks, msg.arrays)
+        self._store.check_grads_finite(table, chunks, msg.arrays)
+        for chunk, grad, (chunk_id, scale, version, push_id) in zip(
+                chunks, msg.arrays, records, strict=True):
+            table.rule.apply(chunk.writable(), grad, chunk.state, float(scale))
+            chunk.version = int(version)
+            if isinstance(push_id, int):
+                self._replicas.recent.add(push_id, chunk_id)
+        self._stats.replicated += len(chunks)
+        return {"seq": msg.get("seq")}, []
 
-def emb_replicate(server: ShardServer, identity: bytes, msg: Message) -> Reply:
-    """Apply a forwarded ``emb_push`` of embedding ``shard`` (this server is its backup)."""
-    shard = msg.header["shard"]
-    if len(msg.arrays) % 2:
-        raise ProtocolError("'emb_replicate' carries (ids, grads) array pairs; got "
-                            f"{len(msg.arrays)} arrays")
-    if not server.peer_gate.admit(identity, msg, server.replicas, server.rank, EMBEDDING_MAP,
-                                  [shard]):
-        return None
-    apply_rows(server, msg)
-    if msg.get("push_id") is not None:
-        server.replicas.recent.add(msg.header["push_id"], shard)
-    server.stats.replicated += 1
-    return {"seq": msg.get("seq")}, []
+    def replica_snapshot(self, identity: bytes, msg: Message) -> Reply:
+        """Install whole chunks: ``chunks`` lists ``[id, offset, length, version, state_keys,
+        scalars]``; the arrays are each chunk's weights followed by its state arrays by key."""
+        name, rule_spec, entries = msg.header["table"], msg.header["rule"], msg.header["chunks"]
+        if not all(isinstance(e, list) and len(e) == 6 for e in entries):
+            raise ProtocolError("'replica_snapshot': field 'chunks' must list [id, offset, "
+                                "length, version, state_keys, scalars] entries")
+        if not self._admit(identity, msg, name, [e[0] for e in entries]):
+            return None
+        table = self._store.tables.get(name)
+        if table is not None and table.rule_spec != rule_spec:
+            raise ConflictError(f"table {name!r} exists with rule {table.rule_spec}; the "
+                                f"primary has {rule_spec}")
+        table = table or DenseTable(name, make_rule(rule_spec), dict(rule_spec))
+        arrays, fresh = list(msg.arrays), []
+        for entry in entries:
+            chunk_id, offset, length, version, keys, scalars = entry
+            weights = np.array(arrays.pop(0), dtype=FLOAT32, copy=True)
+            if weights.shape != (length,):
+                raise ProtocolError(f"snapshot of {name!r} chunk {chunk_id}: {weights.shape} "
+                                    f"weights; expected ({length},)")
+            state = table.rule.new_state(length)
+            for key in keys:
+                if key not in state:
+                    raise ProtocolError(f"snapshot of {name!r} chunk {chunk_id}: state "
+                                        f"{key!r} is not part of rule {rule_spec.get('rule')!r}")
+                state[key] = np.array(arrays.pop(0), dtype=state[key].dtype, copy=True)
+            state.update(scalars)
+            fresh.append(DenseChunk(chunk_id, offset, weights, state, int(version)))
+        if arrays:
+            raise ProtocolError(f"snapshot of {name!r}: {len(arrays)} arrays left over")
+        self._store.tables[name] = table
+        for chunk in fresh:
+            table.chunks[chunk.chunk_id] = chunk
+        self._replicas.mark_replicated(name)
+        return {"seq": msg.get("seq")}, []
 
+    def emb_replicate(self, identity: bytes, msg: Message) -> Reply:
+        """Apply a forwarded ``emb_push`` of embedding ``shard`` (this server is its backup)."""
+        shard = msg.header["shard"]
+        if len(msg.arrays) % 2:
+            raise ProtocolError("'emb_replicate' carries (ids, grads) array pairs; got "
+                                f"{len(msg.arrays)} arrays")
+        if not self._admit(identity, msg, EMBEDDING_MAP, [shard]):
+            return None
+        apply_rows(self._embeddings, self._stats, msg)
+        if msg.get("push_id") is not None:
+            self._replicas.recent.add(msg.header["push_id"], shard)
+        self._stats.replicated += 1
+        return {"seq": msg.get("seq")}, []
 
-def emb_snapshot(server: ShardServer, identity: bytes, msg: Message) -> Reply:
-    """Install embedding ``shard`` whole: ``tables`` lists each table's spec and
-    ``state_keys`` its row-state keys; the arrays are, per table, ids, rows and the states."""
-    shard, specs, keys = msg.header["shard"], msg.header["tables"], msg.header["state_keys"]
-    if len(keys) != len(specs):
-        raise ProtocolError("'emb_snapshot': fields 'tables' and 'state_keys' must list one "
-                            "entry per table")
-    if not server.peer_gate.admit(identity, msg, server.replicas, server.rank, EMBEDDING_MAP,
-                                  [shard]):
-        return None
-    arrays = list(msg.arrays)
-    for wire, table_keys in zip(specs, keys, strict=True):
-        spec = EmbeddingSpec.from_wire(wire)
-        server.embeddings.create(spec)
-        table = server.embeddings.table(spec.name)
-        ids, rows = arrays.pop(0), arrays.pop(0)
-        state = {key: arrays.pop(0) for key in table_keys}
-        install_rows(table, np.asarray(ids), np.asarray(rows), state)
-    server.replicas.mark_replicated(EMBEDDING_MAP)
-    return {"seq": msg.get("seq")}, []
+    def emb_snapshot(self, identity: bytes, msg: Message) -> Reply:
+        """Install embedding ``shard`` whole: ``tables`` lists each table's spec and
+        ``state_keys`` its row-state keys; the arrays are, per table, ids, rows and states."""
+        shard, specs, keys = msg.header["shard"], msg.header["tables"], msg.header["state_keys"]
+        if len(keys) != len(specs):
+            raise ProtocolError("'emb_snapshot': fields 'tables' and 'state_keys' must list one "
+                                "entry per table")
+        if not self._admit(identity, msg, EMBEDDING_MAP, [shard]):
+            return None
+        arrays = list(msg.arrays)
+        for wire, table_keys in zip(specs, keys, strict=True):
+            spec = EmbeddingSpec.from_wire(wire)
+            self._embeddings.create(spec)
+            table = self._embeddings.table(spec.name)
+            ids, rows = arrays.pop(0), arrays.pop(0)
+            state = {key: arrays.pop(0) for key in table_keys}
+            install_rows(table, np.asarray(ids), np.asarray(rows), state)
+        self._replicas.mark_replicated(EMBEDDING_MAP)
+        return {"seq": msg.get("seq")}, []
+
 
 
 #: Their headers (checked by the service core before the handler runs).
@@ -152,11 +164,4 @@ FIELDS = {
     "emb_snapshot": (Field("shard", int, required=True), Field("tables", list, required=True),
                      Field("state_keys", list, required=True), Field("seq", int),
                      Field("map_epoch", int)),
-}
-
-HANDLERS = {
-    "replicate": replicate,
-    "replica_snapshot": replica_snapshot,
-    "emb_replicate": emb_replicate,
-    "emb_snapshot": emb_snapshot,
 }

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +37,7 @@ from hogshard.proto.wire import Message, decode
 from hogshard.ps.dense import DenseChunk, DenseStore, DenseTable
 from hogshard.ps.embedding import EmbeddingStore
 from hogshard.ps.embedding_replica import shard_rows
+from hogshard.ps.update_pool import AppliedUpdate
 
 log = logging.getLogger(__name__)
 
@@ -273,7 +275,7 @@ class Replicator:
                 "shard": shard, "tables": specs, "state_keys": keys}, arrays)
         return sent
 
-    def forward(self, table: DenseTable, applied: list[tuple[DenseChunk, np.ndarray, float]],
+    def forward(self, table: DenseTable, applied: Sequence[AppliedUpdate],
                 push_id: int | None) -> dict[int, int]:
         """Send the updates a push applied to their chunks' backups; returns what the reply
         must wait for ({backup rank: sequence number})."""
@@ -329,9 +331,12 @@ class Replicator:
         if not self.lease_valid(now):
             error = NotOwnerError(f"{self.sender}: lease from the scheduler ran out before the "
                                   "backup acknowledged; retry after a map refresh")
-            ready, self.held = [(held, error) for held in self.held], []
-            return ready
-        ready, waiting = [], []
+            refused: list[tuple[HeldReply, NotOwnerError | None]] = [
+                (held, error) for held in self.held]
+            self.held = []
+            return refused
+        ready: list[tuple[HeldReply, NotOwnerError | None]] = []
+        waiting: list[HeldReply] = []
         for held in self.held:
             links = [self.links.get(r) for r in held.needs]
             fenced = next((lk.fenced for lk in links if lk is not None and lk.fenced), None)

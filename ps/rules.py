@@ -110,6 +110,7 @@ class SGD(UpdateRule):
 
     name = "sgd"
     PARAMS = DENSE_RULES["sgd"]
+    weight_decay: float
 
     def new_state(self, size: int) -> State:
         return {}
@@ -128,6 +129,10 @@ class Momentum(UpdateRule):
 
     name = "momentum"
     PARAMS = DENSE_RULES["momentum"]
+    momentum: float
+    dampening: float
+    nesterov: bool
+    weight_decay: float
 
     def new_state(self, size: int) -> State:
         return {"momentum_buffer": np.zeros(size if self.momentum else 0, np.float32), "step": 0}
@@ -161,6 +166,10 @@ class Adagrad(UpdateRule):
 
     name = "adagrad"
     PARAMS = DENSE_RULES["adagrad"]
+    lr_decay: float
+    weight_decay: float
+    initial_accumulator_value: float
+    eps: float
 
     def new_state(self, size: int) -> State:
         return {"sum": np.full(size, self.initial_accumulator_value, np.float32), "step": 0}
@@ -184,6 +193,10 @@ class Adam(UpdateRule):
 
     name = "adam"
     PARAMS = DENSE_RULES["adam"]
+    betas: list[float]
+    eps: float
+    weight_decay: float
+    amsgrad: bool
 
     def new_state(self, size: int) -> State:
         keys = ("exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if self.amsgrad else ())

@@ -1,186 +1,114 @@
-"""A shard server's link to the scheduler, inside the server's loop: heartbeats that carry
-the server's stats and checkpoint results out, and bring back membership (live workers and
-their clocks), policy changes, checkpoint requests, the shard-map assignments of replicated
-tables and the lease; re-registration when the scheduler has forgotten this server.
+"""A shard server's link to the scheduler: registration, and heartbeats on a timer (one in
+flight at a time) that carry the server's stats and checkpoint results out and bring back
+membership, policy changes, checkpoint requests, the shard-map assignments of replicated
+tables and the lease. The link only talks and keeps time; the server acts on the replies.
 
-Example (what ``ShardServer.serve_forever`` does)::
+Example (what ``ShardServer`` does)::
 
-    if now >= self._heartbeat_due:
-        self._send_heartbeat(now)
-    ...
-    self._read_scheduler()            # when the scheduler's socket is readable
+    link = SchedulerLink(RpcChannel(context, "tcp://sched:7000"))
+    registration = link.register({"role": "server", "address": address}, timeout=30.0)
+    if link.due(time.monotonic()):
+        link.send_heartbeat(time.monotonic(), {"stats": stats.to_wire()})
+    for reply in link.replies():        # when link.socket is readable
+        ...
 """
 
 from __future__ import annotations
 
-import logging
-import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
-from hogshard.proto.errors import ErrorCode, FencedError, HogshardError, NotOwnerError
+import zmq
+
+from hogshard.proto.errors import ProtocolError
 from hogshard.proto.policy import ConsistencyPolicy, parse_policy
-from hogshard.proto.transport import ERROR
+from hogshard.proto.transport import RpcChannel
 from hogshard.proto.wire import Message
 
-log = logging.getLogger(__name__)
+#: Seconds between the heartbeats brought forward to learn something soon.
+HURRY_S = 0.05
 
-#: Workers remembered as having left (until a later heartbeat reply confirms it).
-MAX_LEFT = 4096
+
+@dataclass(frozen=True)
+class Registration:
+    """What the scheduler's ``register`` reply tells a server (PROTOCOL.md, ``register``)."""
+
+    node_id: str
+    rank: int
+    policy: ConsistencyPolicy
+    heartbeat_interval: float
+    heartbeat_timeout: float
+    replication: int | None = None  # the job's, when the scheduler says
+    restore: str | None = None  # a checkpoint to reload this rank's lost chunks from
+
+    @classmethod
+    def from_reply(cls, reply: Message) -> Registration:
+        node_id, rank = reply.get("node_id"), reply.get("rank")
+        interval = reply.get("heartbeat_interval")
+        if not isinstance(node_id, str) or type(rank) is not int \
+                or type(interval) not in (int, float):
+            raise ProtocolError(f"the scheduler's 'register' reply lacks node_id, rank or "
+                                f"heartbeat_interval: {reply.header!r}")
+        timeout = reply.get("heartbeat_timeout")
+        replication = reply.get("replication")
+        restore = reply.get("restore")
+        return cls(node_id, rank, parse_policy(reply.get("policy")), float(interval),
+                   float(timeout) if type(timeout) in (int, float) and timeout else 5.0,
+                   replication if type(replication) is int else None,
+                   restore["path"] if isinstance(restore, dict)
+                   and isinstance(restore.get("path"), str) else None)
 
 
 class SchedulerLink:
-    """Mixed into ShardServer; uses its ``_scheduler`` channel, ``stats``, ``replicas``,
-    ``applier``, ``store``, ``policy``, ``_settle_updates`` and the membership fields it
-    keeps."""
+    """The channel to the scheduler and the heartbeat timer."""
 
-    def _send_heartbeat(self, now: float) -> None:
-        self._heartbeat_due = now + self.heartbeat_interval
-        self._heartbeat_sent_at = now
-        fields: dict[str, Any] = {"stats": {**self.stats.to_wire(),
-                                            "embeddings": self.embeddings.summary()},
-                                  "map_epoch": self.replicas.map_epoch,
-                                  "incarnation": self.incarnation}
-        if self._checkpoint_report is not None:
-            fields["checkpoint"] = self._checkpoint_report
-        self._heartbeat_in_flight = self._scheduler.start("heartbeat", fields)
+    def __init__(self, channel: RpcChannel) -> None:
+        self._channel = channel
+        self.interval = 1.0  # the scheduler's heartbeat interval, once registered
+        self._due = 0.0
+        self.sent_at = 0.0  # when the heartbeat in flight (or the last one) was sent
+        self._in_flight: int | None = None
 
-    def _read_scheduler(self) -> None:
-        while (reply := self._scheduler.read_reply()) is not None:
-            if reply.request_id != self._heartbeat_in_flight:
-                continue
-            if reply.op == ERROR:
-                if reply.get("code") == ErrorCode.FENCED.value:
-                    self._fenced(str(reply.get("message")))
-                    return
-                if reply.get("code") != ErrorCode.UNKNOWN_MEMBER.value:
-                    log.warning("scheduler refused heartbeat: %s", reply.get("message"))
-                    continue
-                log.warning("%s; registering again", reply.get("message"))
-                self._settle_updates()
-                try:
-                    self._register(self.rank, timeout=5.0)
-                except FencedError as err:
-                    self._fenced(err.message)
-                    return
-                except HogshardError as err:
-                    log.warning("registration failed (%s); serving on", err.message)
-                    continue
-                self.applier.switch(self.policy)
-                self.policy_version, self._pending_switch = 0, None
-                continue
-            self.replicas.renew_lease(self._heartbeat_sent_at)
-            if "assignments" in reply.header or isinstance(reply.get("checkpoint"), dict):
-                self._settle_updates()  # both read or move weights wholesale
-            if "assignments" in reply.header:
-                self.replicas.take_assignments(reply, self.store, self.rank, self.embeddings)
-            if isinstance(reply.get("checkpoint"), dict):
-                self._write_checkpoint(reply.get("checkpoint"))
-            if reply.get("shutdown"):
-                log.info("%s: scheduler ended the job", self.node_id)
-                self._stop.set()
-            self._take_policy(reply.get("policy"), reply.get("policy_version"),
-                              reply.get("policy_from_clock"))
-            workers = reply.get("workers")
-            if isinstance(workers, dict):
-                asked_at = self._heartbeat_sent_at
-                # a reply to a heartbeat sent before a worker's own leave may still list it
-                workers = {w: c for w, c in workers.items() if self._left.get(w, -1.0) < asked_at}
-                self._left = {w: t for w, t in self._left.items() if t >= asked_at}
-                self._live_workers = workers
-                self._membership_known = True
-                self._newcomers = {w: t for w, t in self._newcomers.items()
-                                   if w not in workers and t >= asked_at}
-                self._live_cache = None
-                self.applier.complete_groups(self._live_set())
-                self._release_deferred()
+    @property
+    def socket(self) -> zmq.Socket:
+        return self._channel.socket
 
-    def _register(self, rank_hint: int | None, timeout: float) -> None:
-        fields: dict[str, Any] = {"role": "server", "address": self.address,
-                                  "rank_hint": rank_hint, "incarnation": self.incarnation}
-        tables = self._table_report()
-        if tables:  # a restarted scheduler relearns the shard map from these
-            fields["tables"] = tables
-        reply = self._scheduler.call("register", fields, timeout=timeout)
-        self.node_id: str = reply.get("node_id")
-        self.rank: int = reply.get("rank")
-        self.policy: ConsistencyPolicy = parse_policy(reply.get("policy"))
-        self.heartbeat_interval: float = reply.get("heartbeat_interval")
-        self.heartbeat_timeout: float = reply.get("heartbeat_timeout") or 5.0
-        if type(reply.get("replication")) is int:
-            self.peer_gate.replication = reply.get("replication")
-        self._scheduler.sender = self.node_id
-        restore = reply.get("restore")
-        if isinstance(restore, dict) and isinstance(restore.get("path"), str):
-            log.warning("%s: the chunks of this rank were lost with its previous process; "
-                        "restoring them from %s", self.node_id, restore["path"])
-            self._restore(restore["path"])
-        if self.replicas is not None:  # declared dead and back: own nothing until told
-            for held in self.replicas.forget_roles():
-                self._fail(held.identity, held.request_id, NotOwnerError(
-                    f"{self.node_id} was declared dead before its backup acknowledged; retry "
-                    "after a map refresh"))
-            self.replicas.sender = self.node_id
-        log.info("%s serving on %s policy=%s", self.node_id, self.address, self.policy.spec)
+    def register(self, fields: dict[str, Any], timeout: float) -> Registration:
+        """``register`` and wait for the reply (raises the scheduler's error)."""
+        registration = Registration.from_reply(self._channel.call("register", fields,
+                                                                  timeout=timeout))
+        self._channel.sender = registration.node_id
+        self.interval = registration.heartbeat_interval
+        return registration
 
-    def _fenced(self, why: str) -> None:
-        """A newer process has taken this server's rank: stop serving at once."""
-        log.error("%s (incarnation %d) is fenced off: %s; stopping", self.node_id,
-                  self.incarnation, why)
-        self.fenced = why
-        self._stop.set()
+    # ---- the timer ----------------------------------------------------------------------------
 
-    def _table_report(self) -> dict[str, Any]:
-        """The dense tables held here, for ``register`` (PROTOCOL.md): spec and own chunks."""
-        report = {}
-        for name, table in self.store.tables.items():
-            if name not in self._table_sizes:
-                continue  # initialised by a client that did not send the size
-            size, chunk_elems = self._table_sizes[name]
-            roles = self.replicas.roles.get(name) if self.replicas is not None else None
-            report[name] = {
-                "table": {"name": name, "size": size, "chunk_elems": chunk_elems,
-                          "rule": table.rule_spec},
-                "chunks": [[c.chunk_id, c.offset, c.weights.size]
-                           for c in table.chunks.values()
-                           if roles is None or roles.get(c.chunk_id, (-1,))[0] == self.rank],
-            }
-        return report
+    def due(self, now: float) -> bool:
+        return now >= self._due
 
-    def _worker_left(self, identity: bytes, msg: Message) -> tuple[dict[str, Any], list[Any]]:
-        """The ``leave`` op: a worker that has left the job (the scheduler first) says so, and
-        no policy waits for it from now on, rather than from the next heartbeat reply."""
-        sender = str(msg.get("from"))
-        if len(self._left) >= MAX_LEFT:
-            self._left.pop(next(iter(self._left)))
-        self._left[sender] = time.monotonic()
-        self._live_workers = {w: c for w, c in self._live_workers.items() if w != sender}
-        self._newcomers.pop(sender, None)
-        self._live_cache = None
-        self.applier.complete_groups(self._live_set())
-        self._release_deferred()
-        return {}, []
+    def timeout_ms(self, now: float) -> int:
+        """Until the next heartbeat is due."""
+        return max(0, int((self._due - now) * 1000))
 
-    def _take_policy(self, spec: Any, version: Any, from_clock: Any) -> None:
-        """Schedule a policy change announced by the scheduler; it takes effect at the first
-        push of clock ``from_clock`` (the same step on every server)."""
-        if not isinstance(version, int) or version <= self.policy_version:
-            return
-        if self._pending_switch is not None and self._pending_switch[2] >= version:
-            return
-        try:
-            policy = parse_policy(spec)
-        except HogshardError as err:
-            log.error("scheduler announced an unusable policy: %s", err.message)
-            return
-        self._pending_switch = (policy, int(from_clock or 0), version)
-        log.info("%s: policy %s from clock %s", self.node_id, spec, from_clock)
+    def hurry(self) -> None:
+        """Send the next heartbeat soon (at most every 50 ms): something is to be learnt."""
+        self._due = min(self._due, self.sent_at + HURRY_S)
 
-    def _maybe_switch(self, clock: int | None) -> None:
-        if self._pending_switch is None:
-            return
-        policy, from_clock, version = self._pending_switch
-        if clock is not None and clock < from_clock:
-            return
-        self.applier.switch(policy)
-        self.policy, self.policy_version, self._pending_switch = policy, version, None
-        log.info("%s switched to policy %s", self.node_id, policy.spec)
+    def now(self) -> None:
+        """Send the next heartbeat at once (something is to be reported)."""
+        self._due = 0.0
+
+    def send_heartbeat(self, now: float, fields: dict[str, Any]) -> None:
+        self._due = now + self.interval
+        self.sent_at = now
+        self._in_flight = self._channel.start("heartbeat", fields)
+
+    def replies(self) -> Iterator[Message]:
+        """The replies to the heartbeat in flight that have come (older ones are dropped)."""
+        while (reply := self._channel.read_reply()) is not None:
+            if reply.request_id == self._in_flight:
+                yield reply
+
+    def close(self) -> None:
+        self._channel.close()

@@ -1,8 +1,22 @@
-"""The shard server process: holds dense chunks, applies updates, serves pulls.
+"""The shard server process: holds dense chunks and embedding rows, applies updates, serves pulls.
 
-One thread runs a poll loop over two sockets: the data ROUTER that workers talk to and a
-DEALER to the scheduler (registration, heartbeats that carry stats out and membership back).
-A pull that the consistency policy holds back is answered as soon as the policy allows.
+One thread runs a poll loop over the data ROUTER that workers talk to (its requests go through
+proto/service.py to the op table), a DEALER to the scheduler, the links to backups and, with
+update threads, their wake-up socket. The server owns those sockets and wires its parts, each
+of which owns its state and is handed only the parts it uses:
+
+- ``store``, ``embeddings`` (ps/dense.py, ps/embedding.py): dense chunks, embedding rows;
+- ``updates`` (ps/executor.py): where the update rules run, inline or on update threads;
+- ``applier`` (ps/applier.py): the policy's groups, staleness, ``+lr`` and ``+dc``;
+- ``view``, ``schedule`` (ps/workers.py): live workers, their clocks and the pull gate; the
+  policy switches the scheduler announced;
+- ``replicas``, ``primary``, ``peer_gate`` (ps/replication.py, ps/primary.py,
+  ps/peer_gate.py): roles, links and leases; replicated pushes; who may send server-to-server
+  ops;
+- ``link`` (ps/scheduler_link.py): registration and the heartbeat timer;
+- ``checkpoints`` (ps/checkpoint.py): this shard's checkpoint files;
+- the ops (PROTOCOL.md): ``dense`` (ps/dense_ops.py), embedding ops (ps/embedding_ops.py),
+  backup ops (ps/replica_ops.py), in the op table of ps/op_table.py.
 
 Example::
 
@@ -16,58 +30,41 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar, cast
 
-import numpy as np
 import zmq
 
-from hogshard.proto.codecs.pull import encode_weights, pull_codec
 from hogshard.proto.dispatch import guarded
-from hogshard.proto.errors import (
-    ConflictError,
-    HogshardError,
-    NotOwnerError,
-    ProtocolError,
-    TooLargeError,
-)
+from hogshard.proto.errors import ErrorCode, FencedError, HogshardError, NotOwnerError
 from hogshard.proto.ops import OpSpec
 from hogshard.proto.policy import ConsistencyPolicy
 from hogshard.proto.security import Security
 from hogshard.proto.service import ServiceCore
-from hogshard.proto.transport import RpcChannel, bind_router, reply_ok
+from hogshard.proto.transport import ERROR, RpcChannel, bind_router
 from hogshard.proto.wire import DEFAULT_LIMITS, Limits, Message
 from hogshard.ps.applier import UpdateApplier
-from hogshard.ps.checkpoint import ShardCheckpointing
-from hogshard.ps.decoding import PayloadDecoder
+from hogshard.ps.checkpoint import ShardCheckpointer
 from hogshard.ps.dense import DenseStore
+from hogshard.ps.dense_ops import DenseOps
 from hogshard.ps.embedding import EmbeddingStore
-from hogshard.ps.op_table import server_ops
+from hogshard.ps.embedding_ops import EmbeddingOps
+from hogshard.ps.executor import CONCURRENT_OPS, InlineUpdates, ThreadedUpdates, UpdateExecutor
+from hogshard.ps.op_table import on, server_ops
 from hogshard.ps.peer_gate import PeerGate
-from hogshard.ps.primary import PrimaryReplication
+from hogshard.ps.primary import Primary
+from hogshard.ps.replica_ops import BackupOps
 from hogshard.ps.replication import Replicator
-from hogshard.ps.scheduler_link import SchedulerLink
+from hogshard.ps.scheduler_link import Registration, SchedulerLink
 from hogshard.ps.stats import ServerStats
-from hogshard.ps.update_threads import CONCURRENT_OPS, ThreadedUpdates
+from hogshard.ps.workers import PolicySchedule, WorkerView
 
 log = logging.getLogger(__name__)
 
-#: Pulls the policy holds back: per connection and in all (more are refused with TOO_LARGE).
-MAX_DEFERRED_PER_PEER = 64
-MAX_DEFERRED = 4096
 
-
-@dataclass
-class _DeferredPull:
-    identity: bytes
-    message: Message
-
-
-class ShardServer(SchedulerLink, PrimaryReplication, ShardCheckpointing, ThreadedUpdates):
+class ShardServer:
     """One parameter-server shard. Construct (registers with the scheduler), then
     ``serve_forever``; ``stop()`` ends the loop from any thread. ``update_threads`` > 0 runs
-    the update rules on that many threads off the loop (ps/update_threads.py)."""
+    the update rules on that many threads off the loop (ps/executor.py)."""
 
     def __init__(
         self,
@@ -84,87 +81,95 @@ class ShardServer(SchedulerLink, PrimaryReplication, ShardCheckpointing, Threade
         check_finite: bool = True,
         update_threads: int = 0,
     ) -> None:
+        if update_threads < 0:
+            raise ValueError(f"update_threads must be 0 (inline) or more; got {update_threads}")
         self._own_context = context is None
         self._context = context or zmq.Context()
         self._security = security
         self._sock, bound = bind_router(self._context, bind, security=security,
                                         max_message_bytes=max_message_bytes)
         self.address = advertise or bound
-        self.limits = limits
         self.store = DenseStore(check_finite)
         self.embeddings = EmbeddingStore()
         self.stats = ServerStats()
-        self._core = ServiceCore(self._sock, self._OPS, "a server", self.stats.errors, log,
-                                 limits, authenticated=security is not None)
-        self.peer_gate = PeerGate(self._wake_heartbeat)
-        self._deferred: list[_DeferredPull] = []
-        self._observed_clocks: dict[str, int] = {}
-        self._live_workers: dict[str, int] = {}
-        # Workers heard from directly but not yet listed by a heartbeat reply, with the time
-        # first heard: they count as live until a reply to a later heartbeat leaves them out.
-        self._newcomers: dict[str, float] = {}
-        self._live_cache: set[str] | None = None
-        self._left: dict[str, float] = {}  # workers that said they left, and when
-        self._links_seen = -1  # Replicator.links_version the poller watches
+        self._core = ServiceCore(self._sock, self.OPS, "a server", self.stats.errors, log, limits,
+                                 authenticated=security is not None)
+        self.view = WorkerView()
+        self.schedule = PolicySchedule()
+        self.checkpoints = ShardCheckpointer(self.store, self.embeddings)
+        #: Drawn at start: requests addressed to another incarnation of this rank are refused.
+        self.incarnation = secrets.randbits(48)
+        self.fenced: str | None = None  # why a newer process under this rank replaced this one
         self._stop = threading.Event()
         # heartbeats on a context of their own: a backup link connecting to a host whose
         # name is slow to resolve blocks its context's I/O thread (inproc needs the shared one)
         self._control_context = self._context if scheduler.startswith("inproc://") \
             else zmq.Context()
-        self._scheduler = RpcChannel(self._control_context, scheduler, sender="server-?",
-                                     security=security)
-        self._membership_known = False
-        self._pending_switch: tuple[ConsistencyPolicy, int, int] | None = None
-        self.policy_version = 0
-        self._checkpoint_report: dict[str, Any] | None = None
-        self._table_sizes: dict[str, tuple[int, int]] = {}  # name -> (size, chunk_elems)
-        self.replicas: Replicator | None = None
-        #: Drawn at start: requests addressed to another incarnation of this rank are refused.
-        self.incarnation = secrets.randbits(48)
-        self.fenced: str | None = None  # why a newer process under this rank replaced this one
-        self._register(rank_hint, register_timeout)
-        self.replicas = Replicator(self._context, security, self.heartbeat_timeout,
+        self.link = SchedulerLink(RpcChannel(self._control_context, scheduler,
+                                             sender="server-?", security=security))
+        self.peer_gate = PeerGate(self.link.hurry)
+
+        registration = self.link.register(self._register_fields(rank_hint, {}), register_timeout)
+        self.node_id, self.rank = registration.node_id, registration.rank
+        self._registered(registration)
+        self.replicas = Replicator(self._context, security, registration.heartbeat_timeout,
                                    sender=self.node_id)
         if restore:
             self._restore(restore)
-        self.applier = UpdateApplier(self.policy, self.stats)
-        self.decoder = PayloadDecoder()
-        self._start_updates(update_threads)
-        self._heartbeat_due = 0.0
-        self._heartbeat_sent_at = 0.0
-        self._heartbeat_in_flight: int | None = None
+        self.updates: UpdateExecutor = ThreadedUpdates(
+            self._context, update_threads, self.stats, self._core.fail,
+            lambda: self.dense.release_deferred()) if update_threads else InlineUpdates(self.stats)
+        self.applier = UpdateApplier(registration.policy, self.stats, self.updates)
+        self.primary = Primary(self.replicas, self.updates, self.stats, self._core, self.rank)
+        self.dense = DenseOps(self.store, self.applier, self.view, self.schedule, self.updates,
+                              self.primary, self.replicas, self.stats, self._core, self.link,
+                              self.peer_gate, self.node_id, self.rank)
+        self.embedding = EmbeddingOps(self.embeddings, self.stats, self.replicas, self.primary,
+                                      self.rank, self.node_id)
+        self.backup = BackupOps(self.store, self.embeddings, self.replicas, self.peer_gate,
+                                self.stats, self.rank)
+        self._before = self._settle_before if self.updates.concurrent else None
 
-    # ---- loop -------------------------------------------------------------------------------
+    @property
+    def policy(self) -> ConsistencyPolicy:
+        """The consistency policy in force."""
+        return self.applier.policy
+
+    @property
+    def policy_version(self) -> int:
+        return self.schedule.version
+
+    @property
+    def pending_pulls(self) -> int:
+        """Pulls the policy holds back now."""
+        return self.dense.pending_pulls
+
+    # ---- loop ---------------------------------------------------------------------------------
 
     def serve_forever(self) -> None:
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
-        poller.register(self._scheduler.socket, zmq.POLLIN)
-        updates = self._register_updates(poller)
-        links: set[zmq.Socket] = set()
+        scheduler = self.link.socket
+        poller.register(scheduler, zmq.POLLIN)
+        updates = self.updates.socket
+        if updates is not None:
+            poller.register(updates, zmq.POLLIN)
         try:
             while not self._stop.is_set():
                 now = time.monotonic()
-                if now >= self._heartbeat_due:
+                if self.link.due(now):
                     self._send_heartbeat(now)
-                links = self._poll_links(poller, links)
-                timeout_ms = max(0, int((self._heartbeat_due - now) * 1000))
-                events = dict(poller.poll(timeout_ms))
+                self.primary.watch(poller)
+                events = dict(poller.poll(self.link.timeout_ms(now)))
                 if updates is not None and updates in events:
-                    self._collect_updates()
-                if self._scheduler.socket in events:
+                    self.updates.collect()
+                if scheduler in events:
                     self._read_scheduler()
-                    if self.peer_gate.held:
-                        self.peer_gate.release(self.replicas.heard_at, self._redo_peer_op)
-                acked = [sock for sock in links if sock in events]
-                for sock in acked:
-                    self.replicas.read_acks(sock)
-                if acked or self.replicas.held:
-                    self._release_held()
+                self.primary.read(events)
                 if self._sock in events:
                     for _ in range(64):  # drain a burst before the next heartbeat check
-                        self._handle_one()
-                        if not self._sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                        self._core.handle_one(self._invoke, self._before)
+                        if not cast(int, self._sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
                             break
         finally:
             self.close()
@@ -173,10 +178,10 @@ class ShardServer(SchedulerLink, PrimaryReplication, ShardCheckpointing, Threade
         self._stop.set()
 
     def close(self) -> None:
-        self._stop_updates()
+        self.updates.close()
         self.replicas.close()
         self._sock.close(0)
-        self._scheduler.close()
+        self.link.close()
         if self._control_context is not self._context:
             self._control_context.term()
         if self._own_context:
@@ -184,12 +189,7 @@ class ShardServer(SchedulerLink, PrimaryReplication, ShardCheckpointing, Threade
                 self._security.stop(self._context)
             self._context.term()
 
-    # ---- control plane ----------------------------------------------------------------------
-
-    # ---- data plane -------------------------------------------------------------------------
-
-    def _handle_one(self) -> None:
-        self._core.handle_one(self._invoke, self._before if self._updates is not None else None)
+    # ---- dispatch -----------------------------------------------------------------------------
 
     def _invoke(self, spec: OpSpec, identity: bytes, message: Message) -> Any:
         if message.get("incarnation") not in (None, self.incarnation):
@@ -198,225 +198,146 @@ class ShardServer(SchedulerLink, PrimaryReplication, ShardCheckpointing, Threade
                 f"was for incarnation {message.get('incarnation')}: fetch the map and retry")
         return spec.handler(self, identity, message)
 
-    def _before(self, message: Message) -> None:
+    def _settle_before(self, message: Message) -> None:
         if message.op not in CONCURRENT_OPS:
-            self._settle_updates()  # this op may read or replace weights wholesale
-
-    def _fail(self, identity: bytes, request_id: int, err: HogshardError) -> None:
-        self._core.fail(identity, request_id, err)
-
-    def _wake_heartbeat(self) -> None:
-        """Send the next heartbeat soon (at most every 50 ms): the shard map is wanted."""
-        self._heartbeat_due = min(self._heartbeat_due, self._heartbeat_sent_at + 0.05)
+            self.updates.settle()  # this op may read or replace weights wholesale
 
     def _redo_peer_op(self, identity: bytes, message: Message, error: Exception | None) -> None:
         """Decide a server-to-server op the peer gate held, now that the map is known."""
-        spec = self._OPS[message.op]
-        if error is None and self._updates is not None:
+        spec = self.OPS[message.op]
+        if error is None and self._before is not None:
             self._before(message)
         result = error if error is not None else guarded(
             message.op, lambda: spec.handler(self, identity, message))
         self._core.answer(identity, message.request_id, result)
 
-    def _init(self, identity: bytes, msg: Message) -> tuple[dict[str, Any], list[np.ndarray]]:
-        layout, name = msg.header["layout"], msg.header["table"]
-        if not all(
-            isinstance(e, list) and len(e) == 3 and all(type(x) is int for x in e)
-            for e in layout
-        ):
-            raise ProtocolError("'init': field 'layout' must list [chunk_id, offset, length] "
-                                "triples")
-        replication = msg.get("replication") or 1
-        job = self.peer_gate.replication
-        if job is not None and replication != job:
-            raise ConflictError(f"'init' of table {name!r} with replication {replication}; "
-                                f"this job runs with --replication {job}")
-        if job is None and replication == 2 and name in self.store.tables \
-                and not self.replicas.replicated(name):
-            raise ConflictError(f"table {name!r} exists unreplicated; 'init' asked for "
-                                "replication 2")
-        self.store.init(name, msg.header["rule"], [tuple(e) for e in layout], msg.arrays)
-        size, chunk_elems = msg.get("size"), msg.get("chunk_elems")
-        if size is not None and chunk_elems is not None and size > 0 and chunk_elems > 0:
-            self._table_sizes.setdefault(name, (size, chunk_elems))
-        if replication == 2:
-            self.replicas.mark_replicated(msg.get("table"))
-            self.replicas.send_snapshots(self.store, msg.get("table"))
-            self._heartbeat_due = 0.0  # learn this table's roles soon
+    def _ping(self, identity: bytes, msg: Message) -> tuple[dict[str, Any], list[Any]]:
         return {}, []
 
-    def _note_sender(self, sender: str) -> bool:
-        """Whether the scheduler has listed ``sender`` as live; if not, it becomes a newcomer
-        and the next heartbeat is brought forward (at most every 50 ms) to learn about it."""
-        if self._membership_known and sender in self._live_workers:
-            return True
-        if sender not in self._newcomers:
-            self._left.pop(sender, None)  # a new worker under a name that left
-            self._newcomers[sender] = time.monotonic()
-            self._live_cache = None
-        self._heartbeat_due = min(self._heartbeat_due, self._heartbeat_sent_at + 0.05)
-        return False
-
-    def _live_set(self) -> set[str]:
-        """Live workers and newcomers (kept until either changes; callers do not modify it)."""
-        if self._live_cache is None:
-            self._live_cache = set(self._live_workers) | set(self._newcomers)
-        return self._live_cache
-
-    def _live_clocks(self, requester: str, clock: int) -> dict[str, int]:
-        clocks = {w: max(self._live_workers.get(w, 0), self._observed_clocks.get(w, 0))
-                  for w in self._live_set()}
-        clocks[requester] = max(clocks.get(requester, 0), clock)
-        return clocks
-
-    def _push(self, identity: bytes, msg: Message) -> tuple[dict[str, Any], list[np.ndarray]]:
-        versions = msg.get("versions")
-        grads = msg.arrays
-        if msg.get("codecs") is not None:
-            _, resolved = self.store.resolve(msg.get("table"), msg.get("chunks"))
-            grads = self.decoder.decode(msg.get("codecs"), msg.arrays,
-                                        [c.weights.size for c in resolved])
-        table, chunks = self.store.validate_push(msg.get("table"), msg.get("chunks"), grads,
-                                                 versions)
-        if self.replicas.replicated(table.name):
-            return self._replicated_push(identity, msg, table, chunks, grads, versions)
-        if self._updates is None:
-            return {"staleness": self._apply_push(msg, table, chunks, grads, versions)}, []
-        self._apply_push(msg, table, chunks, grads, versions, identity=identity,
-                         then=lambda staleness, _: reply_ok(self._sock, identity, msg.request_id,
-                                                            {"staleness": staleness}))
-        return None  # answered once applied
-
-    def _apply_push(self, msg: Message, table: Any, chunks: list[Any], grads: list[np.ndarray],
-                    versions: list[int], then: Callable[..., None] | None = None,
-                    identity: bytes = b"") -> list[int | None]:
-        """Apply a validated push; returns each gradient's staleness. ``then(staleness,
-        updates)``, if given, runs on this thread once the updates are applied (at once
-        without update threads); ``updates`` lists ``(chunk, grad, scale)`` for the backups."""
-        sender = str(msg.get("from"))
-        clock = msg.get("clock")
-        self._maybe_switch(clock)
-        if self.policy.modifiers.dc_lambda:
-            self._settle_updates()  # compensation reads the weights
-        known = self._note_sender(sender)
-        live = self._live_set()
-        ticket = self._open_updates(identity, msg.request_id, record=then is not None)
-        try:
-            staleness = self.applier.push(table, chunks, grads, versions, sender, live, known)
-        finally:
-            self._close_updates()
-        self.stats.pushes += 1
-        self.stats.record_push_bytes(msg.arrays, msg.get("codecs"))
-        if clock is not None and msg.get("partial") is not True:  # more of this step follows
-            self._observed_clocks[sender] = max(self._observed_clocks.get(sender, 0), clock + 1)
-        if self._deferred:
-            self._release_deferred()
-        if then is not None:
-            self._after_updates(ticket, lambda updates: then(staleness, updates))
-        return staleness
-
-    def _pull_allowed(self, msg: Message) -> bool:
-        sender = str(msg.get("from"))
-        if self.applier.waiting_on(sender, msg.get("table"), msg.get("chunks")):
-            return False
-        clock = msg.get("clock")
-        if clock is None:
-            return True
-        return self.policy.may_pull(clock, self._live_clocks(sender, clock))
-
-    def _pull(
-        self, identity: bytes, msg: Message
-    ) -> tuple[dict[str, Any], list[np.ndarray]] | None:
-        if msg.get("clock") is not None:
-            self._note_sender(str(msg.get("from")))
-        table, chunks = self.store.resolve(msg.get("table"), msg.get("chunks"))  # validate first
-        pull_codec(msg.get("codec"))
-        if self.replicas.replicated(table.name):
-            self.replicas.check_primary(table.name, [c.chunk_id for c in chunks],
-                                        time.monotonic(), self.rank)
-        clock, sender = msg.get("clock"), str(msg.get("from"))
-        if clock is not None and clock > self._observed_clocks.get(sender, 0):
-            # its pushes of earlier steps came first on this connection: they are all in
-            self._observed_clocks[sender] = clock
-            if self._deferred:
-                self._release_deferred()
-        if not self._pull_allowed(msg):
-            mine = sum(1 for d in self._deferred if d.identity == identity)
-            if mine >= MAX_DEFERRED_PER_PEER or len(self._deferred) >= MAX_DEFERRED:
-                raise TooLargeError(
-                    f"{mine} pulls of this connection ({len(self._deferred)} in all) already "
-                    f"wait; expected at most {MAX_DEFERRED_PER_PEER} per peer, {MAX_DEFERRED} "
-                    "in all")
-            self.stats.deferred_pulls += 1
-            self._deferred.append(_DeferredPull(identity, msg))
-            return None
-        self._send_pull(identity, msg)
-        return None
-
-    def _send_pull(self, identity: bytes, msg: Message) -> None:
-        """Reply to a pull with the chunks' live weights, without a copy; the next update of a
-        chunk whose reply is still leaving copies the weights first (DenseChunk.writable)."""
-        table, chunks = self.store.resolve(msg.get("table"), msg.get("chunks"))
-        if self._read_for_pull(identity, msg, table, chunks):
-            return  # updates of these chunks are queued: answered with copies read after them
-        live = not self.policy.modifiers.dc_lambda  # +dc: the applier keeps what was read
-        arrays = [chunk.weights if live else chunk.weights.copy() for chunk in chunks]
-        tracker = self._answer_pull(identity, msg, table, chunks, arrays,
-                                    [chunk.version for chunk in chunks], track=live)
-        if live:
-            for chunk in chunks:
-                chunk.in_flight = tracker
-
-    def _answer_pull(self, identity: bytes, msg: Message, table: Any, chunks: list[Any],
-                     arrays: list[np.ndarray], versions: list[int],
-                     track: bool = False) -> zmq.MessageTracker | None:
-        """Send a pull's reply; ``arrays`` must be copies unless ``track``."""
-        if self.policy.modifiers.dc_lambda:
-            for chunk, array in zip(chunks, arrays, strict=True):
-                self.applier.remember_pull(str(msg.get("from")), table.name, chunk.chunk_id,
-                                           array)
-        fields: dict[str, Any] = {"versions": versions}
-        codec = pull_codec(msg.get("codec"))
-        if codec is not None:  # new arrays: nothing of the live weights leaves
-            arrays, track, fields["codec"] = encode_weights(codec, arrays), False, codec.name
-        tracker = reply_ok(self._sock, identity, msg.request_id, fields, arrays, track=track)
-        self.stats.pulls += 1
-        self.stats.bytes_out += sum(a.nbytes for a in arrays)
-        return tracker
-
-    def _release_deferred(self) -> None:
-        waiting, self._deferred = self._deferred, []
-        for pull in waiting:
-            if not self._pull_allowed(pull.message):
-                self._deferred.append(pull)
-                continue
-            try:
-                self._send_pull(pull.identity, pull.message)
-            except HogshardError as err:
-                self._fail(pull.identity, pull.message.request_id, err)
-
-    def _stats(self, identity: bytes, msg: Message) -> tuple[dict[str, Any], list[np.ndarray]]:
-        return {
-            "node_id": self.node_id,
-            "stats": self.stats.to_wire(),
-            "staleness_summary": self.stats.staleness_summary(),
-            "tables": {
-                name: {"chunks": sorted(t.chunks),
-                       "versions": [t.chunks[c].version for c in sorted(t.chunks)]}
-                for name, t in self.store.tables.items()
-            },
-            "pending_pulls": len(self._deferred),
-            "policy": self.policy.spec,
-        }, []
-
-    def _ping(self, identity: bytes, msg: Message) -> tuple[dict[str, Any], list[np.ndarray]]:
-        return {}, []
-
-    _OPS = server_ops({
-        "init": _init,
-        "push": _push,
-        "pull": _pull,
-        "stats": _stats,
-        "ping": _ping,
-        "leave": SchedulerLink._worker_left,
+    #: Every op this server answers, with its header, the roles that may send it and the part
+    #: that handles it (ps/op_table.py).
+    OPS: ClassVar[dict[str, OpSpec]] = server_ops({
+        "init": on("dense.init"), "push": on("dense.push"), "pull": on("dense.pull"),
+        "stats": on("dense.stats"), "leave": on("dense.leave"), "ping": _ping,
+        "emb_create": on("embedding.create"), "emb_pull": on("embedding.pull"),
+        "emb_push": on("embedding.push"), "emb_stats": on("embedding.stats"),
+        "emb_save": on("embedding.save"), "emb_load": on("embedding.load"),
+        "replicate": on("backup.replicate"), "replica_snapshot": on("backup.replica_snapshot"),
+        "emb_replicate": on("backup.emb_replicate"), "emb_snapshot": on("backup.emb_snapshot"),
     })
+
+    # ---- the scheduler ------------------------------------------------------------------------
+
+    def _send_heartbeat(self, now: float) -> None:
+        fields: dict[str, Any] = {"stats": {**self.stats.to_wire(),
+                                            "embeddings": self.embeddings.summary()},
+                                  "map_epoch": self.replicas.map_epoch,
+                                  "incarnation": self.incarnation}
+        if self.checkpoints.report is not None:
+            fields["checkpoint"] = self.checkpoints.report
+        self.link.send_heartbeat(now, fields)
+
+    def _read_scheduler(self) -> None:
+        for reply in self.link.replies():
+            if reply.op == ERROR:
+                if not self._refused(reply):
+                    return
+                continue
+            self.replicas.renew_lease(self.link.sent_at)
+            checkpoint = reply.get("checkpoint")
+            if "assignments" in reply.header or isinstance(checkpoint, dict):
+                self.updates.settle()  # both read or move weights wholesale
+            if "assignments" in reply.header:
+                self.replicas.take_assignments(reply, self.store, self.rank, self.embeddings)
+            if isinstance(checkpoint, dict) and self.checkpoints.write(
+                    checkpoint, self.rank, self.view.observed,
+                    {"updates": self.stats.updates, "incarnation": self.incarnation}):
+                self.link.now()  # report at once
+            if reply.get("shutdown"):
+                log.info("%s: scheduler ended the job", self.node_id)
+                self._stop.set()
+            self.schedule.announce(reply.get("policy"), reply.get("policy_version"),
+                                   reply.get("policy_from_clock"))
+            workers = reply.get("workers")
+            if isinstance(workers, dict):
+                self.view.listed(workers, self.link.sent_at)
+                self.dense.workers_changed()
+        if self.peer_gate.held:
+            self.peer_gate.release(self.replicas.heard_at, self._redo_peer_op)
+
+    def _refused(self, reply: Message) -> bool:
+        """The scheduler refused a heartbeat; False when this server must stop."""
+        if reply.get("code") == ErrorCode.FENCED.value:
+            self._fence(str(reply.get("message")))
+            return False
+        if reply.get("code") != ErrorCode.UNKNOWN_MEMBER.value:
+            log.warning("scheduler refused heartbeat: %s", reply.get("message"))
+            return True
+        log.warning("%s; registering again", reply.get("message"))
+        self.updates.settle()
+        try:
+            registration = self.link.register(
+                self._register_fields(self.rank, self._table_report()), timeout=5.0)
+            if registration.rank != self.rank:
+                raise FencedError(f"the scheduler gave rank {registration.rank} to this "
+                                  f"process, which holds rank {self.rank}")
+        except FencedError as err:
+            self._fence(err.message)
+            return False
+        except HogshardError as err:
+            log.warning("registration failed (%s); serving on", err.message)
+            return True
+        self._registered(registration)
+        # declared dead and back: own nothing until told
+        for held in self.replicas.forget_roles():
+            self._core.fail(held.identity, held.request_id, NotOwnerError(
+                f"{self.node_id} was declared dead before its backup acknowledged; retry "
+                "after a map refresh"))
+        self.applier.switch(registration.policy)
+        self.schedule.reset()
+        return True
+
+    def _register_fields(self, rank_hint: int | None, tables: dict[str, Any]) -> dict[str, Any]:
+        fields: dict[str, Any] = {"role": "server", "address": self.address,
+                                  "rank_hint": rank_hint, "incarnation": self.incarnation}
+        if tables:  # a restarted scheduler relearns the shard map from these
+            fields["tables"] = tables
+        return fields
+
+    def _registered(self, registration: Registration) -> None:
+        """Adopt what a ``register`` reply says (the first one, or one after being forgotten)."""
+        if registration.replication is not None:
+            self.peer_gate.replication = registration.replication
+        if registration.restore is not None:
+            log.warning("%s: the chunks of this rank were lost with its previous process; "
+                        "restoring them from %s", self.node_id, registration.restore)
+            self._restore(registration.restore)
+        log.info("%s serving on %s policy=%s", self.node_id, self.address,
+                 registration.policy.spec)
+
+    def _restore(self, path: str) -> None:
+        self.view.restore(self.checkpoints.restore(path, self.rank))
+
+    def _table_report(self) -> dict[str, Any]:
+        """The dense tables held here, for ``register`` (PROTOCOL.md): spec and own chunks."""
+        report = {}
+        for name, table in self.store.tables.items():
+            if name not in self.store.sizes:
+                continue  # initialised by a client that did not send the size
+            size, chunk_elems = self.store.sizes[name]
+            roles = self.replicas.roles.get(name)
+            report[name] = {
+                "table": {"name": name, "size": size, "chunk_elems": chunk_elems,
+                          "rule": table.rule_spec},
+                "chunks": [[c.chunk_id, c.offset, c.weights.size]
+                           for c in table.chunks.values()
+                           if roles is None or roles.get(c.chunk_id, (-1,))[0] == self.rank],
+            }
+        return report
+
+    def _fence(self, why: str) -> None:
+        """A newer process has taken this server's rank: stop serving at once."""
+        log.error("%s (incarnation %d) is fenced off: %s; stopping", self.node_id,
+                  self.incarnation, why)
+        self.fenced = why
+        self._stop.set()

@@ -12,7 +12,7 @@ nothing on the loop thread may read its weights: a pull then queues a read job (
 on the chunk's thread, after the updates that came before it), other ops drain the pool first.
 
 A :class:`Ticket` groups the jobs one request submitted; the request's reply is sent when the
-last of them is applied (see ``ShardServer._finish_updates``).
+last of them is applied (see ps/executor.py, which drives the pool).
 
 Example::
 
@@ -34,7 +34,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import zmq
@@ -54,6 +54,15 @@ class AppliedChunk(NamedTuple):
     version: int
 
 
+class AppliedUpdate(NamedTuple):
+    """One applied update, as forwarded to a backup: the chunk, the gradient the rule applied
+    and the learning-rate scale it applied it with."""
+
+    chunk: AppliedChunk
+    grad: np.ndarray
+    scale: float
+
+
 @dataclass
 class Ticket:
     """The updates one request submitted; ``then(jobs)`` runs on the loop thread once all are
@@ -64,15 +73,16 @@ class Ticket:
     jobs: list[UpdateJob] = field(default_factory=list)
     done: int = 0
     error: BaseException | None = None
-    then: Callable[[Ticket], None] | None = None
+    then: Callable[[Ticket], object] | None = None
 
     @property
     def complete(self) -> bool:
         return self.done >= len(self.jobs)
 
-    def updates(self) -> list[tuple[Any, np.ndarray, float]]:
-        """``(chunk, grad, scale)`` per applied job, in submission order, for forwarding."""
-        return [(AppliedChunk(j.chunk.chunk_id, j.version), j.grad, j.scale) for j in self.jobs]
+    def updates(self) -> list[AppliedUpdate]:
+        """One per applied job, in submission order, for forwarding (reads left out)."""
+        return [AppliedUpdate(AppliedChunk(j.chunk.chunk_id, j.version), j.grad, j.scale)
+                for j in self.jobs if j.grad is not None]
 
 
 @dataclass
@@ -124,7 +134,7 @@ class UpdatePool:
         """Whether any job is queued, running, or finished but not yet collected."""
         return bool(self._pending)
 
-    def pending(self, table: str, chunk_ids: Iterable[Any]) -> bool:
+    def pending(self, table: str, chunk_ids: Iterable[int]) -> bool:
         """Whether any of these chunks has an update not yet collected."""
         return bool(self._pending) and any((table, c) in self._pending for c in chunk_ids)
 

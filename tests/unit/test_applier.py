@@ -2,7 +2,7 @@
 gradient is applied, what a pull waits for, what is dropped), driven directly on a DenseStore
 with server-side SGD (lr 1), so every applied update can be computed by hand. No sockets.
 
-The SSP read gate is tested on a bare ShardServer (its state only, no socket) at the end.
+The pull gate (the applier's open steps, then the workers' clocks in ps/workers.py) at the end.
 """
 
 from __future__ import annotations
@@ -12,11 +12,10 @@ import pytest
 
 from hogshard.proto.errors import ConflictError
 from hogshard.proto.policy import parse_policy
-from hogshard.proto.wire import Message
 from hogshard.ps.applier import UpdateApplier
 from hogshard.ps.dense import DenseChunk, DenseStore, DenseTable
-from hogshard.ps.server import ShardServer
 from hogshard.ps.stats import ServerStats
+from hogshard.ps.workers import WorkerView
 
 F32 = np.dtype("<f4")
 WORKERS = [f"worker-{i}" for i in range(8)]
@@ -413,91 +412,87 @@ def test_switch_away_from_dc_forgets_pulled_weights() -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def gate_server(spec: str, live: dict[str, int], observed: dict[str, int] | None = None
-                ) -> ShardServer:
-    """A ShardServer with only the state its pull gate reads (no socket)."""
-    server = ShardServer.__new__(ShardServer)
-    server.policy = parse_policy(spec)
-    server.stats = ServerStats()
-    server.applier = UpdateApplier(server.policy, server.stats)
-    server._live_workers = dict(live)
-    server._observed_clocks = dict(observed or {})
-    server._newcomers = {}
-    server._live_cache = None
-    server._left = {}
-    return server
+class Gate:
+    """The pull gate as the dense ops apply it: a gradient of the sender waiting in an open
+    step (the applier), then the policy over the live workers' clocks (the worker view)."""
 
+    def __init__(self, spec: str, live: dict[str, int],
+                 observed: dict[str, int] | None = None) -> None:
+        self.rig = Rig(spec)
+        self.view = WorkerView()
+        self.view.listed(live, asked_at=0.0)
+        for worker, clock in (observed or {}).items():
+            self.view.pulled(worker, clock)
 
-def pull(sender: str, clock: int | None) -> Message:
-    header = {"op": "pull", "id": 1, "from": sender, "table": "m", "chunks": [0]}
-    if clock is not None:
-        header["clock"] = clock
-    return Message(header)
+    def allows(self, sender: str, clock: int | None) -> bool:
+        applier = self.rig.applier
+        return not applier.waiting_on(sender, "m", [0]) and \
+            self.view.may_pull(applier.policy, sender, clock)
 
 
 def test_ssp_gate_uses_the_slowest_live_worker() -> None:
-    server = gate_server("ssp:2", {"worker-0": 5, "worker-1": 3})
-    assert server._pull_allowed(pull("worker-0", 5))
-    assert not server._pull_allowed(pull("worker-0", 6))
+    gate = Gate("ssp:2", {"worker-0": 5, "worker-1": 3})
+    assert gate.allows("worker-0", 5)
+    assert not gate.allows("worker-0", 6)
 
 
 def test_ssp_gate_takes_pushes_seen_over_stale_heartbeats() -> None:
-    """The scheduler's clocks lag a heartbeat; a push seen here moves the clock at once."""
-    server = gate_server("ssp:0", {"worker-0": 4, "worker-1": 2}, observed={"worker-1": 4})
-    assert server._pull_allowed(pull("worker-0", 4))
-    assert not server._pull_allowed(pull("worker-0", 5))
+    """The scheduler's clocks lag a heartbeat; a request seen here moves the clock at once."""
+    gate = Gate("ssp:0", {"worker-0": 4, "worker-1": 2}, observed={"worker-1": 4})
+    assert gate.allows("worker-0", 4)
+    assert not gate.allows("worker-0", 5)
+    gate.view.pushed("worker-1", 4)  # its push of step 4 is in: it is at clock 5
+    assert gate.allows("worker-0", 5)
 
 
 def test_ssp_gate_ignores_dead_workers_it_has_seen() -> None:
-    server = gate_server("ssp:1", {"worker-0": 9}, observed={"worker-1": 0})
-    assert server._pull_allowed(pull("worker-0", 9))
+    gate = Gate("ssp:1", {"worker-0": 9}, observed={"worker-1": 0})
+    assert gate.allows("worker-0", 9)
 
 
 def test_ssp_gate_counts_the_requester_even_if_not_yet_live() -> None:
-    server = gate_server("ssp:0", {})
-    assert server._pull_allowed(pull("worker-5", 100))
+    assert Gate("ssp:0", {}).allows("worker-5", 100)
 
 
 def test_ssp_gate_lets_pulls_without_a_clock_through() -> None:
-    server = gate_server("ssp:0", {"worker-0": 0, "worker-1": 7})
-    assert server._pull_allowed(pull("worker-1", None))
+    assert Gate("ssp:0", {"worker-0": 0, "worker-1": 7}).allows("worker-1", None)
 
 
 def test_hardsync_gate_holds_a_worker_with_a_gradient_in_the_open_step() -> None:
-    server = gate_server("hardsync", {"worker-0": 1, "worker-1": 1})
-    rig = Rig("hardsync")
-    server.applier = rig.applier
-    rig.push("worker-0", 1.0, ["worker-0", "worker-1"])
-    assert not server._pull_allowed(pull("worker-0", 1))
-    assert server._pull_allowed(pull("worker-1", 1))
+    gate = Gate("hardsync", {"worker-0": 1, "worker-1": 1})
+    gate.rig.push("worker-0", 1.0, ["worker-0", "worker-1"])
+    assert not gate.allows("worker-0", 1)
+    assert gate.allows("worker-1", 1)
 
 
 def test_ssp_gate_counts_a_newcomer_until_a_later_heartbeat_leaves_it_out() -> None:
-    server = gate_server("ssp:0", {"worker-0": 3})
-    server._membership_known, server._heartbeat_due, server._heartbeat_sent_at = True, 9e9, 0.0
-    assert not server._note_sender("worker-1")  # heard from before the scheduler listed it
-    assert not server._pull_allowed(pull("worker-0", 3))  # held back by the newcomer at clock 0
-    assert server._heartbeat_due < 9e9  # and the next heartbeat is brought forward
-    server._newcomers = {w: t for w, t in server._newcomers.items() if t >= 1e9}  # a later reply
-    server._live_cache = None  # as the heartbeat-reply handler does
-    assert server._pull_allowed(pull("worker-0", 3))
+    gate = Gate("ssp:0", {"worker-0": 3})
+    assert gate.view.note("worker-0", now=1.0)
+    assert not gate.view.note("worker-1", now=1.0)  # heard from before the scheduler listed it
+    assert gate.view.live() == {"worker-0", "worker-1"}
+    assert not gate.allows("worker-0", 3)  # held back by the newcomer at clock 0
+    gate.view.listed({"worker-0": 3}, asked_at=0.5)  # a reply to a heartbeat sent before
+    assert not gate.allows("worker-0", 3)
+    gate.view.listed({"worker-0": 3}, asked_at=2.0)  # a later reply leaves it out
+    assert gate.allows("worker-0", 3)
 
 
 def test_a_worker_that_says_it_left_no_longer_holds_back_ssp() -> None:
-    server = gate_server("ssp:0", {"worker-0": 3, "worker-1": 0})
-    server._deferred = []
-    assert not server._pull_allowed(pull("worker-0", 3))  # waiting for worker-1
-    server._worker_left(b"w1", Message({"op": "leave", "id": 1, "from": "worker-1"}))
-    assert server._pull_allowed(pull("worker-0", 3))
-    assert "worker-1" in server._left
+    gate = Gate("ssp:0", {"worker-0": 3, "worker-1": 0})
+    assert not gate.allows("worker-0", 3)  # waiting for worker-1
+    gate.view.left("worker-1", now=1.0)
+    assert gate.allows("worker-0", 3)
+    gate.view.listed({"worker-0": 3, "worker-1": 0}, asked_at=0.5)  # asked before it left
+    assert gate.allows("worker-0", 3)
+    gate.view.listed({"worker-0": 3, "worker-1": 0}, asked_at=2.0)  # it came back
+    assert not gate.allows("worker-0", 3)
 
 
 def test_a_worker_that_says_it_left_completes_the_hardsync_step() -> None:
-    server = gate_server("hardsync", {"worker-0": 1, "worker-1": 1})
-    server._deferred = []
-    rig = Rig("hardsync")
-    server.applier = rig.applier
-    rig.push("worker-0", 1.0, ["worker-0", "worker-1"])
-    assert not server._pull_allowed(pull("worker-0", 1))  # its gradient waits for worker-1's
-    server._worker_left(b"w1", Message({"op": "leave", "id": 1, "from": "worker-1"}))
-    assert server._pull_allowed(pull("worker-0", 1))  # the step was applied without it
+    gate = Gate("hardsync", {"worker-0": 1, "worker-1": 1})
+    gate.rig.push("worker-0", 1.0, ["worker-0", "worker-1"])
+    assert not gate.allows("worker-0", 1)  # its gradient waits for worker-1's
+    gate.view.left("worker-1", now=1.0)
+    assert gate.rig.applier.complete_groups(gate.view.live()) == 1
+    assert gate.allows("worker-0", 1)  # the step was applied without it
+    assert gate.rig.weights() == [-1.0, -1.0, -1.0]

@@ -17,7 +17,7 @@ from hogshard.proto.ops import (
     op_table,
 )
 from hogshard.proto.roles import LEGACY, LEGACY_ROLES, Role, role_of_key_name, roles_of
-from hogshard.ps.op_table import server_ops
+from hogshard.ps.op_table import FIELDS, server_ops
 from hogshard.scheduler.op_table import scheduler_ops
 
 PULL = OpSpec("pull", handler=print, roles=WORKERS,
@@ -84,15 +84,24 @@ def test_key_names_map_to_roles() -> None:
 def test_op_tables_declare_every_op_once_with_roles() -> None:
     with pytest.raises(ValueError, match="twice"):
         op_table([PULL, PULL])
-    server = server_ops({op: print for op in ("init", "push", "pull", "stats", "ping",
-                                               "leave")})
+    server = server_ops({op: print for op in FIELDS})
     for op in ("replicate", "replica_snapshot", "emb_replicate", "emb_snapshot"):
         assert server[op].roles == frozenset({Role.SERVER}), op
     assert Role.WORKER in server["push"].roles and Role.ADMIN not in server["push"].roles
     with pytest.raises(ValueError, match="frobnicate"):
-        server_ops({"frobnicate": print})
+        server_ops({**{op: print for op in FIELDS}, "frobnicate": print})
+    with pytest.raises(ValueError, match="emb_push"):
+        server_ops({op: print for op in FIELDS if op != "emb_push"})
     scheduler = scheduler_ops({op: print for op in (
         "register", "heartbeat", "wait_servers", "declare_table", "table_ready", "get_table",
         "barrier", "leave", "shutdown", "set_policy", "status", "checkpoint")})
     for op in ("shutdown", "set_policy", "checkpoint"):
         assert scheduler[op].roles == ADMINS, op
+
+
+def test_the_shard_server_declares_every_op_with_the_part_that_handles_it() -> None:
+    from hogshard.ps.server import ShardServer
+
+    assert set(ShardServer.OPS) == set(FIELDS)
+    assert ShardServer.OPS["push"].handler.__name__ == "dense.push"
+    assert ShardServer.OPS["replicate"].handler.__name__ == "backup.replicate"

@@ -1,10 +1,10 @@
 """Chain replication's pure parts: backup placement, promotion, the scheduler's refusal of
 policies it cannot honour, push-id memory, roles and leases, and the backup's ops (no sockets:
-the ops run against a bare server object)."""
+the backup's ops are built from the parts they use)."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
@@ -15,8 +15,9 @@ from hogshard.proto.policy import parse_policy
 from hogshard.proto.tables import Chunk, DenseTableSpec
 from hogshard.proto.wire import PROTOCOL_VERSION, Message
 from hogshard.ps.dense import DenseStore
+from hogshard.ps.embedding import EmbeddingStore
 from hogshard.ps.peer_gate import PeerGate
-from hogshard.ps.replica_ops import replica_snapshot, replicate
+from hogshard.ps.replica_ops import BackupOps
 from hogshard.ps.replication import HeldReply, RecentPushes, Replicator
 from hogshard.ps.rules import make_rule
 from hogshard.ps.stats import ServerStats
@@ -141,12 +142,25 @@ def test_forgetting_roles_returns_the_held_replies(replicas: Replicator) -> None
     assert replicas.roles == {"m": {}} and replicas.held == [] and replicas.map_epoch is None
 
 
-def backup_server(replicas: Replicator, rank: int = 1) -> SimpleNamespace:
-    store = DenseStore()
-    store.init("m", {"rule": "adam", "lr": 0.01}, [(0, 0, 4)], [np.zeros(4, np.float32)])
-    replicas.roles.setdefault("m", {0: (0, rank)})  # the map: server-0 is primary, we back it
-    return SimpleNamespace(store=store, replicas=replicas, rank=rank, stats=ServerStats(),
-                           peer_gate=PeerGate(lambda: None, replication=2))
+@dataclass
+class Backup:
+    """A backup's ops over their parts: a store holding table ``m`` and the map's roles."""
+
+    replicas: Replicator
+    rank: int = 1
+    store: DenseStore = field(default_factory=DenseStore)
+    stats: ServerStats = field(default_factory=ServerStats)
+
+    def __post_init__(self) -> None:
+        self.store.init("m", {"rule": "adam", "lr": 0.01}, [(0, 0, 4)],
+                        [np.zeros(4, np.float32)])
+        self.replicas.roles.setdefault("m", {0: (0, self.rank)})  # server-0 primary, we back it
+        self.ops = BackupOps(self.store, EmbeddingStore(), self.replicas,
+                             PeerGate(lambda: None, replication=2), self.stats, self.rank)
+
+
+def backup_server(replicas: Replicator, rank: int = 1) -> Backup:
+    return Backup(replicas, rank)
 
 
 def message(op: str, arrays: list[np.ndarray], **fields: object) -> Message:
@@ -160,7 +174,7 @@ def test_replicate_applies_like_the_primary(replicas: Replicator) -> None:
     grad = np.array([1.0, -2.0, 0.5, 0.0], np.float32)
     p_chunk = primary.store.tables["m"].chunks[0]
     primary.store.tables["m"].rule.apply(p_chunk.weights, grad, p_chunk.state, 0.5)
-    fields, _ = replicate(server, b"p", message(
+    fields, _ = server.ops.replicate(b"p", message(
         "replicate", [grad], table="m", records=[[0, 0.5, 1, 77]], seq=3))
     chunk = server.store.tables["m"].chunks[0]
     assert fields == {"seq": 3} and chunk.version == 1
@@ -172,7 +186,7 @@ def test_replicate_refuses_a_replaced_primary(replicas: Replicator) -> None:
     server = backup_server(replicas)
     replicas.roles["m"] = {0: (1, -1)}  # this server (rank 1) was promoted
     with pytest.raises(NotOwnerError, match="no longer the backup"):
-        replicate(server, b"p", message("replicate", [np.ones(4, np.float32)], table="m",
+        server.ops.replicate(b"p", message("replicate", [np.ones(4, np.float32)], table="m",
                                         records=[[0, 1.0, 1, 5]], seq=1))
     assert server.store.tables["m"].chunks[0].version == 0
 
@@ -180,7 +194,7 @@ def test_replicate_refuses_a_replaced_primary(replicas: Replicator) -> None:
 def test_replicate_refuses_malformed_records(replicas: Replicator) -> None:
     server = backup_server(replicas)
     with pytest.raises(ProtocolError, match="records"):
-        replicate(server, b"p", message("replicate", [np.ones(4, np.float32)], table="m",
+        server.ops.replicate(b"p", message("replicate", [np.ones(4, np.float32)], table="m",
                                         records=[[0, 1.0]], seq=1))
 
 
@@ -193,7 +207,7 @@ def test_snapshot_installs_weights_state_and_version(replicas: Replicator) -> No
     keys = sorted(k for k, v in state.items() if isinstance(v, np.ndarray))
     scalars = {k: v for k, v in state.items() if not isinstance(v, np.ndarray)}
     arrays = [weights, *(state[k] for k in keys)]
-    replica_snapshot(server, b"p", message(
+    server.ops.replica_snapshot(b"p", message(
         "replica_snapshot", arrays, table="m", rule={"rule": "adam", "lr": 0.01},
         chunks=[[0, 0, 4, 6, keys, scalars]], seq=1))
     chunk = server.store.tables["m"].chunks[0]

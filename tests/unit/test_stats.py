@@ -1,5 +1,5 @@
-"""Unit tests of hogshard.ps.stats: histogram summaries, merging wire histograms, ServerStats,
-and the tables section of a shard server's ``stats`` reply (built without a socket).
+"""Unit tests of hogshard.ps.stats: histogram summaries, merging wire histograms, ServerStats
+(the ``stats`` reply is tested with the dense ops, tests/unit/test_dense_ops.py).
 """
 
 from __future__ import annotations
@@ -8,14 +8,10 @@ import math
 from collections import Counter
 
 import msgpack
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hogshard.proto.policy import parse_policy
-from hogshard.ps.dense import DenseStore
-from hogshard.ps.server import ShardServer
 from hogshard.ps.stats import (
     EXACT_STALENESS,
     ServerStats,
@@ -162,39 +158,3 @@ def test_large_staleness_is_bucketed() -> None:
     assert len(stats.staleness) <= EXACT_STALENESS + 4
     assert sum(stats.staleness.values()) == 1000
     assert stats.staleness_summary()["max"] == 512
-
-
-# ---------------------------------------------------------------------------------------------
-# the 'tables' section of a server's stats reply
-# ---------------------------------------------------------------------------------------------
-
-
-def bare_server(store: DenseStore) -> ShardServer:
-    """A ShardServer with just the state its ``stats`` handler reads (no socket)."""
-    server = ShardServer.__new__(ShardServer)
-    server.node_id = "server-0"
-    server.store = store
-    server.stats = ServerStats()
-    server.policy = parse_policy("async")
-    server._deferred = []
-    return server
-
-
-def test_stats_reply_lists_versions_per_chunk() -> None:
-    store = DenseStore()
-    store.init("t", {"rule": "sgd", "lr": 0.1}, [(0, 0, 2), (1, 2, 2)],
-               [np.zeros(2, "<f4"), np.zeros(2, "<f4")])
-    store.push("t", [1], [np.ones(2, "<f4")], [0])
-    fields, arrays = bare_server(store)._stats(b"", None)
-    assert arrays == []
-    assert fields["tables"] == {"t": {"chunks": [0, 1], "versions": [0, 1]}}
-    assert fields["node_id"] == "server-0" and fields["pending_pulls"] == 0
-
-
-def test_stats_reply_versions_align_with_sorted_chunks() -> None:
-    store = DenseStore()
-    store.init("t", {"rule": "sgd", "lr": 0.1}, [(1, 2, 2), (0, 0, 2)],
-               [np.zeros(2, "<f4"), np.zeros(2, "<f4")])
-    store.push("t", [1], [np.ones(2, "<f4")], [0])
-    fields, _ = bare_server(store)._stats(b"", None)
-    assert fields["tables"]["t"] == {"chunks": [0, 1], "versions": [0, 1]}

@@ -1,5 +1,6 @@
-"""UpdatePool (ps/update_pool.py) and the server's ticket logic (ps/update_threads.py), with
-in-process update threads (inproc wake-ups only, no network)."""
+"""UpdatePool (ps/update_pool.py) and the update executors over it (ps/executor.py): tickets,
+replies after the apply, reads for pulls, inline and threaded alike, with in-process update
+threads (inproc wake-ups only, no network)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ from hogshard.proto.errors import ErrorCode, HogshardError
 from hogshard.proto.policy import parse_policy
 from hogshard.ps.applier import UpdateApplier
 from hogshard.ps.dense import DenseChunk, DenseTable
+from hogshard.ps.executor import InlineUpdates, ThreadedUpdates, UpdateExecutor
 from hogshard.ps.rules import make_rule
 from hogshard.ps.stats import ServerStats
 from hogshard.ps.update_pool import UpdateJob, UpdatePool
-from hogshard.ps.update_threads import ThreadedUpdates
 
 
 class Recording:
@@ -87,46 +88,44 @@ def test_a_failing_update_is_reported_and_the_thread_lives_on(context) -> None:
         pool.close()
 
 
-class FakeServer(ThreadedUpdates):
-    """What ThreadedUpdates needs of ShardServer, with replies recorded."""
+class Rig:
+    """An applier over an update executor (``threads`` 0: inline), replies recorded."""
 
     def __init__(self, context: zmq.Context, rule: Any, threads: int) -> None:
-        self._context = context
         self.stats = ServerStats()
-        self.applier = UpdateApplier(parse_policy("async"), self.stats)
-        self._deferred: list = []
         self.replies: list[tuple[int, Any]] = []
+        self.applied_signals = 0
+        self.updates: UpdateExecutor = ThreadedUpdates(
+            context, threads, self.stats, self._fail, self._on_applied) if threads \
+            else InlineUpdates(self.stats)
+        self.applier = UpdateApplier(parse_policy("async"), self.stats, self.updates)
         self.table = table_of(rule, chunks=2)
-        self._start_updates(threads)
 
     def _fail(self, identity: bytes, request_id: int, err: HogshardError) -> None:
         self.replies.append((request_id, err))
 
-    def _release_deferred(self) -> None:
-        pass
+    def _on_applied(self) -> None:
+        self.applied_signals += 1
 
     def push(self, request_id: int, value: float) -> None:
         chunks = list(self.table.chunks.values())
-        ticket = self._open_updates(b"peer", request_id)
-        try:
-            staleness = self.applier.push(self.table, chunks,
-                                          [np.full(8, value, np.float32)] * len(chunks),
-                                          [c.version for c in chunks], "w", {"w"})
-        finally:
-            self._close_updates()
-        self._after_updates(ticket, lambda updates: self.replies.append(
-            (request_id, (staleness, [(u[0].chunk_id, u[0].version) for u in updates]))))
+        ticket = self.updates.open(b"peer", request_id, record=True)
+        staleness = self.applier.push(self.table, chunks,
+                                      [np.full(8, value, np.float32)] * len(chunks),
+                                      [c.version for c in chunks], "w", {"w"}, ticket=ticket)
+        self.updates.when_applied(ticket, lambda updates: self.replies.append(
+            (request_id, (staleness, [(u.chunk.chunk_id, u.chunk.version) for u in updates]))))
 
 
 def test_replies_follow_the_apply_and_errors_become_error_replies(context) -> None:
-    server = FakeServer(context, Recording(), threads=2)
+    server = Rig(context, Recording(), threads=2)
     try:
         server.push(1, 1.0)
         server.push(2, -1.0)  # the rule raises
         server.push(3, 2.0)
-        server._settle_updates()
+        server.updates.settle()
     finally:
-        server._stop_updates()
+        server.updates.close()
     assert [r[0] for r in server.replies] == [1, 2, 3]
     assert server.replies[0][1] == ([0, 0], [(0, 1), (1, 1)])
     err = server.replies[1][1]
@@ -141,7 +140,7 @@ def test_a_real_rule_on_threads_matches_inline(context) -> None:
     grads = [np.random.default_rng(i).standard_normal(8).astype(np.float32) for i in range(5)]
     results = []
     for threads in (0, 1):
-        server = FakeServer(context, make_rule(spec), threads)
+        server = Rig(context, make_rule(spec), threads)
         for c in server.table.chunks.values():
             c.state = make_rule(spec).new_state(8)
         try:
@@ -150,8 +149,54 @@ def test_a_real_rule_on_threads_matches_inline(context) -> None:
                 chunks = list(server.table.chunks.values())
                 server.applier.push(server.table, chunks, [g, g], [c.version for c in chunks],
                                     "w", {"w"})
-            server._settle_updates()
+            server.updates.settle()
         finally:
-            server._stop_updates()
+            server.updates.close()
         results.append(np.concatenate([c.weights for c in server.table.chunks.values()]))
     np.testing.assert_array_equal(results[0], results[1])
+
+
+@pytest.mark.parametrize("threads", [0, 2])
+def test_both_executors_answer_with_the_updates_they_applied(context, threads: int) -> None:
+    server = Rig(context, Recording(), threads)
+    try:
+        server.push(1, 1.0)
+        server.push(2, 2.0)
+        server.updates.settle()
+    finally:
+        server.updates.close()
+    assert server.replies == [(1, ([0, 0], [(0, 1), (1, 1)])), (2, ([0, 0], [(0, 2), (1, 2)]))]
+    assert server.stats.updates == 4
+    np.testing.assert_array_equal(server.table.chunks[1].weights, np.full(8, 3.0, np.float32))
+    assert server.applied_signals >= (1 if threads else 0)
+
+
+def test_inline_updates_without_a_record_answer_at_once(context) -> None:
+    updates = InlineUpdates(ServerStats())
+    assert updates.open(b"w", 1, record=False) is None
+    answered: list[list[Any]] = []
+    updates.when_applied(None, answered.append)
+    assert answered == [[]] and not updates.concurrent and updates.socket is None
+    table = table_of(Recording(), chunks=1)
+    assert not updates.read_for_pull(b"w", 2, table, [table.chunks[0]], lambda *a: None)
+
+
+def test_a_pull_behind_queued_updates_reads_after_them(context) -> None:
+    server = Rig(context, Recording(), threads=1)
+    chunks = list(server.table.chunks.values())
+    read: list[tuple[list[np.ndarray], list[int]]] = []
+    try:
+        assert not server.updates.read_for_pull(b"w", 9, server.table, chunks,
+                                                 lambda c, v: read.append((c, v)))
+        server.push(1, 1.0)
+        server.push(2, 2.0)
+        assert server.updates.read_for_pull(b"w", 9, server.table, chunks,
+                                            lambda c, v: read.append((c, v)))
+        server.updates.settle()
+    finally:
+        server.updates.close()
+    (copies, versions), = read
+    assert versions == [2, 2]
+    for copy in copies:
+        np.testing.assert_array_equal(copy, np.full(8, 3.0, np.float32))
+    assert copies[0] is not server.table.chunks[0].weights

@@ -1,0 +1,298 @@
+"""The shard server's dense ops (PROTOCOL.md): ``init``, ``push``, ``pull``, ``leave`` and
+``stats``, as the methods of :class:`DenseOps`, and the pulls the consistency policy holds back.
+Each takes ``(identity, message)`` and returns ``(fields, arrays)``, or None when the reply is
+sent later (a push once its updates are applied and, for a replicated table, held by its
+backup; a pull the policy holds back once the policy allows it).
+
+A push: validate (the store), then the applier measures staleness and runs the updates through
+the update executor (inline or threaded), then the reply, with the staleness, once they are
+applied. A pull: validate, then either answer with the live weights (no copy: the next update
+of a chunk whose reply is still leaving copies first, ``DenseChunk.writable``) or hold it.
+
+Example (what the server's op table does)::
+
+    dense = DenseOps(store, applier, view, schedule, updates, primary, replicas, stats,
+                     replies, link, gate, node_id="server-0", rank=0)
+    dense.push(identity, message)          # answered through ``replies``
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from hogshard.proto.codecs import Codec
+from hogshard.proto.codecs.pull import encode_weights, pull_codec
+from hogshard.proto.errors import ConflictError, HogshardError, ProtocolError, TooLargeError
+from hogshard.proto.wire import Message
+from hogshard.ps.applier import UpdateApplier
+from hogshard.ps.decoding import PayloadDecoder
+from hogshard.ps.dense import DenseChunk, DenseStore, DenseTable
+from hogshard.ps.executor import UpdateExecutor
+from hogshard.ps.primary import Primary, Replies
+from hogshard.ps.replication import Replicator
+from hogshard.ps.stats import ServerStats
+from hogshard.ps.update_pool import AppliedUpdate, Ticket
+from hogshard.ps.workers import PolicySchedule, WorkerView
+
+#: Pulls the policy holds back: per connection and in all (more are refused with TOO_LARGE).
+MAX_DEFERRED_PER_PEER = 64
+MAX_DEFERRED = 4096
+
+Reply = tuple[dict[str, Any], list[np.ndarray]]
+
+
+class Heartbeats(Protocol):
+    """What the dense ops ask of the scheduler link: learn the map or the workers sooner."""
+
+    def hurry(self) -> None: ...
+
+    def now(self) -> None: ...
+
+
+class JobReplication(Protocol):
+    """The job's replication factor as the scheduler told it (None: not told)."""
+
+    replication: int | None
+
+
+@dataclass
+class _DeferredPull:
+    identity: bytes
+    message: Message
+
+
+class DenseOps:
+    """The dense tables' ops of one shard server, over the parts it is handed."""
+
+    def __init__(self, store: DenseStore, applier: UpdateApplier, view: WorkerView,
+                 schedule: PolicySchedule, updates: UpdateExecutor, primary: Primary,
+                 replicas: Replicator, stats: ServerStats, replies: Replies,
+                 heartbeats: Heartbeats, job: JobReplication, node_id: str, rank: int) -> None:
+        self._store = store
+        self._applier = applier
+        self._view = view
+        self._schedule = schedule
+        self._updates = updates
+        self._primary = primary
+        self._replicas = replicas
+        self._stats = stats
+        self._replies = replies
+        self._heartbeats = heartbeats
+        self._job = job
+        self._node_id = node_id
+        self._rank = rank
+        self._decoder = PayloadDecoder()
+        self._deferred: list[_DeferredPull] = []
+
+    @property
+    def pending_pulls(self) -> int:
+        """Pulls the policy holds back now."""
+        return len(self._deferred)
+
+    # ---- init ---------------------------------------------------------------------------------
+
+    def init(self, identity: bytes, msg: Message) -> Reply:
+        layout, name = msg.header["layout"], msg.header["table"]
+        if not all(isinstance(e, list) and len(e) == 3 and all(type(x) is int for x in e)
+                   for e in layout):
+            raise ProtocolError("'init': field 'layout' must list [chunk_id, offset, length] "
+                                "triples")
+        replication = msg.get("replication") or 1
+        job = self._job.replication
+        if job is not None and replication != job:
+            raise ConflictError(f"'init' of table {name!r} with replication {replication}; "
+                                f"this job runs with --replication {job}")
+        if job is None and replication == 2 and name in self._store.tables \
+                and not self._replicas.replicated(name):
+            raise ConflictError(f"table {name!r} exists unreplicated; 'init' asked for "
+                                "replication 2")
+        self._store.init(name, msg.header["rule"], [(e[0], e[1], e[2]) for e in layout],
+                         msg.arrays)
+        size, chunk_elems = msg.get("size"), msg.get("chunk_elems")
+        if size is not None and chunk_elems is not None and size > 0 and chunk_elems > 0:
+            self._store.sizes.setdefault(name, (size, chunk_elems))
+        if replication == 2:
+            self._replicas.mark_replicated(name)
+            self._replicas.send_snapshots(self._store, name)
+            self._heartbeats.now()  # learn this table's roles soon
+        return {}, []
+
+    # ---- push ---------------------------------------------------------------------------------
+
+    def push(self, identity: bytes, msg: Message) -> None:
+        versions = msg.get("versions")
+        grads = msg.arrays
+        if msg.get("codecs") is not None:
+            _, resolved = self._store.resolve(msg.get("table"), msg.get("chunks"))
+            grads = self._decoder.decode(msg.get("codecs"), msg.arrays,
+                                         [c.weights.size for c in resolved])
+        table, chunks = self._store.validate_push(msg.get("table"), msg.get("chunks"), grads,
+                                                  versions)
+        if self._replicas.replicated(table.name):
+            self._replicated_push(identity, msg, table, chunks, grads, versions)
+            return
+        staleness, ticket = self._apply(identity, msg, table, chunks, grads, versions, False)
+        self._updates.when_applied(ticket, lambda _: self._replies.reply(
+            identity, msg.request_id, {"staleness": staleness}))
+
+    def _replicated_push(self, identity: bytes, msg: Message, table: DenseTable,
+                         chunks: list[DenseChunk], grads: list[np.ndarray],
+                         versions: list[int]) -> None:
+        """Apply the chunks not applied before (by push id), forward the updates to the
+        backups once applied, and hold the reply until they have acknowledged them."""
+        fresh = self._primary.fresh(msg, table, chunks)
+        staleness: list[int | None] = []
+        ticket = None
+        if fresh:
+            mine = [chunks[i] for i in fresh]
+            staleness, ticket = self._apply(identity, msg, table, mine,
+                                            [grads[i] for i in fresh],
+                                            [versions[i] for i in fresh], True)
+            self._primary.applied(msg, mine)
+
+        def forward(updates: list[AppliedUpdate]) -> None:
+            self._primary.forward_and_hold(identity, msg, table, chunks, fresh, staleness,
+                                           updates)
+
+        self._updates.when_applied(ticket, forward)
+
+    def _apply(self, identity: bytes, msg: Message, table: DenseTable,
+               chunks: list[DenseChunk], grads: list[np.ndarray], versions: list[int],
+               record: bool) -> tuple[list[int | None], Ticket | None]:
+        """Apply a validated push; returns each gradient's staleness and the ticket its
+        updates are applied under (``record``: the updates are wanted, for the backups)."""
+        sender = str(msg.get("from"))
+        clock = msg.get("clock")
+        policy = self._schedule.due(clock)
+        if policy is not None:
+            self._applier.switch(policy)
+        if self._applier.policy.modifiers.dc_lambda:
+            self._updates.settle()  # compensation reads the weights
+        known = self._view.note(sender, time.monotonic())
+        if not known:
+            self._heartbeats.hurry()
+        ticket = self._updates.open(identity, msg.request_id, record)
+        staleness = self._applier.push(table, chunks, grads, versions, sender,
+                                       self._view.live(), known, ticket)
+        self._stats.pushes += 1
+        self._stats.record_push_bytes(msg.arrays, msg.get("codecs"))
+        if clock is not None and msg.get("partial") is not True:  # more of this step follows
+            self._view.pushed(sender, clock)
+        self.release_deferred()
+        return staleness, ticket
+
+    # ---- pull ---------------------------------------------------------------------------------
+
+    def pull(self, identity: bytes, msg: Message) -> None:
+        clock, sender = msg.get("clock"), str(msg.get("from"))
+        if clock is not None and not self._view.note(sender, time.monotonic()):
+            self._heartbeats.hurry()
+        table, chunks = self._store.resolve(msg.get("table"), msg.get("chunks"))
+        codec = pull_codec(msg.get("codec"))
+        if self._replicas.replicated(table.name):
+            self._replicas.check_primary(table.name, [c.chunk_id for c in chunks],
+                                         time.monotonic(), self._rank)
+        if clock is not None and self._view.pulled(sender, clock):
+            self.release_deferred()
+        if not self._may_pull(msg):
+            mine = sum(1 for d in self._deferred if d.identity == identity)
+            if mine >= MAX_DEFERRED_PER_PEER or len(self._deferred) >= MAX_DEFERRED:
+                raise TooLargeError(
+                    f"{mine} pulls of this connection ({len(self._deferred)} in all) already "
+                    f"wait; expected at most {MAX_DEFERRED_PER_PEER} per peer, {MAX_DEFERRED} "
+                    "in all")
+            self._stats.deferred_pulls += 1
+            self._deferred.append(_DeferredPull(identity, msg))
+            return
+        self._send_pull(identity, msg, table, chunks, codec)
+
+    def _may_pull(self, msg: Message) -> bool:
+        sender = str(msg.get("from"))
+        if self._applier.waiting_on(sender, msg.get("table"), msg.get("chunks")):
+            return False
+        return self._view.may_pull(self._applier.policy, sender, msg.get("clock"))
+
+    def _send_pull(self, identity: bytes, msg: Message, table: DenseTable,
+                   chunks: list[DenseChunk], codec: Codec | None) -> None:
+        """Reply to a pull with the chunks' live weights, without a copy (unless updates of
+        them are queued: then with copies read after those)."""
+        if self._updates.read_for_pull(
+                identity, msg.request_id, table, chunks,
+                lambda copies, versions: self._answer_pull(
+                    identity, msg, table, chunks, codec, copies, versions)):
+            return
+        live = not self._applier.policy.modifiers.dc_lambda  # +dc: the applier keeps what was read
+        arrays = [chunk.weights if live else chunk.weights.copy() for chunk in chunks]
+        tracker = self._answer_pull(identity, msg, table, chunks, codec, arrays,
+                                    [chunk.version for chunk in chunks], track=live)
+        if live:
+            for chunk in chunks:
+                chunk.in_flight = tracker
+
+    def _answer_pull(self, identity: bytes, msg: Message, table: DenseTable,
+                     chunks: Sequence[DenseChunk], codec: Codec | None,
+                     arrays: list[np.ndarray], versions: list[int], track: bool = False) -> Any:
+        """Send a pull's reply; ``arrays`` must be copies unless ``track``."""
+        if self._applier.policy.modifiers.dc_lambda:
+            for chunk, array in zip(chunks, arrays, strict=True):
+                self._applier.remember_pull(str(msg.get("from")), table.name, chunk.chunk_id,
+                                            array)
+        fields: dict[str, Any] = {"versions": versions}
+        if codec is not None:  # new arrays: nothing of the live weights leaves
+            arrays, track, fields["codec"] = encode_weights(codec, arrays), False, codec.name
+        tracker = self._replies.reply(identity, msg.request_id, fields, arrays, track=track)
+        self._stats.pulls += 1
+        self._stats.bytes_out += sum(a.nbytes for a in arrays)
+        return tracker
+
+    def release_deferred(self) -> None:
+        """Answer the held pulls the policy now allows (their tables are looked up again:
+        they may have been replaced while the pulls waited)."""
+        if not self._deferred:
+            return
+        waiting, self._deferred = self._deferred, []
+        for pull in waiting:
+            if not self._may_pull(pull.message):
+                self._deferred.append(pull)
+                continue
+            msg = pull.message
+            try:
+                table, chunks = self._store.resolve(msg.get("table"), msg.get("chunks"))
+                self._send_pull(pull.identity, msg, table, chunks, pull_codec(msg.get("codec")))
+            except HogshardError as err:
+                self._replies.fail(pull.identity, msg.request_id, err)
+
+    # ---- membership ---------------------------------------------------------------------------
+
+    def leave(self, identity: bytes, msg: Message) -> Reply:
+        """A worker that has left the job (the scheduler first) says so, and no policy waits
+        for it from now on, rather than from the next heartbeat reply."""
+        self._view.left(str(msg.get("from")), time.monotonic())
+        self.workers_changed()
+        return {}, []
+
+    def workers_changed(self) -> None:
+        """The live workers changed: apply the groups now complete, release the pulls."""
+        self._applier.complete_groups(self._view.live())
+        self.release_deferred()
+
+    # ---- stats --------------------------------------------------------------------------------
+
+    def stats(self, identity: bytes, msg: Message) -> Reply:
+        return {
+            "node_id": self._node_id,
+            "stats": self._stats.to_wire(),
+            "staleness_summary": self._stats.staleness_summary(),
+            "tables": {
+                name: {"chunks": sorted(t.chunks),
+                       "versions": [t.chunks[c].version for c in sorted(t.chunks)]}
+                for name, t in self._store.tables.items()
+            },
+            "pending_pulls": len(self._deferred),
+            "policy": self._applier.policy.spec,
+        }, []

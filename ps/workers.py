@@ -1,0 +1,157 @@
+"""A shard server's view of the workers: who is live, the clock each has reached, and the gate
+that the consistency policy puts on pulls; plus the policy switches the scheduler announced.
+Pure objects: no sockets, no clocks of their own (times are passed in).
+
+The live set is what the scheduler's last heartbeat reply listed, plus *newcomers*: workers
+heard from directly but not yet listed, which count as live until a reply to a heartbeat sent
+after they were first heard leaves them out. A worker that says it ``leave``s is out at once,
+even if a reply to a heartbeat sent before its leave still lists it.
+
+Example::
+
+    >>> from hogshard.proto.policy import parse_policy
+    >>> view = WorkerView()
+    >>> view.listed({"worker-0": 3, "worker-1": 1}, asked_at=0.0)
+    >>> view.may_pull(parse_policy("ssp:1"), "worker-0", clock=3)   # worker-1 is at clock 1
+    False
+    >>> view.left("worker-1", now=1.0)
+    >>> view.may_pull(parse_policy("ssp:1"), "worker-0", clock=3)
+    True
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from hogshard.proto.errors import ConfigError, HogshardError
+from hogshard.proto.policy import ConsistencyPolicy, parse_policy
+
+log = logging.getLogger(__name__)
+
+#: Workers remembered as having left (until a later heartbeat reply confirms it).
+MAX_LEFT = 4096
+
+
+class WorkerView:
+    """Live workers and their clocks, as this server knows them."""
+
+    def __init__(self) -> None:
+        #: Whether a heartbeat reply has listed the workers yet.
+        self.known = False
+        self._listed: dict[str, int] = {}  # as the scheduler's last reply listed them
+        self._observed: dict[str, int] = {}  # clocks seen in this server's own requests
+        self._newcomers: dict[str, float] = {}  # heard from, not yet listed: when first heard
+        self._left: dict[str, float] = {}  # said they left, and when
+        self._live: set[str] | None = None  # cache of listed | newcomers
+
+    def note(self, sender: str, now: float) -> bool:
+        """Whether the scheduler has listed ``sender`` as live; if not, it becomes a newcomer
+        (the caller brings the next heartbeat forward to learn about it)."""
+        if self.known and sender in self._listed:
+            return True
+        if sender not in self._newcomers:
+            self._left.pop(sender, None)  # a new worker under a name that left
+            self._newcomers[sender] = now
+            self._live = None
+        return False
+
+    def live(self) -> set[str]:
+        """Live workers and newcomers (kept until either changes; do not modify it)."""
+        if self._live is None:
+            self._live = set(self._listed) | set(self._newcomers)
+        return self._live
+
+    def clocks(self, requester: str, clock: int) -> dict[str, int]:
+        """The clock of every live worker, ``requester`` at ``clock`` at least."""
+        clocks = {w: max(self._listed.get(w, 0), self._observed.get(w, 0)) for w in self.live()}
+        clocks[requester] = max(clocks.get(requester, 0), clock)
+        return clocks
+
+    def may_pull(self, policy: ConsistencyPolicy, sender: str, clock: int | None) -> bool:
+        """Whether the policy lets ``sender`` at ``clock`` read now (no clock: always)."""
+        return clock is None or policy.may_pull(clock, self.clocks(sender, clock))
+
+    def pushed(self, sender: str, clock: int) -> None:
+        """``sender`` finished the push of step ``clock``: it is at ``clock + 1``."""
+        if clock + 1 > self._observed.get(sender, 0):
+            self._observed[sender] = clock + 1
+
+    def pulled(self, sender: str, clock: int) -> bool:
+        """``sender`` pulls for step ``clock`` (its pushes of earlier steps came first on its
+        connection, so they are all in); True if that moved its clock."""
+        if clock > self._observed.get(sender, 0):
+            self._observed[sender] = clock
+            return True
+        return False
+
+    def left(self, sender: str, now: float) -> None:
+        """``sender`` said it left the job: no policy waits for it from now on."""
+        if len(self._left) >= MAX_LEFT:
+            self._left.pop(next(iter(self._left)))
+        self._left[sender] = now
+        self._listed.pop(sender, None)
+        self._newcomers.pop(sender, None)
+        self._live = None
+
+    def listed(self, workers: Mapping[str, int], asked_at: float) -> None:
+        """The scheduler's reply to a heartbeat sent at ``asked_at`` lists ``workers`` (name
+        -> clock) as live."""
+        # a reply to a heartbeat sent before a worker's own leave may still list it
+        self._listed = {w: c for w, c in workers.items() if self._left.get(w, -1.0) < asked_at}
+        self._left = {w: t for w, t in self._left.items() if t >= asked_at}
+        self.known = True
+        self._newcomers = {w: t for w, t in self._newcomers.items()
+                           if w not in self._listed and t >= asked_at}
+        self._live = None
+
+    @property
+    def observed(self) -> dict[str, int]:
+        """The clocks seen in this server's own requests (written into checkpoints)."""
+        return dict(self._observed)
+
+    def restore(self, clocks: Mapping[str, int]) -> None:
+        """Adopt the clocks a checkpoint recorded."""
+        self._observed = dict(clocks)
+
+
+class PolicySchedule:
+    """Policy changes the scheduler announced; each takes effect at the first push of its
+    ``from_clock`` (the same step on every server)."""
+
+    def __init__(self) -> None:
+        self.version = 0  # of the policy in force
+        self._pending: tuple[ConsistencyPolicy, int, int] | None = None
+
+    def announce(self, spec: object, version: object, from_clock: object) -> None:
+        """Take a heartbeat reply's ``policy``, ``policy_version`` and ``policy_from_clock``
+        (ignored unless the version is newer than any known)."""
+        if not isinstance(version, int) or version <= self.version:
+            return
+        if self._pending is not None and self._pending[2] >= version:
+            return
+        try:
+            if not isinstance(spec, str):
+                raise ConfigError(f"policy must be a spec string; got {spec!r}")
+            policy = parse_policy(spec)
+        except HogshardError as err:
+            log.error("scheduler announced an unusable policy: %s", err.message)
+            return
+        start = int(from_clock) if isinstance(from_clock, (int, float)) else 0
+        self._pending = (policy, start, version)
+        log.info("policy %s from clock %s", spec, from_clock)
+
+    def due(self, clock: int | None) -> ConsistencyPolicy | None:
+        """The policy to switch to before a push at ``clock`` (None: keep the current one)."""
+        if self._pending is None:
+            return None
+        policy, from_clock, version = self._pending
+        if clock is not None and clock < from_clock:
+            return None
+        self.version, self._pending = version, None
+        log.info("switched to policy %s", policy.spec)
+        return policy
+
+    def reset(self) -> None:
+        """Registered again: the scheduler's policy is in force, nothing is pending."""
+        self.version, self._pending = 0, None
