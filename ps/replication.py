@@ -80,6 +80,7 @@ class BackupLink:
     sent: int = 0
     acked: int = 0
     fenced: str | None = None  # why the backup refused us (it was promoted)
+    fenced_epoch: int | None = None  # the map epoch this server knew when it was refused
 
 
 @dataclass
@@ -203,7 +204,12 @@ class Replicator:
         fresh = set()
         for rank in list(self.links):
             link = self.links[rank]
-            if rank not in in_use or addresses.get(rank) != (link.address, link.incarnation):
+            # a backup that refused us under an older map is asked again, with a snapshot:
+            # it may have refused on a passing view (e.g. while a restarted scheduler relearnt
+            # the map) that the new map corrects
+            refused_before = link.fenced is not None and link.fenced_epoch != self.map_epoch
+            if (rank not in in_use or addresses.get(rank) != (link.address, link.incarnation)
+                    or refused_before):
                 link.socket.close(0)
                 del self.links[rank]
                 self.links_version += 1
@@ -319,7 +325,7 @@ class Replicator:
             if link is None:
                 continue
             if message.op == ERROR:
-                link.fenced = str(message.get("message"))
+                link.fenced, link.fenced_epoch = str(message.get("message")), self.map_epoch
                 log.warning("%s: backup %d refused a forwarded update: %s", self.sender,
                             link.rank, link.fenced)
             else:

@@ -223,3 +223,26 @@ def test_launcher_refuses_replication_with_a_gathering_policy_before_starting() 
     with pytest.raises(ConfigError, match="async or ssp"):
         LocalCluster(servers=2, workers=1, policy="hardsync", command=["true"], replication=2)
     LocalCluster(servers=2, workers=1, policy="ssp:1", command=["true"], replication=2)
+
+
+def assignment_reply(epoch: int) -> Message:
+    """A heartbeat reply naming this server (rank 0) primary of table ``m`` chunk 0, rank 1
+    its backup."""
+    return Message({"v": PROTOCOL_VERSION, "op": "ok", "id": 1, "map_epoch": epoch,
+                    "assignments": {"m": {"chunks": [[0, 0, 4, 0, 1]]}},
+                    "servers": {"1": "tcp://127.0.0.1:9"}, "incarnations": {"1": 5}}, [])
+
+
+def test_a_backup_that_refused_under_an_older_map_is_asked_again_with_a_snapshot(
+        replicas: Replicator) -> None:
+    store = DenseStore()
+    store.init("m", {"rule": "sgd", "lr": 0.1}, [(0, 0, 4)], [np.zeros(4, np.float32)])
+    replicas.take_assignments(assignment_reply(epoch=3), store, rank=0)
+    link = replicas.links[1]
+    assert link.sent == 1  # the new backup's snapshot
+    link.fenced, link.fenced_epoch = "FORBIDDEN: not the primary of chunk 0", 3
+    replicas.take_assignments(assignment_reply(epoch=3), store, rank=0)
+    assert replicas.links[1] is link  # the same map: still refused
+    replicas.take_assignments(assignment_reply(epoch=4), store, rank=0)
+    fresh = replicas.links[1]
+    assert fresh is not link and fresh.fenced is None and fresh.sent == 1
