@@ -69,10 +69,12 @@ class PSClient:
     """A worker's client of the parameter servers.
 
     Use :meth:`from_env` inside a process started by ``hogshard worker`` or ``hogshard launch``.
+    ``shm``: the shared-memory fast path's settings (default: from ``HOGSHARD_SHM*``).
     """
 
     def __init__(
-        self, settings: ClientSettings | None = None, context: zmq.Context | None = None
+        self, settings: ClientSettings | None = None, context: zmq.Context | None = None,
+        shm: ShmSettings | None = None,
     ) -> None:
         self.settings = settings or ClientSettings()
         self._own_context = context is None
@@ -102,7 +104,7 @@ class PSClient:
         self._book = RequestBook()
         self.rerouter = Rerouter(self)
         self._closed = False
-        shm = ShmSettings.from_env()
+        shm = shm or ShmSettings.from_env()
         #: Shared memory with the servers on this host (worker/shm.py).
         self.shm = ShmLink(shm, host_identity(shm.host_id))
         reply = self._control.call(
@@ -143,6 +145,7 @@ class PSClient:
             if self._addresses.get(rank) != live.get(rank):
                 self._poller.unregister(self._servers[rank])
                 self._servers.pop(rank).close(0)
+                self.shm.peers.prune()  # a server gone: unmap its segments
         for rank, (address, incarnation) in live.items():
             if rank not in self._servers:
                 sock = connect_dealer(self._context, address, security=self.security)
