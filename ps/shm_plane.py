@@ -36,6 +36,12 @@ class _Published:
                      for i, cid in enumerate(ids)}
         size = base + 4 * sum(c.weights.size for c in table.chunks.values())
         self.segment = Segment.create(f"pull-{table.name}", size)
+        #: What each slot holds: the chunk and version published (a chunk's weights change
+        #: only with its version, so a slot is written once per version).
+        self.holds: dict[int, tuple[DenseChunk, int]] = {}
+
+    def fits(self, table: DenseTable) -> bool:
+        return self.table is table and len(self.headers) == len(table.chunks)
 
 
 class ShmPlane:
@@ -78,7 +84,7 @@ class ShmPlane:
         """Publish the chunks of at least ``min_bytes``; returns the segment's reference, a
         ``[header, data, nbytes]`` slot (or null) per chunk, and the arrays left for frames."""
         pub = self._published.get(table.name)
-        if pub is None or pub.table is not table:
+        if pub is None or not pub.fits(table):
             if pub is not None:
                 pub.segment.close()
             pub = self._published[table.name] = _Published(table)
@@ -90,7 +96,10 @@ class ShmPlane:
                 rest.append(array)
                 continue
             header, data = pub.headers[chunk.chunk_id], pub.data[chunk.chunk_id]
-            pub.segment.publish(header, data, array, version)
+            held = pub.holds.get(chunk.chunk_id)
+            if held is None or held[0] is not chunk or held[1] != version:
+                pub.segment.publish(header, data, array, version)
+                pub.holds[chunk.chunk_id] = (chunk, version)
             spans.append([header, data, array.nbytes])
         return pub.segment.ref, spans, rest
 
