@@ -5,8 +5,9 @@ in production); this process is the worker and times ``client.push(table, grads)
 ``client.pull(table, out).result()`` on one dense table per payload size (default chunk_elems,
 i.e. 4 MiB chunks, so 16 MiB and 64 MiB tables travel as 4 and 16 array frames).
 
-Raw baseline (``raw``): a ROUTER subprocess that acks a pushed ``[header, payload]`` with a
-tiny frame, or answers a pull header with a preallocated payload of the requested size
+Raw baseline (``raw``): a ROUTER subprocess that applies a pushed ``[header, payload]`` to its
+weights with the server's own SGD rule (``hogshard.ps.rules``, the same numpy/BLAS update) and
+acks it with a tiny frame, or answers a pull header with a preallocated payload of the requested size
 (zero-copy send); this process uses a DEALER with ``copy=False`` sends and zero-copy receives.
 Extra columns: ``raw+copy`` (pull only) also copies the received payload into an ``out`` array,
 as ``client.pull`` must; ``raw chunked`` (tables of more than one chunk) sends the payload in the
@@ -17,7 +18,13 @@ buffer per message, which 4 MiB frames avoid).
 of 256 KiB and more through memory segments, PROTOCOL.md section 18) at 1-256 MiB, with an
 extra ``memcpy`` column (one ``np.copyto`` of the payload, the bound a one-copy path can
 reach); the ratio column stays against raw pyzmq over TCP. Without it the client turns the
-fast path off, so the sweep measures ZeroMQ over loopback TCP.
+fast path off, so the sweep measures ZeroMQ over loopback TCP. With ``--colocated`` pushes are
+also timed from ``client.gradient_buffer(table)`` (``from buffer``: the gradient already in
+the segment, no copy).
+
+``--peer pslite PATH`` also runs the ps-lite benchmark binary at PATH (ps-lite's
+``tests/test_benchmark``, built by you; see ``pslite_peer.py``) for every size and op, right
+after hogshard's and raw's repeats of that size, and adds a ``pslite`` column and ratio.
 
 ``--server-blas-threads 1`` caps the server's BLAS threads (the SGD rule uses scipy's saxpy,
 which OpenBLAS runs multi-threaded; on a busy host that can stall a push for milliseconds).
@@ -123,18 +130,24 @@ def start_raw(workdir: Path, max_bytes: int) -> str:
     """The raw ROUTER echo/ack process; returns its address."""
     address_file = workdir / "raw.addr"
     log_path = workdir / "raw.log"
+    # BLAS threads capped as `hogshard server` caps them (unless this environment says)
+    env = {**os.environ, **{v: os.environ.get(v, "1") for v in BLAS_THREAD_VARS}}
     proc = _spawn([sys.executable, os.path.abspath(__file__), "--raw-server", str(address_file),
-                   "--raw-max-bytes", str(max_bytes)], log_path)
+                   "--raw-max-bytes", str(max_bytes)], log_path, env)
     return _wait_file(address_file, proc, log_path)
 
 
 def raw_server(address_file: str, max_bytes: int) -> None:
-    """ROUTER loop: ``[id, b"P", *payload]`` -> ``[id, b"ok"]``; ``[id, b"G", lengths]`` ->
-    ``[id, b"ok", *frames]``, one frame per requested length, zero-copy slices of a
-    preallocated buffer."""
+    """ROUTER loop: ``[id, b"P", *payload]`` -> the SGD update of the weights, frame by frame,
+    then ``[id, b"ok"]``; ``[id, b"G", lengths]`` -> ``[id, b"ok", *frames]``, one frame per
+    requested length, zero-copy slices of the weights."""
+    from hogshard.ps.rules import make_rule
+
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    payload = np.ones(max_bytes, np.uint8)  # touched, so no zero-page effects
-    view = memoryview(payload)
+    weights = np.ones(max_bytes // 4, np.float32)  # touched, so no zero-page effects
+    rule = make_rule({"rule": "sgd", "lr": 1e-9})
+    state = rule.new_state(weights.size)
+    view = memoryview(weights.view(np.uint8))
     ctx = zmq.Context()
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 0)
@@ -146,6 +159,11 @@ def raw_server(address_file: str, max_bytes: int) -> None:
         frames = sock.recv_multipart(copy=False)
         identity, head = frames[0], frames[1].bytes
         if head == PUSH_HEADER:
+            offset = 0
+            for frame in frames[2:]:
+                grad = np.frombuffer(frame.buffer, np.float32)
+                rule.apply(weights[offset:offset + grad.size], grad, state, 1.0)
+                offset += grad.size
             sock.send_multipart([identity, b"ok"])
         else:
             lengths = np.frombuffer(frames[2].bytes, "<u8").tolist()
@@ -184,7 +202,8 @@ def _pipelined(start: Callable[[], object], finish: Callable[[object], None]) ->
     return batch
 
 
-def hogshard_runners(client, table, grads: np.ndarray, out: np.ndarray) -> dict[str, Runner]:
+def hogshard_runners(client, table, grads: np.ndarray, out: np.ndarray,
+                     name: str = "hogshard") -> dict[str, Runner]:
     def push_start():
         return client.push(table, grads)
 
@@ -195,8 +214,8 @@ def hogshard_runners(client, table, grads: np.ndarray, out: np.ndarray) -> dict[
         future.result(timeout=REQUEST_TIMEOUT)
 
     return {
-        "push": Runner("hogshard", lambda: finish(push_start()), _pipelined(push_start, finish)),
-        "pull": Runner("hogshard", lambda: finish(pull_start()), _pipelined(pull_start, finish)),
+        "push": Runner(name, lambda: finish(push_start()), _pipelined(push_start, finish)),
+        "pull": Runner(name, lambda: finish(pull_start()), _pipelined(pull_start, finish)),
     }
 
 
@@ -351,6 +370,10 @@ def run(args: argparse.Namespace) -> list[dict]:
                 if args.colocated:
                     for op, extra in memcpy_runners(grads, out).items():
                         raw[op] += extra
+                    buffer = client.gradient_buffer(table)  # the gradient lives in the segment
+                    buffer[:] = grads
+                    raw["push"].append(hogshard_runners(client, table, buffer, out,
+                                                        "hogshard_buffer")["push"])
                 for op in ("push", "pull"):
                     for depth in modes:
                         res = measure([hog[op], *raw[op]], nbytes, depth, budget)
@@ -374,6 +397,17 @@ def run(args: argparse.Namespace) -> list[dict]:
                         }
                         if "raw_copy" in res:
                             row["raw_copy_MBps"] = round(res["raw_copy"]["MBps"], 2)
+                        if "hogshard_buffer" in res:
+                            rate = res["hogshard_buffer"]["MBps"]
+                            row["hogshard_buffer_MBps"] = round(rate, 2)
+                            row["ratio_buffer"] = round(rate / r["MBps"], 4)
+                        if args.peer and depth == 1:
+                            from pslite_peer import pslite_rates  # this script's folder
+
+                            rates = pslite_rates(args.peer[1], nbytes, op,
+                                                 3 if args.quick else 5, workdir)
+                            row["pslite_MBps"] = round(statistics.median(rates), 2)
+                            row["ratio_vs_pslite"] = round(h["MBps"] / row["pslite_MBps"], 4)
                         if "memcpy" in res:
                             row["memcpy_MBps"] = round(res["memcpy"]["MBps"], 2)
                             row["ratio_vs_memcpy"] = round(h["MBps"] / res["memcpy"]["MBps"], 4)
@@ -415,6 +449,10 @@ def _line(row: dict) -> str:
     target = COLOCATED_TARGET if row["path"] == "shm" else TARGET_RATIO
     if row["size_bytes"] >= TARGET_FROM:
         flag = "  ok" if row["ratio"] >= target else "  MISS"
+    if "hogshard_buffer_MBps" in row:
+        flag += f"  from buffer {row['hogshard_buffer_MBps']:.0f} ({row['ratio_buffer']:.2f})"
+    if "pslite_MBps" in row:
+        flag += f"  ps-lite {row['pslite_MBps']:.0f} ({row['ratio_vs_pslite']:.2f})"
     if "memcpy_MBps" in row:
         flag += f"  memcpy {row['memcpy_MBps']:.0f} ({row['ratio_vs_memcpy']:.2f})"
     copy = f"{row['raw_copy_MBps']:9.1f}" if "raw_copy_MBps" in row else f"{'-':>9}"
@@ -450,6 +488,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--colocated", action="store_true",
                         help="measure the shared-memory path (sizes 1m-256m unless --sizes); "
                              "ratios still against raw pyzmq over TCP, plus a memcpy column")
+    parser.add_argument("--peer", nargs=2, metavar=("pslite", "PATH"),
+                        help="also run this ps-lite benchmark binary (tests/test_benchmark of "
+                             "ps-lite, built beforehand) per size and op; adds its MB/s and ratio")
     parser.add_argument("--pipeline", type=int, default=0, metavar="N",
                         help="also measure with N requests in flight (default: off)")
     parser.add_argument("--repeats", type=int, default=0,
@@ -478,6 +519,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.raw_server:
         raw_server(args.raw_server, args.raw_max_bytes)
         return 0
+    if args.peer and (args.peer[0] != "pslite" or not os.access(args.peer[1], os.X_OK)):
+        parser.error(f"--peer: expected 'pslite' and an executable; got {' '.join(args.peer)}")
     if any(s % 4 for s in args.sizes or ()):
         parser.error("sizes must be multiples of 4 bytes (float32 tables)")
     if args.table_size % 4 or min(args.workers, args.servers) < 0:
