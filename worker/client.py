@@ -348,7 +348,7 @@ class PSClient:
             future = self._request(rank, "push", fields, arrays, on_reply,
                                    route=self._route(table, chunks, build))
             if "shm" in fields:
-                self.shm.claim(table, [c.chunk_id for c in chunks], future.requests[0])
+                self.shm.claim("push", table, [c.chunk_id for c in chunks], future.requests[0])
             futures.append(future)
         return Future.gather(futures, self._pump)
 
@@ -375,7 +375,8 @@ class PSClient:
                 fields["clock"] = clock
             if codec != "none":
                 fields["codec"] = codec
-            elif self.shm.colocated(self._hosts.get(chunks[0].server)):
+            elif self.shm.colocated(self._hosts.get(chunks[0].server)) and \
+                    not self.shm.busy("pull", table, [c.chunk_id for c in chunks]):
                 fields["shm"] = self.shm.min_bytes
 
             def land(message: Any) -> None:
@@ -400,8 +401,11 @@ class PSClient:
         futures = []
         for rank, chunks in by_server(table, chunks).items():  # noqa: B020 (computed first)
             fields, _, land = build(chunks)
-            futures.append(self._request(rank, "pull", fields, on_reply=land,
-                                         route=self._route(table, chunks, build)))
+            future = self._request(rank, "pull", fields, on_reply=land,
+                                   route=self._route(table, chunks, build))
+            if "shm" in fields:
+                self.shm.claim("pull", table, [c.chunk_id for c in chunks], future.requests[0])
+            futures.append(future)
         return Future.gather(futures, self._pump)
 
     def _wait_for_room(self) -> None:

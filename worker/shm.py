@@ -5,7 +5,10 @@ gradient into a segment of the worker (one per table; no copy when the gradient 
 there, :meth:`ShmLink.gradient_buffer`) and names the span in its header; a pull asks the
 server to publish its large chunks and copies them from the server's segment into ``out``.
 A chunk's span is reused only once the push that used it has its reply (until then the next
-push of that chunk goes in frames).
+push of that chunk goes in frames); likewise a pull asks for shared memory only when no other
+pull of its chunks by this client still waits to be copied, so that two pulls in flight
+never read the same slot (each gets the weights it was answered with; another worker's pull
+can still publish a newer version first, which the pull then records).
 
 Example (what ``PSClient`` does)::
 
@@ -37,7 +40,7 @@ class ShmLink:
         self.host = host
         self.peers = PeerSegments()
         self._segments: dict[str, Segment] = {}
-        self._busy: dict[tuple[str, int], PendingRequest] = {}
+        self._busy: dict[tuple[str, str, int], PendingRequest] = {}
 
     def colocated(self, server_host: Any) -> bool:
         """Whether to use shared memory with a server that reported ``server_host``."""
@@ -65,18 +68,27 @@ class ShmLink:
         or the span's previous push has no reply yet)."""
         if piece.nbytes < self.min_bytes:
             return None
-        previous = self._busy.get((table.name, chunk.chunk_id))
-        if previous is not None and not previous.done:
+        if self.busy("push", table, [chunk.chunk_id]):
             return None
         segment, offset = self.segment(table), 4 * chunk.offset
         if not segment.owns(piece, offset):
             segment.floats(offset, chunk.length)[:] = piece
         return [offset, piece.nbytes]
 
-    def claim(self, table: DenseTable, chunk_ids: Sequence[int], pending: PendingRequest) -> None:
-        """The spans of these chunks are in use until ``pending`` is done."""
+    def busy(self, op: str, table: DenseTable, chunk_ids: Sequence[int]) -> bool:
+        """Whether a ``push`` or ``pull`` of one of these chunks through shared memory still
+        waits for its reply."""
         for chunk_id in chunk_ids:
-            self._busy[(table.name, chunk_id)] = pending
+            pending = self._busy.get((op, table.name, chunk_id))
+            if pending is not None and not pending.done:
+                return True
+        return False
+
+    def claim(self, op: str, table: DenseTable, chunk_ids: Sequence[int],
+              pending: PendingRequest) -> None:
+        """These chunks' ``op`` goes through shared memory until ``pending`` is done."""
+        for chunk_id in chunk_ids:
+            self._busy[(op, table.name, chunk_id)] = pending
 
     def push_field(self, table: DenseTable, spans: Sequence[list[int] | None]) -> list[Any]:
         """A push's ``shm`` field: ``[pid, fd, spans]``."""

@@ -89,6 +89,38 @@ def test_same_pushes_give_bit_identical_weights_with_shared_memory_on_and_off(
     assert on.tobytes() == elsewhere.tobytes()
 
 
+def pipelined(zmq_ctx: zmq.Context, address: str, table_name: str,
+              shm: ShmSettings) -> list[np.ndarray]:
+    """Pushes each followed by a pull, none waited for until the end: what each pull got."""
+    settings = ClientSettings(scheduler=address, connect_timeout=30.0, request_timeout=30.0)
+    client = PSClient(settings, zmq_ctx, shm=shm)
+    try:
+        rng = np.random.default_rng(3)
+        table = client.dense_table(table_name, SIZE, {"rule": "sgd", "lr": 0.1},
+                                   init=rng.standard_normal(SIZE).astype(np.float32),
+                                   chunk_elems=CHUNK_ELEMS)
+        grads = [rng.standard_normal(SIZE).astype(np.float32) for _ in range(STEPS)]
+        outs = [np.empty(SIZE, np.float32) for _ in range(STEPS)]
+        futures = []
+        for grad, out in zip(grads, outs, strict=True):
+            futures += [client.push(table, grad), client.pull(table, out)]
+        for future in futures:
+            future.result(30.0)
+        return outs
+    finally:
+        client.close()
+
+
+def test_pulls_in_flight_together_each_get_the_weights_they_were_answered_with(
+        cluster_factory, zmq_ctx):
+    cluster = cluster_factory(servers=1)
+    on = pipelined(zmq_ctx, cluster.address, "pipelined-on", ShmSettings())
+    off = pipelined(zmq_ctx, cluster.address, "pipelined-off", ShmSettings(shm=0))
+    for step, (a, b) in enumerate(zip(on, off, strict=True)):
+        assert a.tobytes() == b.tobytes(), f"the pull after push {step} differs"
+    assert shm_bytes(zmq_ctx, cluster)[1] > 0
+
+
 def bad_push(zmq_ctx: zmq.Context, address: str, table: str, chunk_id: int, shm: Any,
              arrays: list[np.ndarray] = ()) -> Any:
     sock = connect_dealer(zmq_ctx, address)
