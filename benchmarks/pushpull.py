@@ -5,13 +5,26 @@ in production); this process is the worker and times ``client.push(table, grads)
 ``client.pull(table, out).result()`` on one dense table per payload size (default chunk_elems,
 i.e. 4 MiB chunks, so 16 MiB and 64 MiB tables travel as 4 and 16 array frames).
 
-Raw baseline (``raw``): a ROUTER subprocess that acks a pushed ``[header, payload]`` with a
-tiny frame, or answers a pull header with a preallocated payload of the requested size
+Raw baseline (``raw``): a ROUTER subprocess that applies a pushed ``[header, payload]`` to its
+weights with the server's own SGD rule (``hogshard.ps.rules``, the same numpy/BLAS update) and
+acks it with a tiny frame, or answers a pull header with a preallocated payload of the requested size
 (zero-copy send); this process uses a DEALER with ``copy=False`` sends and zero-copy receives.
 Extra columns: ``raw+copy`` (pull only) also copies the received payload into an ``out`` array,
 as ``client.pull`` must; ``raw chunked`` (tables of more than one chunk) sends the payload in the
 same 4 MiB frames as hogshard (a single 64 MiB frame is slowed by glibc mmap-ing a fresh receive
 buffer per message, which 4 MiB frames avoid).
+
+``--colocated`` measures the shared-memory fast path (worker and server on one host, chunks
+of 256 KiB and more through memory segments, PROTOCOL.md section 18) at 1-256 MiB, with an
+extra ``memcpy`` column (one ``np.copyto`` of the payload, the bound a one-copy path can
+reach); the ratio column stays against raw pyzmq over TCP. Without it the client turns the
+fast path off, so the sweep measures ZeroMQ over loopback TCP. With ``--colocated`` pushes are
+also timed from ``client.gradient_buffer(table)`` (``from buffer``: the gradient already in
+the segment, no copy).
+
+``--peer pslite PATH`` also runs the ps-lite benchmark binary at PATH (ps-lite's
+``tests/test_benchmark``, built by you; see ``pslite_peer.py``) for every size and op, right
+after hogshard's and raw's repeats of that size, and adds a ``pslite`` column and ratio.
 
 ``--server-blas-threads 1`` caps the server's BLAS threads (the SGD rule uses scipy's saxpy,
 which OpenBLAS runs multi-threaded; on a busy host that can stall a push for milliseconds).
@@ -23,6 +36,7 @@ Usage::
 
     .venv/bin/python benchmarks/pushpull.py --quick
     .venv/bin/python benchmarks/pushpull.py --pipeline 4 --json /tmp/pushpull.json
+    .venv/bin/python benchmarks/pushpull.py --colocated --quick
     .venv/bin/python benchmarks/pushpull.py --workers 2 --servers 2 --big  # pushpull_scale.py
 """
 
@@ -49,6 +63,8 @@ import zmq
 
 KIB, MIB = 1 << 10, 1 << 20
 SIZES = [4 * KIB, 64 * KIB, 1 * MIB, 16 * MIB, 64 * MIB]
+COLOCATED_SIZES = [1 * MIB, 4 * MIB, 16 * MIB, 64 * MIB, 256 * MIB]
+COLOCATED_TARGET = 2.0  # shared memory: >= 2x raw pyzmq over TCP
 TARGET_RATIO = 0.70  # from the issue: hogshard >= 70% of raw pyzmq from 1 MiB up
 TARGET_FROM = 1 * MIB
 PUSH_HEADER, PULL_HEADER = b"P", b"G"
@@ -114,18 +130,24 @@ def start_raw(workdir: Path, max_bytes: int) -> str:
     """The raw ROUTER echo/ack process; returns its address."""
     address_file = workdir / "raw.addr"
     log_path = workdir / "raw.log"
+    # BLAS threads capped as `hogshard server` caps them (unless this environment says)
+    env = {**os.environ, **{v: os.environ.get(v, "1") for v in BLAS_THREAD_VARS}}
     proc = _spawn([sys.executable, os.path.abspath(__file__), "--raw-server", str(address_file),
-                   "--raw-max-bytes", str(max_bytes)], log_path)
+                   "--raw-max-bytes", str(max_bytes)], log_path, env)
     return _wait_file(address_file, proc, log_path)
 
 
 def raw_server(address_file: str, max_bytes: int) -> None:
-    """ROUTER loop: ``[id, b"P", *payload]`` -> ``[id, b"ok"]``; ``[id, b"G", lengths]`` ->
-    ``[id, b"ok", *frames]``, one frame per requested length, zero-copy slices of a
-    preallocated buffer."""
+    """ROUTER loop: ``[id, b"P", *payload]`` -> the SGD update of the weights, frame by frame,
+    then ``[id, b"ok"]``; ``[id, b"G", lengths]`` -> ``[id, b"ok", *frames]``, one frame per
+    requested length, zero-copy slices of the weights."""
+    from hogshard.ps.rules import make_rule
+
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    payload = np.ones(max_bytes, np.uint8)  # touched, so no zero-page effects
-    view = memoryview(payload)
+    weights = np.ones(max_bytes // 4, np.float32)  # touched, so no zero-page effects
+    rule = make_rule({"rule": "sgd", "lr": 1e-9})
+    state = rule.new_state(weights.size)
+    view = memoryview(weights.view(np.uint8))
     ctx = zmq.Context()
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 0)
@@ -137,6 +159,11 @@ def raw_server(address_file: str, max_bytes: int) -> None:
         frames = sock.recv_multipart(copy=False)
         identity, head = frames[0], frames[1].bytes
         if head == PUSH_HEADER:
+            offset = 0
+            for frame in frames[2:]:
+                grad = np.frombuffer(frame.buffer, np.float32)
+                rule.apply(weights[offset:offset + grad.size], grad, state, 1.0)
+                offset += grad.size
             sock.send_multipart([identity, b"ok"])
         else:
             lengths = np.frombuffer(frames[2].bytes, "<u8").tolist()
@@ -175,7 +202,8 @@ def _pipelined(start: Callable[[], object], finish: Callable[[object], None]) ->
     return batch
 
 
-def hogshard_runners(client, table, grads: np.ndarray, out: np.ndarray) -> dict[str, Runner]:
+def hogshard_runners(client, table, grads: np.ndarray, out: np.ndarray,
+                     name: str = "hogshard") -> dict[str, Runner]:
     def push_start():
         return client.push(table, grads)
 
@@ -186,9 +214,22 @@ def hogshard_runners(client, table, grads: np.ndarray, out: np.ndarray) -> dict[
         future.result(timeout=REQUEST_TIMEOUT)
 
     return {
-        "push": Runner("hogshard", lambda: finish(push_start()), _pipelined(push_start, finish)),
-        "pull": Runner("hogshard", lambda: finish(pull_start()), _pipelined(pull_start, finish)),
+        "push": Runner(name, lambda: finish(push_start()), _pipelined(push_start, finish)),
+        "pull": Runner(name, lambda: finish(pull_start()), _pipelined(pull_start, finish)),
     }
+
+
+def memcpy_runners(grads: np.ndarray, out: np.ndarray) -> dict[str, list[Runner]]:
+    """One copy of the payload per op: what a one-copy path is bounded by."""
+    def copy() -> None:
+        np.copyto(out, grads)
+
+    def batch(k: int, depth: int) -> None:
+        for _ in range(k):
+            copy()
+
+    runner = Runner("memcpy", copy, batch)
+    return {"push": [runner], "pull": [runner]}
 
 
 def raw_runners(
@@ -287,7 +328,7 @@ def fmt_size(nbytes: int) -> str:
 
 
 def run(args: argparse.Namespace) -> list[dict]:
-    from hogshard.proto.config import ClientSettings
+    from hogshard.proto.config import ClientSettings, ShmSettings
     from hogshard.worker.client import PSClient
 
     budget = (Budget(warmup=2, min_repeats=5, max_repeats=40, seconds=0.5, repeat_s=0.005)
@@ -295,7 +336,7 @@ def run(args: argparse.Namespace) -> list[dict]:
               Budget(warmup=3, min_repeats=15, max_repeats=400, seconds=3.0, repeat_s=0.02))
     if args.repeats:
         budget.min_repeats = budget.max_repeats = args.repeats
-    sizes = sorted(args.sizes or SIZES)
+    sizes = sorted(args.sizes or (COLOCATED_SIZES if args.colocated else SIZES))
     modes = [1] + ([args.pipeline] if args.pipeline > 1 else [])
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="hogshard-pushpull-") as tmp:
@@ -308,7 +349,8 @@ def run(args: argparse.Namespace) -> list[dict]:
                 server_env.update({v: str(args.server_blas_threads) for v in BLAS_THREAD_VARS})
             scheduler = start_hogshard(workdir, server_env)
             raw_address = start_raw(workdir, max(sizes))
-            client = PSClient(ClientSettings(scheduler=scheduler, connect_timeout=60.0))
+            client = PSClient(ClientSettings(scheduler=scheduler, connect_timeout=60.0),
+                              shm=ShmSettings(shm=1 if args.colocated else 0))
             raw_sock = ctx.socket(zmq.DEALER)
             raw_sock.setsockopt(zmq.LINGER, 0)
             raw_sock.connect(raw_address)
@@ -325,6 +367,13 @@ def run(args: argparse.Namespace) -> list[dict]:
                                           [(c.offset, c.length) for c in table.chunks])
                     for op in raw:
                         raw[op] += chunked[op]
+                if args.colocated:
+                    for op, extra in memcpy_runners(grads, out).items():
+                        raw[op] += extra
+                    buffer = client.gradient_buffer(table)  # the gradient lives in the segment
+                    buffer[:] = grads
+                    raw["push"].append(hogshard_runners(client, table, buffer, out,
+                                                        "hogshard_buffer")["push"])
                 for op in ("push", "pull"):
                     for depth in modes:
                         res = measure([hog[op], *raw[op]], nbytes, depth, budget)
@@ -335,6 +384,7 @@ def run(args: argparse.Namespace) -> list[dict]:
                             "raw_zmq_MBps": round(r["MBps"], 2),
                             "ratio": round(h["MBps"] / r["MBps"], 4),
                             "mode": "sequential" if depth == 1 else "pipelined",
+                            "path": "shm" if args.colocated else "tcp",
                             "in_flight": depth,
                             "hogshard_median_ms": round(h["median_ms"], 4),
                             "raw_median_ms": round(r["median_ms"], 4),
@@ -347,6 +397,20 @@ def run(args: argparse.Namespace) -> list[dict]:
                         }
                         if "raw_copy" in res:
                             row["raw_copy_MBps"] = round(res["raw_copy"]["MBps"], 2)
+                        if "hogshard_buffer" in res:
+                            rate = res["hogshard_buffer"]["MBps"]
+                            row["hogshard_buffer_MBps"] = round(rate, 2)
+                            row["ratio_buffer"] = round(rate / r["MBps"], 4)
+                        if args.peer and depth == 1:
+                            from pslite_peer import pslite_rates  # this script's folder
+
+                            rates = pslite_rates(args.peer[1], nbytes, op,
+                                                 3 if args.quick else 5, workdir)
+                            row["pslite_MBps"] = round(statistics.median(rates), 2)
+                            row["ratio_vs_pslite"] = round(h["MBps"] / row["pslite_MBps"], 4)
+                        if "memcpy" in res:
+                            row["memcpy_MBps"] = round(res["memcpy"]["MBps"], 2)
+                            row["ratio_vs_memcpy"] = round(h["MBps"] / res["memcpy"]["MBps"], 4)
                         if "raw_chunked" in res:
                             chunked_rate = res["raw_chunked"]["MBps"]
                             row["raw_chunked_MBps"] = round(chunked_rate, 2)
@@ -382,8 +446,15 @@ HEADER = (f"{'op':<5} {'mode':<6} {'size':>7} {'hogshard MB/s':>14} {'raw MB/s':
 def _line(row: dict) -> str:
     mode = "seq" if row["in_flight"] == 1 else f"pipe{row['in_flight']}"
     flag = ""
+    target = COLOCATED_TARGET if row["path"] == "shm" else TARGET_RATIO
     if row["size_bytes"] >= TARGET_FROM:
-        flag = "  ok" if row["ratio"] >= TARGET_RATIO else "  MISS"
+        flag = "  ok" if row["ratio"] >= target else "  MISS"
+    if "hogshard_buffer_MBps" in row:
+        flag += f"  from buffer {row['hogshard_buffer_MBps']:.0f} ({row['ratio_buffer']:.2f})"
+    if "pslite_MBps" in row:
+        flag += f"  ps-lite {row['pslite_MBps']:.0f} ({row['ratio_vs_pslite']:.2f})"
+    if "memcpy_MBps" in row:
+        flag += f"  memcpy {row['memcpy_MBps']:.0f} ({row['ratio_vs_memcpy']:.2f})"
     copy = f"{row['raw_copy_MBps']:9.1f}" if "raw_copy_MBps" in row else f"{'-':>9}"
     chunked = (f"{row['raw_chunked_MBps']:11.1f}" if "raw_chunked_MBps" in row
                else f"{'-':>11}")
@@ -414,6 +485,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", metavar="PATH", help="write one JSON row per measurement")
     parser.add_argument("--sizes", type=_parse_size, nargs="+", metavar="SIZE",
                         help="payload sizes, e.g. 4k 1m 64m (default: 4k 64k 1m 16m 64m)")
+    parser.add_argument("--colocated", action="store_true",
+                        help="measure the shared-memory path (sizes 1m-256m unless --sizes); "
+                             "ratios still against raw pyzmq over TCP, plus a memcpy column")
+    parser.add_argument("--peer", nargs=2, metavar=("pslite", "PATH"),
+                        help="also run this ps-lite benchmark binary (tests/test_benchmark of "
+                             "ps-lite, built beforehand) per size and op; adds its MB/s and ratio")
     parser.add_argument("--pipeline", type=int, default=0, metavar="N",
                         help="also measure with N requests in flight (default: off)")
     parser.add_argument("--repeats", type=int, default=0,
@@ -442,6 +519,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.raw_server:
         raw_server(args.raw_server, args.raw_max_bytes)
         return 0
+    if args.peer and (args.peer[0] != "pslite" or not os.access(args.peer[1], os.X_OK)):
+        parser.error(f"--peer: expected 'pslite' and an executable; got {' '.join(args.peer)}")
     if any(s % 4 for s in args.sizes or ()):
         parser.error("sizes must be multiples of 4 bytes (float32 tables)")
     if args.table_size % 4 or min(args.workers, args.servers) < 0:
@@ -463,8 +542,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(HEADER, flush=True)
         rows = run(args)
+    target = f"{COLOCATED_TARGET:.1f}x" if args.colocated else f"{TARGET_RATIO:.0%}"
     print(f"done in {time.perf_counter() - t0:.1f} s; target: hogshard >= "
-          f"{TARGET_RATIO:.0%} of raw from {fmt_size(TARGET_FROM)} up")
+          f"{target} of raw from {fmt_size(TARGET_FROM)} up")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
         print(f"wrote {len(rows)} rows to {args.json}")

@@ -74,11 +74,12 @@ def start_routers(workdir: Path, max_bytes: list[int]) -> list[str]:
 
 def _hog_worker(idx: int, scheduler: str, elems: int, warmup: int, steps: int,
                 barrier, queue) -> None:
-    from hogshard.proto.config import ClientSettings
+    from hogshard.proto.config import ClientSettings, ShmSettings
     from hogshard.worker.client import PSClient
 
-    try:
-        client = PSClient(ClientSettings(scheduler=scheduler, connect_timeout=60.0))
+    try:  # over TCP, as the raw clients (shared memory: pushpull.py --colocated)
+        client = PSClient(ClientSettings(scheduler=scheduler, connect_timeout=60.0),
+                          shm=ShmSettings(shm=0))
         init = np.zeros(elems, np.float32) if idx == 0 else None
         table = client.dense_table(TABLE, elems, LR_RULE, init=init)
         del init

@@ -92,10 +92,49 @@ class ClientSettings:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ClientSettings:
-        environ = os.environ if environ is None else environ
-        values: dict[str, Any] = {}
-        for f in fields(cls):
-            raw = environ.get(env_name(f.name))
-            if raw is not None and raw.strip() != "":
-                values[f.name] = _convert(f.name, raw, f.type)
-        return cls(**values)
+        return cls(**_values_from_env(cls, environ))
+
+
+def _values_from_env(cls: Any, environ: Mapping[str, str] | None) -> dict[str, Any]:
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    for f in fields(cls):
+        raw = environ.get(env_name(f.name))
+        if raw is not None and raw.strip() != "":
+            values[f.name] = _convert(f.name, raw, f.type)
+    return values
+
+
+#: Chunks of at least this many bytes go through shared memory between co-located peers.
+DEFAULT_SHM_MIN_BYTES = 256 * 1024
+
+
+@dataclass(frozen=True)
+class ShmSettings:
+    """The shared-memory fast path between a worker and the servers on its host.
+
+    ``shm``: 1 (default) uses it with every server that shares this process's host identity,
+    0 turns it off (every byte goes in ZeroMQ frames); ``shm_min_bytes``: the smallest chunk
+    sent or fetched through it; ``host_id``: the host identity to report instead of the one
+    read from /proc (processes that report the same one must share memory and user).
+
+    Example::
+
+        >>> ShmSettings.from_env({"HOGSHARD_SHM": "0"}).shm
+        0
+    """
+
+    shm: int = 1
+    shm_min_bytes: int = DEFAULT_SHM_MIN_BYTES
+    host_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.shm not in (0, 1):
+            raise ConfigError(f"{env_name('shm')}={self.shm}: expected 0 or 1")
+        if self.shm_min_bytes < 4:
+            raise ConfigError(f"{env_name('shm_min_bytes')}={self.shm_min_bytes}: expected "
+                              ">= 4")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> ShmSettings:
+        return cls(**_values_from_env(cls, environ))

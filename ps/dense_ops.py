@@ -35,6 +35,7 @@ from hogshard.ps.dense import DenseChunk, DenseStore, DenseTable
 from hogshard.ps.executor import UpdateExecutor
 from hogshard.ps.primary import Primary, Replies
 from hogshard.ps.replication import Replicator
+from hogshard.ps.shm_plane import ShmPlane
 from hogshard.ps.stats import ServerStats
 from hogshard.ps.update_pool import AppliedUpdate, Ticket
 from hogshard.ps.workers import PolicySchedule, WorkerView
@@ -72,7 +73,8 @@ class DenseOps:
     def __init__(self, store: DenseStore, applier: UpdateApplier, view: WorkerView,
                  schedule: PolicySchedule, updates: UpdateExecutor, primary: Primary,
                  replicas: Replicator, stats: ServerStats, replies: Replies,
-                 heartbeats: Heartbeats, job: JobReplication, node_id: str, rank: int) -> None:
+                 heartbeats: Heartbeats, job: JobReplication, node_id: str, rank: int,
+                 shm: ShmPlane | None = None) -> None:
         self._store = store
         self._applier = applier
         self._view = view
@@ -87,6 +89,7 @@ class DenseOps:
         self._node_id = node_id
         self._rank = rank
         self._decoder = PayloadDecoder()
+        self.shm = shm or ShmPlane()
         self._deferred: list[_DeferredPull] = []
 
     @property
@@ -127,7 +130,9 @@ class DenseOps:
     def push(self, identity: bytes, msg: Message) -> None:
         versions = msg.get("versions")
         grads = msg.arrays
-        if msg.get("codecs") is not None:
+        if msg.get("shm") is not None:
+            grads = self._shm_gradients(msg)
+        elif msg.get("codecs") is not None:
             _, resolved = self._store.resolve(msg.get("table"), msg.get("chunks"))
             grads = self._decoder.decode(msg.get("codecs"), msg.arrays,
                                          [c.weights.size for c in resolved])
@@ -139,6 +144,20 @@ class DenseOps:
         staleness, ticket = self._apply(identity, msg, table, chunks, grads, versions, False)
         self._updates.when_applied(ticket, lambda _: self._replies.reply(
             identity, msg.request_id, {"staleness": staleness}))
+
+    def _shm_gradients(self, msg: Message) -> list[np.ndarray]:
+        """A push naming shared memory: its gradients, read in place (not with codecs, nor for
+        a replicated table, whose updates are forwarded after the reply may have freed them)."""
+        if msg.get("codecs") is not None:
+            raise ProtocolError("'push': fields 'shm' and 'codecs' exclude each other")
+        table, _ = self._store.resolve(msg.get("table"), msg.get("chunks"))
+        if self._replicas.replicated(table.name):
+            raise ProtocolError(f"'push' of replicated table {table.name!r}: field 'shm' is "
+                                "for unreplicated tables")
+        grads = self.shm.gradients(msg.get("shm"), msg.arrays, len(msg.get("chunks")))
+        self._stats.shm_bytes_in += sum(g.nbytes for g in grads) - \
+            sum(a.nbytes for a in msg.arrays)
+        return grads
 
     def _replicated_push(self, identity: bytes, msg: Message, table: DenseTable,
                          chunks: list[DenseChunk], grads: list[np.ndarray],
@@ -180,7 +199,8 @@ class DenseOps:
         staleness = self._applier.push(table, chunks, grads, versions, sender,
                                        self._view.live(), known, ticket)
         self._stats.pushes += 1
-        self._stats.record_push_bytes(msg.arrays, msg.get("codecs"))
+        self._stats.record_push_bytes(grads if msg.get("shm") is not None else msg.arrays,
+                                      msg.get("codecs"))
         if clock is not None and msg.get("partial") is not True:  # more of this step follows
             self._view.pushed(sender, clock)
         self.release_deferred()
@@ -243,11 +263,20 @@ class DenseOps:
                 self._applier.remember_pull(str(msg.get("from")), table.name, chunk.chunk_id,
                                             array)
         fields: dict[str, Any] = {"versions": versions}
+        sent = arrays
         if codec is not None:  # new arrays: nothing of the live weights leaves
             arrays, track, fields["codec"] = encode_weights(codec, arrays), False, codec.name
+            sent = arrays
+        elif type(msg.get("shm")) is int and not self._applier.policy.modifiers.dc_lambda:
+            ref, spans, arrays = self.shm.publish(table, chunks, arrays, versions,
+                                                  max(4, msg.get("shm")))
+            if len(arrays) < len(spans):
+                fields["shm"] = [*ref, spans]
+                self._stats.shm_bytes_out += sum(a.nbytes for a in sent) - \
+                    sum(a.nbytes for a in arrays)
         tracker = self._replies.reply(identity, msg.request_id, fields, arrays, track=track)
         self._stats.pulls += 1
-        self._stats.bytes_out += sum(a.nbytes for a in arrays)
+        self._stats.bytes_out += sum(a.nbytes for a in sent)
         return tracker
 
     def release_deferred(self) -> None:
@@ -277,7 +306,9 @@ class DenseOps:
         return {}, []
 
     def workers_changed(self) -> None:
-        """The live workers changed: apply the groups now complete, release the pulls."""
+        """The live workers changed: apply the groups now complete, release the pulls, unmap
+        the segments of workers gone."""
+        self.shm.peers.prune()
         self._applier.complete_groups(self._view.live())
         self.release_deferred()
 

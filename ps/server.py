@@ -34,12 +34,14 @@ from typing import Any, ClassVar, cast
 
 import zmq
 
+from hogshard.proto.config import ShmSettings
 from hogshard.proto.dispatch import guarded
 from hogshard.proto.errors import ErrorCode, FencedError, HogshardError, NotOwnerError
 from hogshard.proto.ops import OpSpec
 from hogshard.proto.policy import ConsistencyPolicy
 from hogshard.proto.security import Security
 from hogshard.proto.service import ServiceCore
+from hogshard.proto.shm import host_identity
 from hogshard.proto.transport import ERROR, RpcChannel, bind_router
 from hogshard.proto.wire import DEFAULT_LIMITS, Limits, Message
 from hogshard.ps.applier import UpdateApplier
@@ -99,6 +101,8 @@ class ShardServer:
         self.checkpoints = ShardCheckpointer(self.store, self.embeddings)
         #: Drawn at start: requests addressed to another incarnation of this rank are refused.
         self.incarnation = secrets.randbits(48)
+        #: Workers that report the same identity read and write this server's memory directly.
+        self.host = host_identity(ShmSettings.from_env().host_id)
         self.fenced: str | None = None  # why a newer process under this rank replaced this one
         self._stop = threading.Event()
         # heartbeats on a context of their own: a backup link connecting to a host whose
@@ -299,7 +303,8 @@ class ShardServer:
 
     def _register_fields(self, rank_hint: int | None, tables: dict[str, Any]) -> dict[str, Any]:
         fields: dict[str, Any] = {"role": "server", "address": self.address,
-                                  "rank_hint": rank_hint, "incarnation": self.incarnation}
+                                  "rank_hint": rank_hint, "incarnation": self.incarnation,
+                                  "host": self.host}
         if tables:  # a restarted scheduler relearns the shard map from these
             fields["tables"] = tables
         return fields

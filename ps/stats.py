@@ -64,6 +64,9 @@ class ServerStats:
     updates: int = 0
     bytes_in: int = 0
     bytes_out: int = 0
+    #: Of those, the bytes read from or published to shared memory (co-located workers).
+    shm_bytes_in: int = 0
+    shm_bytes_out: int = 0
     deferred_pulls: int = 0
     dropped: int = 0
     #: Updates applied as a backup (forwarded by a primary), and retried pushes not re-applied.
@@ -101,6 +104,7 @@ class ServerStats:
         return {
             "pushes": self.pushes, "pulls": self.pulls, "updates": self.updates,
             "bytes_in": self.bytes_in, "bytes_out": self.bytes_out,
+            "shm_bytes_in": self.shm_bytes_in, "shm_bytes_out": self.shm_bytes_out,
             "deferred_pulls": self.deferred_pulls, "dropped": self.dropped,
             "replicated": self.replicated, "duplicates": self.duplicates,
             "last_ack_at": self.last_ack_at,

@@ -49,6 +49,8 @@ class Member:
     #: Servers: a number the process drew when it started (None: not sent). A registration
     #: under this rank with another incarnation replaces this member.
     incarnation: int | None = None
+    #: The host identity it reported (proto/shm.py): peers with the same share memory.
+    host: str | None = None
     #: The member this one replaced under the same node id (its predecessor's own is dropped).
     previous: Member | None = field(default=None, repr=False)
 
@@ -202,6 +204,8 @@ class Roster(Protocol):
 
 
 def server_list(servers: list[Member]) -> list[dict[str, Any]]:
-    """``[{rank, address, incarnation}]`` of servers, as replies list them."""
-    return [{"rank": m.rank, "address": m.address, "incarnation": m.incarnation}
+    """``[{rank, address, incarnation, host}]`` of servers, as replies list them (``host``
+    only where reported)."""
+    return [{"rank": m.rank, "address": m.address, "incarnation": m.incarnation,
+             **({"host": m.host} if m.host is not None else {})}
             for m in servers]

@@ -21,7 +21,7 @@ _TABLE = Field("table", str, required=True, nonempty=True)
 FIELDS: dict[str, tuple[Field, ...]] = {
     "register": (Field("role", str, required=True), Field("address", str),
                  Field("rank_hint", int), Field("clock", int), Field("tables", dict),
-                 Field("incarnation", int)),
+                 Field("incarnation", int), Field("host", str)),
     "heartbeat": (Field("clock", int), Field("stats", dict), Field("progress", dict),
                   Field("map_epoch", int), Field("checkpoint", dict), Field("incarnation", int)),
     "wait_servers": (),

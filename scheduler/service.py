@@ -207,6 +207,7 @@ class Scheduler:
         member, restore = self.rejoin.join(role, str(msg.get("address", "")),
                                            msg.get("rank_hint"), start_clock,
                                            msg.get("incarnation"))
+        member.host = msg.get("host")
         self.shard_map.adopt(member.rank, reported)
         if role == "server":
             self.shard_map.fill_backups()

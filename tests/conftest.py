@@ -53,6 +53,12 @@ def wait_until(
 #: ``HOGSHARD_TEST_UPDATE_THREADS=1 pytest tests/integration`` gives every child
 #: ``HOGSHARD_UPDATE_THREADS=1`` (servers apply updates on a thread; issue 7).
 TEST_UPDATE_THREADS = "HOGSHARD_TEST_UPDATE_THREADS"
+#: ``HOGSHARD_TEST_SHM_MIN_BYTES=4 pytest tests/integration`` sends every chunk between
+#: co-located workers and servers through shared memory (``HOGSHARD_SHM_MIN_BYTES``), in
+#: children and in the test process's own clients.
+TEST_SHM_MIN_BYTES = "HOGSHARD_TEST_SHM_MIN_BYTES"
+if os.environ.get(TEST_SHM_MIN_BYTES):
+    os.environ["HOGSHARD_SHM_MIN_BYTES"] = os.environ[TEST_SHM_MIN_BYTES]
 
 
 def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -61,6 +67,8 @@ def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOGSHARD_")}
     if os.environ.get(TEST_UPDATE_THREADS):  # run the suite's servers with update threads
         env["HOGSHARD_UPDATE_THREADS"] = os.environ[TEST_UPDATE_THREADS]
+    if os.environ.get(TEST_SHM_MIN_BYTES):
+        env["HOGSHARD_SHM_MIN_BYTES"] = os.environ[TEST_SHM_MIN_BYTES]
     env.update({
         "OMP_NUM_THREADS": "1",
         "MKL_NUM_THREADS": "1",

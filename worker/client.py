@@ -29,7 +29,7 @@ import zmq
 
 from hogshard.proto.codecs import Encoded, make_codec
 from hogshard.proto.codecs.pull import PULL_CODECS
-from hogshard.proto.config import ClientSettings
+from hogshard.proto.config import ClientSettings, ShmSettings
 from hogshard.proto.errors import (
     ConfigError,
     ErrorCode,
@@ -40,6 +40,7 @@ from hogshard.proto.errors import (
     UnknownMemberError,
 )
 from hogshard.proto.security import load_security
+from hogshard.proto.shm import host_identity
 from hogshard.proto.tables import DEFAULT_CHUNK_ELEMS, Chunk
 from hogshard.proto.transport import (
     ERROR,
@@ -56,6 +57,7 @@ from hogshard.worker.control import call_across_restarts
 from hogshard.worker.futures import Future, PendingRequest, RequestBook
 from hogshard.worker.heartbeat import Heartbeat
 from hogshard.worker.rerouting import Rerouter, Route
+from hogshard.worker.shm import ShmLink
 from hogshard.worker.tables import FLOAT32, DenseTable, by_server, open_dense_table
 from hogshard.worker.traffic import Traffic
 
@@ -67,10 +69,12 @@ class PSClient:
     """A worker's client of the parameter servers.
 
     Use :meth:`from_env` inside a process started by ``hogshard worker`` or ``hogshard launch``.
+    ``shm``: the shared-memory fast path's settings (default: from ``HOGSHARD_SHM*``).
     """
 
     def __init__(
-        self, settings: ClientSettings | None = None, context: zmq.Context | None = None
+        self, settings: ClientSettings | None = None, context: zmq.Context | None = None,
+        shm: ShmSettings | None = None,
     ) -> None:
         self.settings = settings or ClientSettings()
         self._own_context = context is None
@@ -100,8 +104,12 @@ class PSClient:
         self._book = RequestBook()
         self.rerouter = Rerouter(self)
         self._closed = False
+        shm = shm or ShmSettings.from_env()
+        #: Shared memory with the servers on this host (worker/shm.py).
+        self.shm = ShmLink(shm, host_identity(shm.host_id))
         reply = self._control.call(
-            "register", {"role": "worker", "rank_hint": self.settings.rank},
+            "register", {"role": "worker", "rank_hint": self.settings.rank,
+                         "host": self.shm.host},
             timeout=self.settings.connect_timeout,
         )
         self._adopt_registration(reply.header)
@@ -115,6 +123,7 @@ class PSClient:
         servers = self._control.call("wait_servers", timeout=self.settings.connect_timeout)
         self._servers: dict[int, zmq.Socket] = {}
         self._addresses: dict[int, tuple[str, Any]] = {}  # rank -> (address, incarnation)
+        self._hosts: dict[int, Any] = {}  # rank -> the host identity it reported
         self._links: dict[int, int] = {}  # rank -> how many sockets were opened to it
         self._poller = zmq.Poller()
         self._connect_servers(servers.get("servers"))
@@ -131,10 +140,12 @@ class PSClient:
         loses its socket (and what was queued on it), one new gets a fresh one: requests
         sent on the old socket are sent again by the rerouter."""
         live = {int(s["rank"]): (str(s["address"]), s.get("incarnation")) for s in servers}
+        self._hosts.update({int(s["rank"]): s.get("host") for s in servers})
         for rank in list(self._servers):
             if self._addresses.get(rank) != live.get(rank):
                 self._poller.unregister(self._servers[rank])
                 self._servers.pop(rank).close(0)
+                self.shm.peers.prune()  # a server gone: unmap its segments
         for rank, (address, incarnation) in live.items():
             if rank not in self._servers:
                 sock = connect_dealer(self._context, address, security=self.security)
@@ -161,6 +172,14 @@ class PSClient:
         """
         return self.rank >= self.settings.num_workers
 
+    def gradient_buffer(self, table: DenseTable) -> np.ndarray:
+        """A flat float32 array for ``table``'s gradients in shared memory: pushed from there,
+        they reach the servers on this host with no copy (elsewhere, as any array).
+
+        Example: ``grads = client.gradient_buffer(table); grads[:] = g; client.push(table, grads)``
+        """
+        return self.shm.gradient_buffer(table)
+
     @classmethod
     def from_env(cls, context: zmq.Context | None = None) -> PSClient:
         """A client configured from the ``HOGSHARD_*`` environment variables."""
@@ -176,7 +195,8 @@ class PSClient:
         """Called by the heartbeat thread when the scheduler no longer knows this worker."""
         try:
             reply = channel.call(
-                "register", {"role": "worker", "rank_hint": self.rank, "clock": self.clock},
+                "register", {"role": "worker", "rank_hint": self.rank, "clock": self.clock,
+                             "host": self.shm.host},
                 timeout=5.0,
             )
         except HogshardError as err:
@@ -290,11 +310,16 @@ class PSClient:
             if table.replication > 1:  # the same id on every retry: applied once
                 base["push_id"] = self.new_push_id()
             parts: dict[int, tuple[int, Any, list[np.ndarray]]] = {}
+            spans: dict[int, list[int] | None] = {}
+            staging = compressor is None and table.replication == 1 \
+                and self.shm.colocated(self._hosts.get(rank))
             for chunk in chunks:
                 piece = grads[chunk.offset:chunk.offset + chunk.length]
                 version = table.pulled_versions[chunk.chunk_id]
                 if compressor is None:
                     parts[chunk.chunk_id] = (version, None, [piece])
+                    if staging:
+                        spans[chunk.chunk_id] = self.shm.stage(table, chunk, piece)
                     self.bytes_pushed += piece.nbytes
                     continue
                 seed = message_seed(self.node_id, clock or 0, table.name, chunk.chunk_id)
@@ -304,18 +329,27 @@ class PSClient:
                 self.bytes_pushed += encoded.nbytes
 
             def build(chunks: list[Chunk], base: dict[str, Any] = base,
-                      parts: dict[int, tuple[int, Any, list[np.ndarray]]] = parts
+                      parts: dict[int, tuple[int, Any, list[np.ndarray]]] = parts,
+                      spans: dict[int, list[int] | None] = spans
                       ) -> tuple[dict[str, Any], list[np.ndarray], Any]:
                 mine = [parts[c.chunk_id] for c in chunks]
                 fields = {**base, "chunks": [c.chunk_id for c in chunks],
                           "versions": [version for version, _, _ in mine]}
                 if compressor is not None:
                     fields["codecs"] = [codec for _, codec, _ in mine]
-                return fields, [a for _, _, arrays in mine for a in arrays], self._count_acked
+                arrays = [a for _, _, arrays in mine for a in arrays]
+                staged = [spans.get(c.chunk_id) for c in chunks]
+                if any(staged) and self.shm.colocated(self._hosts.get(chunks[0].server)):
+                    fields["shm"] = self.shm.push_field(table, staged)
+                    arrays = [a for a, span in zip(arrays, staged, strict=True) if span is None]
+                return fields, arrays, self._count_acked
 
             fields, arrays, on_reply = build(chunks)
-            futures.append(self._request(rank, "push", fields, arrays, on_reply,
-                                         route=self._route(table, chunks, build)))
+            future = self._request(rank, "push", fields, arrays, on_reply,
+                                   route=self._route(table, chunks, build))
+            if "shm" in fields:
+                self.shm.claim("push", table, [c.chunk_id for c in chunks], future.requests[0])
+            futures.append(future)
         return Future.gather(futures, self._pump)
 
     def pull(self, table: DenseTable, out: np.ndarray, clock: int | None = None,
@@ -341,25 +375,37 @@ class PSClient:
                 fields["clock"] = clock
             if codec != "none":
                 fields["codec"] = codec
+            elif self.shm.colocated(self._hosts.get(chunks[0].server)) and \
+                    not self.shm.busy("pull", table, [c.chunk_id for c in chunks]):
+                fields["shm"] = self.shm.min_bytes
 
             def land(message: Any) -> None:
                 if message.get("codec", "none") != codec:
                     raise ProtocolError(f"pull of {table.name!r} asked for {codec} weights; the "
                                         f"reply says {message.get('codec', 'none')!r}")
-                for chunk, array, version in zip(
-                    chunks, message.arrays, message.get("versions"), strict=True
-                ):
-                    target = out[chunk.offset:chunk.offset + chunk.length]
-                    decoder.decode_into(Encoded({}, [array]), target)
-                    record[chunk.chunk_id] = version
+                versions = message.get("versions")
+                read = [None] * len(chunks) if message.get("shm") is None else \
+                    self.shm.land(message.get("shm"), chunks, out, versions)
+                if len(message.arrays) != read.count(None):
+                    raise ProtocolError(f"pull reply carries {len(message.arrays)} frames for "
+                                        f"{read.count(None)} chunks")
+                frames = iter(message.arrays)
+                for chunk, version, shared in zip(chunks, versions, read, strict=True):
+                    if shared is None:
+                        target = out[chunk.offset:chunk.offset + chunk.length]
+                        decoder.decode_into(Encoded({}, [next(frames)]), target)
+                    record[chunk.chunk_id] = version if shared is None else shared
 
             return fields, [], land
 
         futures = []
         for rank, chunks in by_server(table, chunks).items():  # noqa: B020 (computed first)
             fields, _, land = build(chunks)
-            futures.append(self._request(rank, "pull", fields, on_reply=land,
-                                         route=self._route(table, chunks, build)))
+            future = self._request(rank, "pull", fields, on_reply=land,
+                                   route=self._route(table, chunks, build))
+            if "shm" in fields:
+                self.shm.claim("pull", table, [c.chunk_id for c in chunks], future.requests[0])
+            futures.append(future)
         return Future.gather(futures, self._pump)
 
     def _wait_for_room(self) -> None:
@@ -476,6 +522,7 @@ class PSClient:
                 log.debug("telling the servers of the leave: %s", err.message)
         for sock in self._servers.values():
             sock.close(0)
+        self.shm.close()
         self._control.close()
         if self._control_context is not self._context:
             self._control_context.term()

@@ -1,0 +1,204 @@
+"""Shared memory between a worker and a server on one host (PROTOCOL.md, "Shared memory").
+
+Segments are anonymous memory files (``memfd_create``): they have no name in /dev/shm, so
+nothing is left behind when a process dies, even by kill -9; the kernel frees a segment once
+the last process holding it (its fd or a mapping) is gone. A peer opens one through
+``/proc/<pid>/fd/<fd>``, which the kernel allows only to processes of the same user (and
+root): a CURVE job's segments stay private to its user. Every segment is sealed against
+shrinking and growing before its reference leaves, so a peer's mapping can never fault.
+
+A server publishes a chunk's weights for pulls under a seqlock: a slot is a header of two
+little-endian u64 (sequence, version) and the data; the writer makes the sequence odd, writes
+the data and the version, then makes it even; a reader retries while the sequence is odd or
+moved during its copy (x86-64 and aarch64 keep these aligned 8-byte stores whole; the order of
+the stores matters only across the copy, which a sequence change detects).
+
+Example::
+
+    >>> seg = Segment.create("example", 4096)
+    >>> seg.floats(0, 4)[:] = 1.5
+    >>> peer = PeerSegments()
+    >>> float(peer.floats(seg.pid, seg.fd, 0, 16)[3])
+    1.5
+    >>> peer.close(); seg.close()
+"""
+
+from __future__ import annotations
+
+import fcntl
+import mmap
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from hogshard.proto.errors import ProtocolError, RequestTimeoutError
+
+#: Every segment's name starts with it (what a peer's reference must point at).
+NAME_PREFIX = "hogshard-"
+#: A published slot's header: sequence and version, two u64.
+SLOT_HEADER = 16
+_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
+_FLOAT32 = np.dtype(np.float32)
+
+
+def host_identity(override: str | None = None) -> str:
+    """What two processes share when they can map each other's segments: the boot, the IPC,
+    network, PID and mount namespaces, and the user (``override``: HOGSHARD_HOST_ID)."""
+    if override:
+        return override
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            parts = [f.read().strip()]
+        parts += [os.readlink(f"/proc/self/ns/{ns}") for ns in ("ipc", "net", "pid", "mnt")]
+    except OSError:
+        return ""  # no /proc: never co-located
+    return ":".join([*parts, f"uid={os.getuid()}"])
+
+
+class SegmentError(ProtocolError):
+    """A peer's reference to a segment that is not one (gone, not a sealed hogshard memory
+    file, or out of its bounds)."""
+
+
+class Segment:
+    """A sealed anonymous memory file this process owns, mapped read-write."""
+
+    def __init__(self, fd: int, size: int) -> None:
+        self.fd, self.size, self.pid = fd, size, os.getpid()
+        self._map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        self._bytes = np.frombuffer(self._map, dtype=np.uint8)
+
+    @classmethod
+    def create(cls, name: str, size: int) -> Segment:
+        fd = os.memfd_create(NAME_PREFIX + name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            os.ftruncate(fd, max(size, 1))
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
+            return cls(fd, max(size, 1))
+        except BaseException:
+            os.close(fd)
+            raise
+
+    @property
+    def ref(self) -> list[int]:
+        """``[pid, fd]``: how a peer opens it."""
+        return [self.pid, self.fd]
+
+    def floats(self, offset: int, count: int) -> np.ndarray:
+        """A float32 view of ``count`` elements at byte ``offset``."""
+        return np.frombuffer(self._map, dtype=_FLOAT32, count=count, offset=offset)
+
+    def owns(self, array: np.ndarray, offset: int) -> bool:
+        """Whether ``array`` is this segment's memory at byte ``offset`` already."""
+        return array.__array_interface__["data"][0] == self._bytes.ctypes.data + offset
+
+    def publish(self, header: int, data: int, weights: np.ndarray, version: int) -> None:
+        """Write a slot under its seqlock (``header``, ``data``: byte offsets)."""
+        words = np.frombuffer(self._map, dtype="<u8", count=2, offset=header)
+        words[0] += 1
+        self.floats(data, weights.size)[:] = weights
+        words[1] = version
+        words[0] += 1
+
+    def close(self) -> None:
+        del self._bytes
+        try:
+            self._map.close()
+        except BufferError:  # a view still lives (a reply not sent yet): the GC unmaps it
+            pass
+        os.close(self.fd)
+
+
+@dataclass
+class _Mapped:
+    inode: int
+    map: mmap.mmap
+
+
+class PeerSegments:
+    """The segments of other processes this one has mapped (read-only), by reference."""
+
+    def __init__(self, limit: int = 64) -> None:
+        self._maps: dict[tuple[int, int], _Mapped] = {}
+        self._limit = limit
+
+    def _map(self, pid: object, fd: object) -> mmap.mmap:
+        if type(pid) is not int or type(fd) is not int or pid <= 0 or fd < 0:
+            raise SegmentError(f"shared-memory reference [{pid!r}, {fd!r}]: expected a pid "
+                               "and an fd, non-negative integers")
+        path = f"/proc/{pid}/fd/{fd}"
+        try:
+            target, inode = os.readlink(path), os.stat(path).st_ino
+        except OSError as err:
+            self._maps.pop((pid, fd), None)
+            raise SegmentError(f"shared-memory segment {path}: {err.strerror}") from None
+        known = self._maps.get((pid, fd))
+        if known is not None and known.inode == inode:
+            return known.map
+        if not target.startswith("/memfd:" + NAME_PREFIX):
+            raise SegmentError(f"shared-memory segment {path} is {target!r}, not a hogshard "
+                               "memory file")
+        try:
+            handle = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as err:
+            raise SegmentError(f"shared-memory segment {path}: {err.strerror}") from None
+        try:
+            if fcntl.fcntl(handle, fcntl.F_GET_SEALS) & _SEALS != _SEALS:
+                raise SegmentError(f"shared-memory segment {path} is not sealed")
+            mapped = mmap.mmap(handle, 0, mmap.MAP_SHARED, mmap.PROT_READ)
+        finally:
+            os.close(handle)
+        if known is not None:
+            self._drop((pid, fd))
+        while len(self._maps) >= self._limit:
+            self._drop(next(iter(self._maps)))
+        self._maps[(pid, fd)] = _Mapped(inode, mapped)
+        return mapped
+
+    def floats(self, pid: object, fd: object, offset: object, nbytes: object) -> np.ndarray:
+        """A read-only float32 view of a peer's segment (raises :class:`SegmentError`)."""
+        mapped = self._map(pid, fd)
+        if type(offset) is not int or type(nbytes) is not int or offset < 0 or nbytes < 0 \
+                or offset % 4 or nbytes % 4 or offset + nbytes > len(mapped):
+            raise SegmentError(f"shared-memory span [{offset!r}, {nbytes!r}] of a "
+                               f"{len(mapped)}-byte segment: expected 4-byte-aligned bounds "
+                               "inside it")
+        return np.frombuffer(mapped, dtype=_FLOAT32, count=nbytes // 4, offset=offset)
+
+    def read_slot(self, pid: object, fd: object, header: object, data: object,
+                  out: np.ndarray, timeout: float = 1.0) -> int:
+        """Copy a published slot into ``out`` under its seqlock; returns its version."""
+        words = self.floats(pid, fd, header, SLOT_HEADER).view("<u8")
+        source = self.floats(pid, fd, data, out.nbytes)
+        deadline = time.monotonic() + timeout
+        while True:
+            before = int(words[0])
+            if before % 2 == 0:
+                out[:] = source
+                version = int(words[1])
+                if int(words[0]) == before:
+                    return version
+            if time.monotonic() > deadline:
+                raise RequestTimeoutError(f"a published slot of [{pid}, {fd}] stayed in "
+                                          f"writing for {timeout:.1f} s")
+
+    def prune(self) -> None:
+        """Unmap the segments of processes that are gone."""
+        for key in [k for k in self._maps if not os.path.exists(f"/proc/{k[0]}")]:
+            self._drop(key)
+
+    def _drop(self, key: tuple[int, int]) -> None:
+        mapped = self._maps.pop(key)
+        try:
+            mapped.map.close()
+        except BufferError:  # a view still in use: the GC unmaps it with the last view
+            pass
+
+    def __len__(self) -> int:
+        return len(self._maps)
+
+    def close(self) -> None:
+        for key in list(self._maps):
+            self._drop(key)
