@@ -48,10 +48,10 @@ from hogshard.proto.errors import (
     UnknownTableError,
 )
 from hogshard.proto.hashing import init_rows
+from hogshard.proto.slot_index import SlotIndex
 from hogshard.proto.tables import EmbeddingSpec
 from hogshard.ps.row_bounds import CountMinSketch
 from hogshard.ps.row_rules import RowRule, make_row_rule
-from hogshard.ps.slot_index import SlotIndex
 
 INT64, FLOAT32 = np.dtype("<i8"), np.dtype("<f4")
 

@@ -30,12 +30,15 @@ from typing import Any
 import numpy as np
 
 from hogshard.proto.errors import ConfigError
+from hogshard.proto.slot_index import SlotIndex
 
 DEFAULT_CAPACITY = 1 << 16
 
 
 class RowCache:
-    """Rows of one table (``dim`` floats each), keyed by id, with the clock they were pulled."""
+    """Rows of one table (``dim`` floats each), keyed by id, with the clock they were pulled.
+    The id -> slot map is a :class:`SlotIndex`: a lookup or an insert is a few numpy passes
+    over the batch, never a Python loop over its ids."""
 
     def __init__(self, dim: int, staleness: int, capacity: int = DEFAULT_CAPACITY) -> None:
         if isinstance(staleness, bool) or not isinstance(staleness, int) or staleness < 0:
@@ -45,54 +48,57 @@ class RowCache:
         self.staleness = staleness
         self.rows = np.empty((capacity, dim), np.float32)
         self.pulled_at = np.zeros(capacity, np.int64)
-        self.slots: dict[int, int] = {}
-        self.free = list(range(capacity - 1, -1, -1))
+        self.slot_ids = np.full(capacity, -1, np.int64)  # the id in each slot, -1 when free
+        self.index = SlotIndex()
+        self.free = np.arange(capacity - 1, -1, -1, dtype=np.int64)  # a stack: pop the end
         self.hits = self.misses = self.age_sum = 0
 
     def split(self, ids: np.ndarray, clock: int, out: np.ndarray) -> np.ndarray:
         """Fill ``out[i]`` for each of ``ids`` (unique) cached fresh enough at ``clock``;
         return the positions of the others (to pull)."""
-        get = self.slots.get
-        found = np.fromiter((get(i, -1) for i in ids.tolist()), np.int64, ids.size)
-        held = found >= 0
-        ages = clock - self.pulled_at[found[held]]
-        fresh = np.zeros(ids.size, bool)
-        fresh[held] = ages <= self.staleness
+        found = self.index.lookup(ids)
+        ages = clock - self.pulled_at[found]  # found == -1 reads the last slot: masked below
+        fresh = (found >= 0) & (ages <= self.staleness)
         slots = found[fresh]
         out[fresh] = self.rows[slots]
-        hits = int(fresh.sum())
+        hits = int(slots.size)
         self.hits += hits
         self.misses += ids.size - hits
-        self.age_sum += int((clock - self.pulled_at[slots]).sum())
+        self.age_sum += int(ages[fresh].sum())
         return np.flatnonzero(~fresh)
 
     def insert(self, ids: np.ndarray, rows: np.ndarray, clock: int) -> None:
-        """Cache ``rows`` (one per id of ``ids``) as pulled at ``clock``."""
-        where = np.full(ids.size, -1, np.int64)
-        for n, i in enumerate(ids.tolist()):
-            slot = self.slots.get(i)
-            if slot is None:
-                if not self.free:
-                    self._drop_stale(clock)
-                if not self.free:
-                    continue
-                slot = self.free.pop()
-                self.slots[i] = slot
-            where[n] = slot
-        kept = where >= 0
-        self.rows[where[kept]] = rows[kept]
-        self.pulled_at[where[kept]] = clock
+        """Cache ``rows`` (one per id of ``ids``, unique) as pulled at ``clock``."""
+        slots = self.index.lookup(ids)
+        new = np.flatnonzero(slots < 0)
+        if new.size > self.free.size:
+            self._drop_stale(clock)  # may drop some of ids: look them up again
+            slots = self.index.lookup(ids)
+            new = np.flatnonzero(slots < 0)
+        new = new[: self.free.size]  # the rest finds no room: not cached
+        if new.size:
+            taken = self.free[self.free.size - new.size:][::-1]
+            self.free = self.free[: self.free.size - new.size]
+            slots[new] = taken
+            self.slot_ids[taken] = ids[new]
+            self.index.insert(ids[new], taken)
+        kept = slots >= 0
+        self.rows[slots[kept]] = rows[kept]
+        self.pulled_at[slots[kept]] = clock
 
     def clear(self) -> None:
         """Forget every row (the next lookups pull them fresh); the counters stay."""
-        self.free.extend(self.slots.values())
-        self.slots.clear()
+        capacity = self.slot_ids.size
+        self.slot_ids[:] = -1
+        self.index = SlotIndex()
+        self.free = np.arange(capacity - 1, -1, -1, dtype=np.int64)
 
     def _drop_stale(self, clock: int) -> None:
-        limit = clock - self.staleness
-        stale = [i for i, slot in self.slots.items() if self.pulled_at[slot] < limit]
-        for i in stale:
-            self.free.append(self.slots.pop(i))
+        stale = np.flatnonzero((self.slot_ids >= 0) & (self.pulled_at < clock - self.staleness))
+        if stale.size:
+            self.index.remove(self.slot_ids[stale])
+            self.slot_ids[stale] = -1
+            self.free = np.concatenate([self.free, stale])
 
     def stats(self) -> dict[str, Any]:
         """Lookups served (``hits``) and pulled (``misses``), the hit rate, the mean age in
@@ -101,4 +107,4 @@ class RowCache:
         return {"hits": self.hits, "misses": self.misses,
                 "hit_rate": self.hits / looked if looked else 0.0,
                 "staleness_mean": self.age_sum / self.hits if self.hits else 0.0,
-                "rows": len(self.slots)}
+                "rows": len(self.index)}
