@@ -79,7 +79,8 @@ def table_spec(args: argparse.Namespace, data: RecsysDataset, f: int) -> Embeddi
 
 def cache_stats(bags: list[Any]) -> dict[str, float]:
     """The hot-row caches' hit rate and mean staleness (clocks) over every bag, if on."""
-    stats = [bag.cache.stats() for bag in bags if bag.cache is not None]
+    caches = {id(bag.cache): bag.cache for bag in bags if bag.cache is not None}  # shared
+    stats = [cache.stats() for cache in caches.values()]
     hits, misses = sum(s["hits"] for s in stats), sum(s["misses"] for s in stats)
     if not stats or not hits + misses:
         return {}
@@ -190,15 +191,18 @@ def train_local(args: argparse.Namespace, data: RecsysDataset) -> dict[str, floa
 def train_remote(args: argparse.Namespace, data: RecsysDataset) -> dict[str, Any] | None:
     from hogshard import PSClient, PSOptimizer
     from hogshard.worker.embedding import RemoteEmbeddingBag, flush, prefetch, prefetch_next
+    from hogshard.worker.row_cache import DEFAULT_CAPACITY, RowCache
     from hogshard.worker.sparse import embedding_stats
 
     client = PSClient.from_env()
     rank, workers = client.rank, client.settings.num_workers
     torch.manual_seed(args.seed)
+    cache = (None if args.cache_staleness is None else  # one for every table: one lookup a step
+             RowCache(args.dim, args.cache_staleness, DEFAULT_CAPACITY * data.num_sparse))
     bags = [RemoteEmbeddingBag(client, s.name, s.num_embeddings, s.dim, mode="sum",
                                rule=s.rule, seed=s.seed, max_rows=s.max_rows,
-                               admit_after=s.admit_after, ttl=s.ttl,
-                               cache_staleness=args.cache_staleness, pipeline=args.pipeline)
+                               admit_after=s.admit_after, ttl=s.ttl, cache=cache,
+                               pipeline=args.pipeline)
             for s in (table_spec(args, data, f) for f in range(data.num_sparse))]
     model = DLRM(data.dense.shape[1], bags, args.dim).to(args.device)  # moves the bags too
     opt = PSOptimizer(client, model.named_parameters(), rule="adam", lr=args.lr,
@@ -234,9 +238,8 @@ def train_remote(args: argparse.Namespace, data: RecsysDataset) -> dict[str, Any
              ema or 0.0)
     client.barrier("dlrm-trained")
     trained_cache = cache_stats(bags)
-    for bag in bags:  # evaluate on fresh rows
-        if bag.cache is not None:
-            bag.cache.clear()
+    if cache is not None:  # evaluate on fresh rows
+        cache.clear()
     total_wall = time.monotonic() - started
     report = None
     if rank == 0:

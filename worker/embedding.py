@@ -79,6 +79,7 @@ class _Fetched:
         self.pulled_at = 0  # the clock whose pushes the rows show (cache inserts)
         self.upcoming = False  # announced for the next step (pulled before this push)
         self.refreshes: list[tuple[Future, np.ndarray, np.ndarray]] = []  # (future, pos, rows)
+        self.landing: _Landing | None = None
 
     def pulled(self) -> np.ndarray:
         """The positions whose rows come from the servers (the others from the cache)."""
@@ -90,41 +91,84 @@ class _Fetched:
             if future is not None:
                 future.result(timeout)
 
-    def land(self, cache: RowCache | None) -> None:
-        """Once the pulls are done: put the pulled (and refreshed) rows in place and cache
-        them."""
+    def place(self) -> None:
+        """Once the pulls are done: put the pulled (and refreshed) rows in place."""
         if self.missed is not None:
             self.rows[self.missed] = self.missed_rows
         for _, positions, rows in self.refreshes:
             self.rows[positions] = rows
         self.refreshes = []
-        if cache is not None and self.missed is not None:
-            cache.insert(self.ids[self.missed], self.rows[self.missed], self.pulled_at)
-        self.missed = None
+
+
+def _by_cache(pairs: Sequence[tuple[RemoteEmbeddingBag, _Fetched]]
+              ) -> list[tuple[RowCache, list[int], list[_Fetched]]]:
+    """The fetches of bags with a cache, by cache: (cache, the bags' table numbers in it,
+    their fetches)."""
+    groups: dict[int, tuple[RowCache, list[int], list[_Fetched]]] = {}
+    for bag, f in pairs:
+        if bag.cache is not None:
+            group = groups.setdefault(id(bag.cache), (bag.cache, [], []))
+            group[1].append(bag.cache_table)
+            group[2].append(f)
+    return list(groups.values())
+
+
+class _Landing:
+    """The fetches of one pull (one per bag), landed together at the first forward that needs
+    one of them: rows put in place, then cached in one pass per cache."""
+
+    def __init__(self, pairs: Sequence[tuple[RemoteEmbeddingBag, _Fetched]]) -> None:
+        self.pairs = list(pairs)
+        self.landed = False
+        for _, f in self.pairs:
+            f.landing = self
+
+    def land(self, timeout: float) -> None:
+        if self.landed:
+            return
+        self.landed = True
+        for _, f in self.pairs:
+            f.wait(timeout)
+            f.place()
+        for cache, tables, fetched in _by_cache(self.pairs):
+            missed = [f.missed if f.missed is not None else np.arange(f.ids.size)
+                      for f in fetched]
+            cache.insert_tables(tables, [f.ids[m] for f, m in zip(fetched, missed, strict=True)],
+                                [f.rows[m] for f, m in zip(fetched, missed, strict=True)],
+                                fetched[0].pulled_at)
+        for _, f in self.pairs:
+            f.missed = None
 
 
 def _pull(bags: Sequence[RemoteEmbeddingBag], fetched: Sequence[_Fetched],
           upcoming: bool = False) -> Future | None:
     """Pull the rows of each batch that its bag's cache does not hold fresh enough, in one
-    request per server (None when every row was cached). ``upcoming``: for the next step."""
+    request per server (None when every row was cached). ``upcoming``: for the next step.
+    Each cache is looked up once for all its bags."""
     client = bags[0].client
-    handles, ids, outs = [], [], []
-    for bag, f in zip(bags, fetched, strict=True):
+    pairs = list(zip(bags, fetched, strict=True))
+    for bag, f in pairs:
         f.upcoming = upcoming
         f.clock = client.clock + int(upcoming)
         # "exact" rows are refreshed after this step's push: as fresh as pulled next step
         f.pulled_at = f.clock if bag.pipeline == "exact" else client.clock
-        if bag.cache is None:
+    for cache, tables, cached in _by_cache(pairs):
+        missed = cache.split_tables(tables, [f.ids for f in cached], cached[0].clock,
+                                    [f.rows for f in cached])
+        for f, positions in zip(cached, missed, strict=True):
+            f.missed = positions
+            f.missed_rows = np.empty((positions.size, f.rows.shape[1]), np.float32)
+    handles, ids, outs = [], [], []
+    for bag, f in zip(bags, fetched, strict=True):
+        if f.missed is None:
             handles.append(bag.handle)
             ids.append(f.ids)
             outs.append(f.rows)
-            continue
-        f.missed = bag.cache.split(f.ids, f.clock, f.rows)
-        f.missed_rows = np.empty((f.missed.size, bag.embedding_dim), np.float32)
-        if f.missed.size:
+        elif f.missed.size:
             handles.append(bag.handle)
             ids.append(f.ids[f.missed])
             outs.append(f.missed_rows)
+    _Landing(pairs)
     return client.pull_rows(handles, ids, outs) if handles else None
 
 
@@ -134,7 +178,8 @@ class RemoteEmbeddingBag(nn.Module):
     rows are updated by the servers' row-wise rule. Its device is ``device`` (cpu by default),
     and then wherever ``.to()`` moves the module. ``max_rows``, ``admit_after`` and ``ttl``
     bound the rows each server holds (:class:`hogshard.proto.tables.EmbeddingSpec`);
-    ``cache_staleness`` turns on the hot-row cache (at most ``cache_rows`` rows); ``pipeline``
+    ``cache_staleness`` turns on the hot-row cache (at most ``cache_rows`` rows), or ``cache``
+    shares one :class:`RowCache` among bags (looked up once per step for all); ``pipeline``
     (``"exact"`` or ``"stale"``) lets :meth:`prefetch` pull the next batch's rows while this
     one computes (see the module's docstring)."""
 
@@ -155,6 +200,7 @@ class RemoteEmbeddingBag(nn.Module):
         cache_staleness: int | None = None,
         cache_rows: int = DEFAULT_CAPACITY,
         pipeline: str | None = None,
+        cache: RowCache | None = None,
     ) -> None:
         super().__init__()
         if mode not in ("sum", "mean"):
@@ -169,8 +215,12 @@ class RemoteEmbeddingBag(nn.Module):
         self.handle: EmbeddingHandle = client.embedding_table(
             name, embedding_dim, num_embeddings, rule, seed, init_scale, max_rows, admit_after,
             ttl)
+        if cache is not None and (cache_staleness is not None or cache.dim != embedding_dim):
+            raise ConfigError(f"table {name!r}: a shared cache holds rows of dim {cache.dim} "
+                              "with its own staleness; pass cache or cache_staleness, not both")
         self.cache = (RowCache(embedding_dim, cache_staleness, cache_rows)
-                      if cache_staleness is not None else None)
+                      if cache_staleness is not None else cache)
+        self.cache_table = self.cache.add_table() if self.cache is not None else 0
         self._prefetched: _Fetched | None = None
         self._touched: list[tuple[np.ndarray, torch.Tensor]] = []
         # no parameters to follow .to(); an empty buffer carries the device
@@ -206,8 +256,8 @@ class RemoteEmbeddingBag(nn.Module):
         self._prefetched = None
         if fetched is None or fetched.key is not indices:
             fetched = self.fetch(indices)
-        fetched.wait(self.client.settings.request_timeout)
-        fetched.land(self.cache)
+        assert fetched.landing is not None
+        fetched.landing.land(self.client.settings.request_timeout)
         device = self.device
         weight = to_device(fetched.rows_tensor, device)
         if torch.is_grad_enabled():
