@@ -57,8 +57,9 @@ class RowCache:
         self.staleness = staleness
         self.rows = np.empty((capacity, dim), np.float32)
         self.pulled_at = np.zeros(capacity, np.int64)
-        self.slot_ids = np.full(capacity, -1, np.int64)  # the (id, table) in each slot
-        self.slot_tables = np.full(capacity, -1, np.int64)  # -1: a free slot
+        self.slot_ids = np.full(capacity, -1, np.int64)  # the id in each slot (-1: free)
+        self.slot_keys = np.zeros(capacity, np.int64)  # its key (the index's)
+        self.wide = False  # an id >= 2^54 was cached: keys may collide
         self.index = SlotIndex()
         self.free = np.arange(capacity - 1, -1, -1, dtype=np.int64)  # a stack: pop the end
         self.tables = 0  # table numbers handed out by add_table
@@ -89,8 +90,9 @@ class RowCache:
         keys = self._keys(every, numbers)
         found = self.index.lookup(keys)
         ages = clock - self.pulled_at[found]  # found == -1 reads the last slot: masked below
-        fresh = ((found >= 0) & (ages <= self.staleness) & (self.slot_ids[found] == every)
-                 & (self.slot_tables[found] == numbers))
+        fresh = (found >= 0) & (ages <= self.staleness)
+        if self.wide:  # keys may collide: the same key and the same id is a hit
+            fresh &= self.slot_ids[found] == every
         rows = self.rows[found[fresh]]
         hits = int(rows.shape[0])
         self.hits += hits
@@ -116,6 +118,7 @@ class RowCache:
         every, numbers, _ = _concat(tables, ids)
         values = np.concatenate(rows) if len(rows) > 1 else rows[0]
         keys = self._keys(every, numbers)
+        self.wide = self.wide or bool(every.size and every.max() >> 54)
         looked, self._looked = self._looked, None
         if looked is not None and np.array_equal(looked[0], keys):
             slots = looked[1]  # the last split's lookup of exactly these keys, still valid
@@ -126,6 +129,9 @@ class RowCache:
             self._drop_stale(clock)  # may drop some of these keys: look them up again
             slots = self.index.lookup(keys)
             new = np.flatnonzero(slots < 0)
+        if self.wide:  # two ids of one insert may share a key: the first is cached
+            new = new[np.unique(keys[new], return_index=True)[1]]
+            slots[np.setdiff1d(np.flatnonzero(slots < 0), new)] = -2  # not cached
         new = new[: self.free.size]  # the rest finds no room: not cached
         if new.size:
             taken = self.free[self.free.size - new.size:][::-1]
@@ -136,22 +142,21 @@ class RowCache:
         self.rows[slots[kept]] = values[kept]
         self.pulled_at[slots[kept]] = clock
         self.slot_ids[slots[kept]] = every[kept]
-        self.slot_tables[slots[kept]] = numbers[kept]
+        self.slot_keys[slots[kept]] = keys[kept]
 
     def clear(self) -> None:
         """Forget every row (the next lookups pull them fresh); the counters stay."""
         capacity = self.slot_ids.size
         self._looked = None
-        self.slot_tables[:] = -1
+        self.slot_ids[:] = -1
         self.index = SlotIndex()
         self.free = np.arange(capacity - 1, -1, -1, dtype=np.int64)
 
     def _drop_stale(self, clock: int) -> None:
-        stale = np.flatnonzero((self.slot_tables >= 0)
-                               & (self.pulled_at < clock - self.staleness))
+        stale = np.flatnonzero((self.slot_ids >= 0) & (self.pulled_at < clock - self.staleness))
         if stale.size:
-            self.index.remove(self._keys(self.slot_ids[stale], self.slot_tables[stale]))
-            self.slot_tables[stale] = -1
+            self.index.remove(self.slot_keys[stale])
+            self.slot_ids[stale] = -1
             self.free = np.concatenate([self.free, stale])
 
     def stats(self) -> dict[str, Any]:

@@ -92,3 +92,24 @@ def test_lookups_and_inserts_match_a_reference_model_under_churn() -> None:
             if i in model or len(model) < capacity:
                 model[i] = (v, clock)
         assert cache.stats()["rows"] == len(model) <= capacity
+
+
+def test_tables_sharing_a_cache_keep_their_rows_apart_even_when_keys_collide() -> None:
+    cache = RowCache(dim=1, staleness=5)
+    first, second = cache.add_table(), cache.add_table()
+    small = np.array([3], np.int64)
+    big = np.array([(1 << 54) ^ 3], np.int64)  # table 0's key for it is table 1's key for 3
+    cache.insert_tables([first, second], [big, small], [np.ones((1, 1), np.float32),
+                                                       np.full((1, 1), 2, np.float32)], 0)
+    outs = [np.zeros((1, 1), np.float32), np.zeros((1, 1), np.float32)]
+    missed = cache.split_tables([first, second], [big, small], 1, outs)
+    # one key: the first of the insert is cached, the other not (pulled, never mixed up)
+    assert [m.tolist() for m in missed] == [[], [0]] and outs[0].tolist() == [[1.0]]
+    cache.insert(small, np.full((1, 1), 2, np.float32), 1, second)  # takes the key's slot
+    missed = cache.split_tables([first, second], [big, small], 1, outs)
+    assert [m.tolist() for m in missed] == [[0], []] and outs[1].tolist() == [[2.0]]
+    out = np.zeros((2, 1), np.float32)
+    cache.insert(np.array([3, 4], np.int64), np.array([[5.0], [6.0]], np.float32), 1, first)
+    assert cache.split(np.array([3, 4], np.int64), 1, out, first).size == 0
+    assert out.tolist() == [[5.0], [6.0]]
+    assert cache.split(small, 1, out[:1], second).size == 0 and out[0, 0] == 2.0
