@@ -74,7 +74,8 @@ class DLRM(nn.Module):
 def table_spec(args: argparse.Namespace, data: RecsysDataset, f: int) -> EmbeddingSpec:
     return EmbeddingSpec(f"cat{f}", args.dim, data.vocab[f],
                          {"rule": "rowwise_adagrad", "lr": args.emb_lr}, seed=args.seed,
-                         max_rows=args.max_rows, admit_after=args.admit_after, ttl=args.ttl)
+                         max_rows=args.max_rows, admit_after=args.admit_after, ttl=args.ttl,
+                         storage=args.row_storage)
 
 
 def cache_stats(bags: list[Any]) -> dict[str, float]:
@@ -202,6 +203,7 @@ def train_remote(args: argparse.Namespace, data: RecsysDataset) -> dict[str, Any
     bags = [RemoteEmbeddingBag(client, s.name, s.num_embeddings, s.dim, mode="sum",
                                rule=s.rule, seed=s.seed, max_rows=s.max_rows,
                                admit_after=s.admit_after, ttl=s.ttl, cache=cache,
+                               storage=s.storage,
                                pipeline=args.pipeline)
             for s in (table_spec(args, data, f) for f in range(data.num_sparse))]
     model = DLRM(data.dense.shape[1], bags, args.dim).to(args.device)  # moves the bags too
@@ -251,6 +253,7 @@ def train_remote(args: argparse.Namespace, data: RecsysDataset) -> dict[str, Any
                   "samples_per_second": data.train.size * args.epochs / total_wall,
                   "wall_seconds": total_wall, "workers": workers, "servers": client.num_servers,
                   "policy": client.policy, "pipeline": args.pipeline,
+                  "row_storage": args.row_storage,
                   "server_rows": sum(t["rows"] for s in stats.values()
                                      for t in s["tables"].values()),
                   "peak_table_rows": max(peak, peak_table_rows(stats)),
@@ -315,6 +318,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="pull the next batch's rows while this one computes, and do not wait "
                    "for row pushes ('exact': the rows a step sees are unchanged; 'stale': "
                    "one step older, not under ssp:0 or hardsync)")
+    p.add_argument("--row-storage", choices=("fp32", "fp16", "bf16"), default="fp32",
+                   help="how the servers hold the embedding rows (half precision: half the "
+                   "bytes; updates computed in float32)")
     p.add_argument("--rows-every", type=int, default=0, metavar="STEPS",
                    help="rank 0: sample the servers' row counts every STEPS steps (the "
                    "report's peak_table_rows)")

@@ -177,7 +177,8 @@ class RemoteEmbeddingBag(nn.Module):
     ``mean`` pooling, backed by a sharded embedding table. It holds no ``nn.Parameter``: its
     rows are updated by the servers' row-wise rule. Its device is ``device`` (cpu by default),
     and then wherever ``.to()`` moves the module. ``max_rows``, ``admit_after`` and ``ttl``
-    bound the rows each server holds (:class:`hogshard.proto.tables.EmbeddingSpec`);
+    bound the rows each server holds and ``storage`` (``fp32``, ``fp16``, ``bf16``) is how it
+    holds them (:class:`hogshard.proto.tables.EmbeddingSpec`);
     ``cache_staleness`` turns on the hot-row cache (at most ``cache_rows`` rows), or ``cache``
     shares one :class:`RowCache` among bags (looked up once per step for all); ``pipeline``
     (``"exact"`` or ``"stale"``) lets :meth:`prefetch` pull the next batch's rows while this
@@ -201,6 +202,7 @@ class RemoteEmbeddingBag(nn.Module):
         cache_rows: int = DEFAULT_CAPACITY,
         pipeline: str | None = None,
         cache: RowCache | None = None,
+        storage: str = "fp32",
     ) -> None:
         super().__init__()
         if mode not in ("sum", "mean"):
@@ -214,7 +216,7 @@ class RemoteEmbeddingBag(nn.Module):
         self.num_embeddings = num_embeddings
         self.handle: EmbeddingHandle = client.embedding_table(
             name, embedding_dim, num_embeddings, rule, seed, init_scale, max_rows, admit_after,
-            ttl)
+            ttl, storage)
         if cache is not None and (cache_staleness is not None or cache.dim != embedding_dim):
             raise ConfigError(f"table {name!r}: a shared cache holds rows of dim {cache.dim} "
                               "with its own staleness; pass cache or cache_staleness, not both")
