@@ -370,7 +370,7 @@ def _refresh(client: PSClient, bags: Sequence[RemoteEmbeddingBag],
         if bag.pipeline != "exact" or f is None or not f.upcoming:
             continue
         pulled = f.pulled()
-        positions = pulled[np.isin(f.ids[pulled], pushed_ids)]
+        positions = pulled[_among(f.ids[pulled], pushed_ids)]
         if positions.size:
             handles.append(bag.handle)
             ids.append(f.ids[positions])
@@ -381,6 +381,14 @@ def _refresh(client: PSClient, bags: Sequence[RemoteEmbeddingBag],
     future = client.pull_rows(handles, ids, outs)
     for (f, positions), rows in zip(owners, outs, strict=True):
         f.refreshes.append((future, positions, rows))
+
+
+def _among(ids: np.ndarray, sorted_ids: np.ndarray) -> np.ndarray:
+    """Which of ``ids`` are in ``sorted_ids`` (sorted, unique): one searchsorted."""
+    if sorted_ids.size == 0:
+        return np.zeros(ids.size, bool)
+    at = np.minimum(np.searchsorted(sorted_ids, ids), sorted_ids.size - 1)
+    return sorted_ids[at] == ids
 
 
 def flush(client: PSClient, bags: Sequence[RemoteEmbeddingBag]) -> None:
