@@ -10,8 +10,13 @@ MB/s counts the row bytes (pull: out, push: in; 1 MB = 10^6 bytes). The local co
 ``nn.EmbeddingBag(sparse=True)`` forward + backward on the same batches (ids/s = 4,096 x 26 per
 batch time), over tables holding just the ids the batches use.
 
+Cache part: a DLRM step's row fetch (26 tables, batch 256) through the same server, with one
+hot-row cache shared by the 26 bags (staleness 8) against the same bags without it,
+interleaved rounds, at 10^3 and 10^5 ids per feature.
+
 DLRM part: ``hogshard launch --servers 2 --workers 2 -- python examples/dlrm.py`` on synthetic
-data; its report has the cluster's samples/s and the single-process baseline's.
+data (``--dlrm-pipeline``, ``--dlrm-cache K`` pass the pipeline and cache on); its report has
+the cluster's samples/s and the single-process baseline's.
 
 Usage::
 
@@ -28,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -163,12 +169,12 @@ def cache_bench(address: str, vocab: int, staleness: int, rounds: int, steps: in
             "cached_ms_per_step": 1e3 * cached, "cached_over_plain": cached / plain}
 
 
-def dlrm_bench(samples: int, workdir: Path, batch: int) -> dict:
+def dlrm_bench(samples: int, workdir: Path, batch: int, extra: Sequence[str] = ()) -> dict:
     report = workdir / "dlrm.json"
     argv = [sys.executable, "-m", "hogshard", "launch", "--servers", "2", "--workers", "2",
             "--no-progress", "--", sys.executable, str(REPO / "examples" / "dlrm.py"),
             "--samples", str(samples), "--vocab", "1000000", "--batch", str(batch),
-            "--report", str(report)]
+            "--report", str(report), *extra]
     subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                    timeout=600)
     r = json.loads(report.read_text())
@@ -177,6 +183,7 @@ def dlrm_bench(samples: int, workdir: Path, batch: int) -> dict:
     out = {k: r[k] for k in keys}
     out["ratio"] = r["samples_per_second"] / r["baseline_samples_per_second"]
     out["samples"], out["batch"] = samples, batch
+    out.update({k: r[k] for k in ("pipeline", "cache_hit_rate", "row_storage") if k in r})
     return out
 
 
@@ -185,6 +192,10 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="fewer batches (< 1 minute)")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--dlrm-batch", type=int, default=256, help="DLRM batch per worker")
+    parser.add_argument("--dlrm-pipeline", choices=("exact", "stale"), default=None,
+                        help="DLRM: pull the next batch's rows during this step")
+    parser.add_argument("--dlrm-cache", type=int, default=None, metavar="K",
+                        help="DLRM: the shared hot-row cache with staleness K")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
     from hogshard.recsys_data import synthetic_criteo
@@ -214,8 +225,10 @@ def main() -> int:
                       f"{row['cached_over_plain']:.2f})", flush=True)
             for child in children:
                 child.terminate()
+            extra = ([f"--pipeline={args.dlrm_pipeline}"] if args.dlrm_pipeline else []) + \
+                ([f"--cache-staleness={args.dlrm_cache}"] if args.dlrm_cache is not None else [])
             results["dlrm"] = dlrm_bench(20_000 if args.quick else 100_000, Path(tmp),
-                                         args.dlrm_batch)
+                                         args.dlrm_batch, extra)
             d = results["dlrm"]
             print(f"DLRM 2 servers x 2 workers: {d['samples_per_second']:.0f} samples/s vs "
                   f"single process {d['baseline_samples_per_second']:.0f} (ratio "
