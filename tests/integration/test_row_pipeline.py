@@ -2,9 +2,14 @@
 next batch are pulled while this one computes and row pushes are not waited for. With
 ``pipeline="exact"`` every step sees the rows it sees without the pipeline (bit for bit, with
 and without the hot-row cache); with ``"stale"`` a step sees the rows before the previous
-step's push, exactly; and ``"stale"`` is refused under ``ssp:0``."""
+step's push, exactly; ``"stale"`` is refused under ``ssp:0``; and a one-worker DLRM job
+(shared hot-row cache on) predicts bit for bit the same with ``--pipeline exact`` as without."""
 
 from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -128,3 +133,24 @@ def test_stale_rows_are_refused_under_ssp0(cluster_factory) -> None:
             plain.prefetch(ids)
     finally:
         client.close()
+
+
+@pytest.mark.timeout(200)
+def test_one_worker_dlrm_predicts_the_same_with_the_exact_pipeline(procs, tmp_path: Path
+                                                                   ) -> None:
+    dlrm = str(Path(__file__).resolve().parents[2] / "examples" / "dlrm.py")
+    reports = []
+    for name, extra in (("plain", []), ("piped", ["--pipeline", "exact"])):
+        argv = [sys.executable, "-m", "hogshard", "launch", "--servers", "2", "--workers", "1",
+                "--no-progress", "--", sys.executable, dlrm, "--samples", "6000", "--vocab",
+                "2000", "--no-baseline", "--cache-staleness", "4", *extra,
+                "--predictions", str(tmp_path / f"{name}.npy"),
+                "--report", str(tmp_path / f"{name}.json")]
+        code, output = procs.run(f"dlrm-{name}", argv, timeout=90.0)
+        assert code == 0, output[-3000:]
+        reports.append(json.loads((tmp_path / f"{name}.json").read_text()))
+    assert reports[1]["pipeline"] == "exact" and reports[0]["pipeline"] is None
+    assert 0.3 < reports[0]["cache_hit_rate"] == reports[1]["cache_hit_rate"]
+    plain, piped = np.load(tmp_path / "plain.npy"), np.load(tmp_path / "piped.npy")
+    assert plain.size > 500
+    np.testing.assert_array_equal(plain, piped)
