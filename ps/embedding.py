@@ -292,8 +292,9 @@ class EmbeddingTable:
         return ids[keep], grads[keep]
 
     def stats(self) -> dict[str, Any]:
-        return {"dim": self.spec.dim, "rows": self.rows, "capacity": self.capacity,
-                "bytes": self.nbytes, **self.counters}
+        return {"dim": self.spec.dim, "storage": self.spec.storage, "rows": self.rows,
+                "capacity": self.capacity, "bytes": self.nbytes,
+                "row_bytes": int(self.weights.nbytes), **self.counters}
 
 
 class EmbeddingStore:

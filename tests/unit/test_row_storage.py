@@ -53,7 +53,10 @@ def test_half_rows_are_float32_updates_rounded_back(storage: str) -> None:
     assert drift < (2e-3 if storage == "bf16" else 3e-4), drift  # close to float32 storage
     weights_half, weights_full = table.weights.nbytes, full.table("t").weights.nbytes
     assert weights_half * 2 == weights_full
-    assert half.stats()["t"]["bytes"] < full.stats()["t"]["bytes"]
+    half_stats, full_stats = half.stats()["t"], full.stats()["t"]
+    assert half_stats["row_bytes"] * 2 == full_stats["row_bytes"] == weights_full
+    assert half_stats["bytes"] == full_stats["bytes"] - weights_half
+    assert half_stats["storage"] == storage
 
 
 @pytest.mark.parametrize("storage", ["fp16", "bf16"])
