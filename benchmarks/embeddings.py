@@ -10,8 +10,13 @@ MB/s counts the row bytes (pull: out, push: in; 1 MB = 10^6 bytes). The local co
 ``nn.EmbeddingBag(sparse=True)`` forward + backward on the same batches (ids/s = 4,096 x 26 per
 batch time), over tables holding just the ids the batches use.
 
+Cache part: a DLRM step's row fetch (26 tables, batch 256) through the same server, with one
+hot-row cache shared by the 26 bags (staleness 8) against the same bags without it,
+interleaved rounds, at 10^3 and 10^5 ids per feature.
+
 DLRM part: ``hogshard launch --servers 2 --workers 2 -- python examples/dlrm.py`` on synthetic
-data; its report has the cluster's samples/s and the single-process baseline's.
+data (``--dlrm-pipeline``, ``--dlrm-cache K`` pass the pipeline and cache on); its report has
+the cluster's samples/s and the single-process baseline's.
 
 Usage::
 
@@ -28,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -118,12 +124,57 @@ def local_bench(dim: int, batches: list[np.ndarray], repeats: int) -> dict:
             "local_ms_per_batch": 1e3 * s / len(batches)}
 
 
-def dlrm_bench(samples: int, workdir: Path, batch: int) -> dict:
+def cache_bench(address: str, vocab: int, staleness: int, rounds: int, steps: int = 40,
+                batch: int = 256) -> dict:
+    """The row fetch of a DLRM step (26 tables, ``batch`` samples: one ``prefetch`` and 26
+    forwards, no gradients) with a shared hot-row cache against the same bags without one,
+    interleaved round by round; each round is ``steps`` new batches at advancing clocks."""
+    import torch
+
+    from hogshard.proto.config import ClientSettings
+    from hogshard.recsys_data import synthetic_criteo
+    from hogshard.worker.client import PSClient
+    from hogshard.worker.embedding import RemoteEmbeddingBag, prefetch
+    from hogshard.worker.row_cache import DEFAULT_CAPACITY, RowCache
+
+    torch.set_num_threads(1)
+    data = synthetic_criteo(batch * steps * (rounds + 1), seed=2, vocab=vocab)
+    client = PSClient(ClientSettings(scheduler=address, request_timeout=60.0))
+    try:
+        cache = RowCache(16, staleness, DEFAULT_CAPACITY * FEATURES)
+        kinds = {"plain": [RemoteEmbeddingBag(client, f"c{vocab}-{f}", vocab, 16)
+                           for f in range(FEATURES)],
+                 "cached": [RemoteEmbeddingBag(client, f"c{vocab}-{f}", vocab, 16, cache=cache)
+                            for f in range(FEATURES)]}
+        times: dict[str, list[float]] = {"plain": [], "cached": []}
+        for r in range(rounds + 1):  # round 0 warms both (creates the rows, fills the cache)
+            block = data.sparse[r * batch * steps:(r + 1) * batch * steps]
+            feats = [[torch.from_numpy(block[i:i + batch, f:f + 1]) for f in range(FEATURES)]
+                     for i in range(0, block.shape[0], batch)]
+            for kind in (("plain", "cached") if r % 2 else ("cached", "plain")):
+                start = time.perf_counter()
+                with torch.no_grad():
+                    for i, step in enumerate(feats):
+                        client.clock = r * steps + i
+                        prefetch(list(zip(kinds[kind], step, strict=True)))
+                        for bag, ids in zip(kinds[kind], step, strict=True):
+                            bag(ids)
+                if r:
+                    times[kind].append((time.perf_counter() - start) / steps)
+    finally:
+        client.close()
+    plain, cached = float(np.median(times["plain"])), float(np.median(times["cached"]))
+    return {"vocab": vocab, "staleness": staleness, "batch": batch,
+            "hit_rate": cache.stats()["hit_rate"], "plain_ms_per_step": 1e3 * plain,
+            "cached_ms_per_step": 1e3 * cached, "cached_over_plain": cached / plain}
+
+
+def dlrm_bench(samples: int, workdir: Path, batch: int, extra: Sequence[str] = ()) -> dict:
     report = workdir / "dlrm.json"
     argv = [sys.executable, "-m", "hogshard", "launch", "--servers", "2", "--workers", "2",
             "--no-progress", "--", sys.executable, str(REPO / "examples" / "dlrm.py"),
             "--samples", str(samples), "--vocab", "1000000", "--batch", str(batch),
-            "--report", str(report)]
+            "--report", str(report), *extra]
     subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                    timeout=600)
     r = json.loads(report.read_text())
@@ -132,6 +183,7 @@ def dlrm_bench(samples: int, workdir: Path, batch: int) -> dict:
     out = {k: r[k] for k in keys}
     out["ratio"] = r["samples_per_second"] / r["baseline_samples_per_second"]
     out["samples"], out["batch"] = samples, batch
+    out.update({k: r[k] for k in ("pipeline", "cache_hit_rate", "row_storage") if k in r})
     return out
 
 
@@ -140,6 +192,10 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="fewer batches (< 1 minute)")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--dlrm-batch", type=int, default=256, help="DLRM batch per worker")
+    parser.add_argument("--dlrm-pipeline", choices=("exact", "stale"), default=None,
+                        help="DLRM: pull the next batch's rows during this step")
+    parser.add_argument("--dlrm-cache", type=int, default=None, metavar="K",
+                        help="DLRM: the shared hot-row cache with staleness K")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
     from hogshard.recsys_data import synthetic_criteo
@@ -148,7 +204,7 @@ def main() -> int:
     data = synthetic_criteo(BATCH * n_batches, seed=1, vocab=10**6)
     batches = np.split(data.sparse, n_batches)
     children: list[subprocess.Popen] = []
-    results: dict = {"sparse": [], "dlrm": None}
+    results: dict = {"sparse": [], "cache": [], "dlrm": None}
     try:
         with tempfile.TemporaryDirectory(prefix="hogshard-emb-") as tmp:
             address = start_cluster(Path(tmp), children)
@@ -160,10 +216,19 @@ def main() -> int:
                       f"({row['pull_MB_per_s']:.0f} MB/s), push {row['push_ids_per_s'] / 1e6:.2f}"
                       f" M ids/s ({row['push_MB_per_s']:.0f} MB/s), local EmbeddingBag fwd+bwd "
                       f"{row['local_ids_per_s'] / 1e6:.2f} M ids/s", flush=True)
+            for vocab in (1000, 100_000):
+                row = cache_bench(address, vocab, 8, 3 if args.quick else 7)
+                results["cache"].append(row)
+                print(f"row cache K=8, ids per feature {vocab}: hit rate {row['hit_rate']:.2f}, "
+                      f"fetch {row['cached_ms_per_step']:.2f} ms/step against "
+                      f"{row['plain_ms_per_step']:.2f} without (ratio "
+                      f"{row['cached_over_plain']:.2f})", flush=True)
             for child in children:
                 child.terminate()
+            extra = ([f"--pipeline={args.dlrm_pipeline}"] if args.dlrm_pipeline else []) + \
+                ([f"--cache-staleness={args.dlrm_cache}"] if args.dlrm_cache is not None else [])
             results["dlrm"] = dlrm_bench(20_000 if args.quick else 100_000, Path(tmp),
-                                         args.dlrm_batch)
+                                         args.dlrm_batch, extra)
             d = results["dlrm"]
             print(f"DLRM 2 servers x 2 workers: {d['samples_per_second']:.0f} samples/s vs "
                   f"single process {d['baseline_samples_per_second']:.0f} (ratio "

@@ -74,12 +74,14 @@ class DLRM(nn.Module):
 def table_spec(args: argparse.Namespace, data: RecsysDataset, f: int) -> EmbeddingSpec:
     return EmbeddingSpec(f"cat{f}", args.dim, data.vocab[f],
                          {"rule": "rowwise_adagrad", "lr": args.emb_lr}, seed=args.seed,
-                         max_rows=args.max_rows, admit_after=args.admit_after, ttl=args.ttl)
+                         max_rows=args.max_rows, admit_after=args.admit_after, ttl=args.ttl,
+                         storage=args.row_storage)
 
 
 def cache_stats(bags: list[Any]) -> dict[str, float]:
     """The hot-row caches' hit rate and mean staleness (clocks) over every bag, if on."""
-    stats = [bag.cache.stats() for bag in bags if bag.cache is not None]
+    caches = {id(bag.cache): bag.cache for bag in bags if bag.cache is not None}  # shared
+    stats = [cache.stats() for cache in caches.values()]
     hits, misses = sum(s["hits"] for s in stats), sum(s["misses"] for s in stats)
     if not stats or not hits + misses:
         return {}
@@ -189,16 +191,20 @@ def train_local(args: argparse.Namespace, data: RecsysDataset) -> dict[str, floa
 
 def train_remote(args: argparse.Namespace, data: RecsysDataset) -> dict[str, Any] | None:
     from hogshard import PSClient, PSOptimizer
-    from hogshard.worker.embedding import RemoteEmbeddingBag, prefetch
+    from hogshard.worker.embedding import RemoteEmbeddingBag, flush, prefetch, prefetch_next
+    from hogshard.worker.row_cache import DEFAULT_CAPACITY, RowCache
     from hogshard.worker.sparse import embedding_stats
 
     client = PSClient.from_env()
     rank, workers = client.rank, client.settings.num_workers
     torch.manual_seed(args.seed)
+    cache = (None if args.cache_staleness is None else  # one for every table: one lookup a step
+             RowCache(args.dim, args.cache_staleness, DEFAULT_CAPACITY * data.num_sparse))
     bags = [RemoteEmbeddingBag(client, s.name, s.num_embeddings, s.dim, mode="sum",
                                rule=s.rule, seed=s.seed, max_rows=s.max_rows,
-                               admit_after=s.admit_after, ttl=s.ttl,
-                               cache_staleness=args.cache_staleness)
+                               admit_after=s.admit_after, ttl=s.ttl, cache=cache,
+                               storage=s.storage,
+                               pipeline=args.pipeline)
             for s in (table_spec(args, data, f) for f in range(data.num_sparse))]
     model = DLRM(data.dense.shape[1], bags, args.dim).to(args.device)  # moves the bags too
     opt = PSOptimizer(client, model.named_parameters(), rule="adam", lr=args.lr,
@@ -206,26 +212,36 @@ def train_remote(args: argparse.Namespace, data: RecsysDataset) -> dict[str, Any
     steps = args.epochs * -(-len(range(rank, data.train.size, workers)) // args.batch)
     host = torch.device("cpu")  # the bags look their ids up on the host
     started, seen, step, ema, peak = time.monotonic(), 0, 0, None, 0
-    for epoch in range(args.epochs):
-        for dense, feats, y in batches(data, data.sparse, epoch, args, rank, workers, host):
+    stream = (b for epoch in range(args.epochs)
+              for b in batches(data, data.sparse, epoch, args, rank, workers, host))
+    upcoming = next(stream, None)
+    announced = False  # the pipeline pulled this batch's rows during the last step
+    while upcoming is not None:
+        dense, feats, y = upcoming
+        upcoming = next(stream, None)
+        if not announced:
             prefetch(list(zip(bags, feats, strict=True)))
-            opt.zero_grad()
-            loss = F.binary_cross_entropy_with_logits(model(dense, feats), y)
-            loss.backward()
-            opt.step()
-            seen, step = seen + len(y), step + 1
-            ema = loss.item() if ema is None else 0.95 * ema + 0.05 * loss.item()
-            client.set_progress(done=step, total=steps, loss=ema, **cache_stats(bags))
-            if rank == 0 and args.rows_every and step % args.rows_every == 0:
-                peak = max(peak, peak_table_rows(embedding_stats(client)))
+        opt.zero_grad()
+        logits = model(dense, feats)
+        announced = args.pipeline is not None and upcoming is not None
+        if announced:
+            prefetch_next(list(zip(bags, upcoming[1], strict=True)))
+        loss = F.binary_cross_entropy_with_logits(logits, y)
+        loss.backward()
+        opt.step()
+        seen, step = seen + len(y), step + 1
+        ema = loss.item() if ema is None else 0.95 * ema + 0.05 * loss.item()
+        client.set_progress(done=step, total=steps, loss=ema, **cache_stats(bags))
+        if rank == 0 and args.rows_every and step % args.rows_every == 0:
+            peak = max(peak, peak_table_rows(embedding_stats(client)))
+    flush(client, bags)  # the last row push applied before the others evaluate
     wall = time.monotonic() - started
     log.info("rank %d: %d samples in %.1f s (%.0f/s), loss %.4f", rank, seen, wall, seen / wall,
              ema or 0.0)
     client.barrier("dlrm-trained")
     trained_cache = cache_stats(bags)
-    for bag in bags:  # evaluate on fresh rows
-        if bag.cache is not None:
-            bag.cache.clear()
+    if cache is not None:  # evaluate on fresh rows
+        cache.clear()
     total_wall = time.monotonic() - started
     report = None
     if rank == 0:
@@ -236,7 +252,8 @@ def train_remote(args: argparse.Namespace, data: RecsysDataset) -> dict[str, Any
         report = {"auc": result_auc, "logloss": result_logloss, **trained_cache,
                   "samples_per_second": data.train.size * args.epochs / total_wall,
                   "wall_seconds": total_wall, "workers": workers, "servers": client.num_servers,
-                  "policy": client.policy,
+                  "policy": client.policy, "pipeline": args.pipeline,
+                  "row_storage": args.row_storage,
                   "server_rows": sum(t["rows"] for s in stats.values()
                                      for t in s["tables"].values()),
                   "peak_table_rows": max(peak, peak_table_rows(stats)),
@@ -297,6 +314,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="a row no push touched in a server's last TTL pushes expires")
     p.add_argument("--cache-staleness", type=int, default=None, metavar="K",
                    help="reuse a row pulled at most K steps ago (the worker's hot-row cache)")
+    p.add_argument("--pipeline", choices=("exact", "stale"), default=None,
+                   help="pull the next batch's rows while this one computes, and do not wait "
+                   "for row pushes ('exact': the rows a step sees are unchanged; 'stale': "
+                   "one step older, not under ssp:0 or hardsync)")
+    p.add_argument("--row-storage", choices=("fp32", "fp16", "bf16"), default="fp32",
+                   help="how the servers hold the embedding rows (half precision: half the "
+                   "bytes; updates computed in float32)")
     p.add_argument("--rows-every", type=int, default=0, metavar="STEPS",
                    help="rank 0: sample the servers' row counts every STEPS steps (the "
                    "report's peak_table_rows)")

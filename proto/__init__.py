@@ -14,6 +14,7 @@
 ``metrics.py``     :class:`MetricsServer`, ``snapshot``, ``staleness_histogram``
 ``peerlog.py``     :class:`PeerErrorLog`: error replies logged once per peer
 ``hashing.py``     ``splitmix64``, ``shard_of``, ``row_keys``: ids to shards and rows
+``slot_index.py``  :class:`SlotIndex`: a vectorised id -> slot map (embedding rows, row cache)
 ``codecs/``        :class:`Codec` (``base.py``) and its codecs (``simple.py``, ``sparse.py``,
                    ``lowrank.py``), ``make_codec`` (``registry.py``), pull codecs (``pull.py``)
 =================  ============================================================================

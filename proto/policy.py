@@ -226,3 +226,10 @@ def parse_policy(spec: str) -> ConsistencyPolicy:
         f"unknown policy {spec!r}; expected one of {', '.join(KNOWN_POLICIES)}, optionally "
         f"followed by modifiers +{', +'.join(KNOWN_MODIFIERS)}"
     )
+
+
+def promises_fresh_reads(spec: str) -> bool:
+    """Whether policy ``spec`` promises every step the freshest weights (``hardsync``,
+    ``ssp:0``), so that reading anything one step older would break it."""
+    parsed = parse_policy(spec)
+    return parsed.waits_for_apply or (isinstance(parsed, SSPPolicy) and parsed.staleness == 0)

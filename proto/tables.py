@@ -60,6 +60,9 @@ class DenseTableSpec:
 #: shard i (rows with ``splitmix64(id) % S == i``), placed and promoted like dense chunks.
 EMBEDDING_MAP = "__embeddings__"
 
+#: How a shard may hold a table's rows (``EmbeddingSpec.storage``).
+ROW_STORAGE = ("fp32", "fp16", "bf16")
+
 #: The widest embedding row a table may declare.
 MAX_DIM = 1 << 16
 
@@ -71,7 +74,9 @@ class EmbeddingSpec:
     ``max_rows`` (least recently used rows evicted beyond it), ``admit_after`` (a row is
     created only when a push carries its id for the N-th time; before, its pushes are dropped
     and a pull returns its initial row) and ``ttl`` (a row no push touched in the shard's last
-    ``ttl`` pushes to the table expires)."""
+    ``ttl`` pushes to the table expires). ``storage``: how a shard holds the rows, ``fp32``
+    or half precision (``fp16``, ``bf16``: half the bytes; the rule computes in float32 and its
+    state stays float32)."""
 
     name: str
     dim: int
@@ -82,6 +87,7 @@ class EmbeddingSpec:
     max_rows: int | None = None
     admit_after: int | None = None
     ttl: int | None = None
+    storage: str = "fp32"
 
     def __post_init__(self) -> None:
         def is_int(v: Any) -> bool:
@@ -111,6 +117,9 @@ class EmbeddingSpec:
             if v is not None and (not is_int(v) or not 1 <= v < 1 << 31):
                 raise ProtocolError(f"table {self.name!r}: {key!r} must be nil or an int in "
                                     f"[1, 2^31); got {v!r}")
+        if self.storage not in ROW_STORAGE:
+            raise ProtocolError(f"table {self.name!r}: 'storage' must be one of "
+                                f"{', '.join(ROW_STORAGE)}; got {self.storage!r}")
 
     @property
     def scale(self) -> float:
@@ -134,5 +143,5 @@ class EmbeddingSpec:
             "num_embeddings": fields.get("num_embeddings"), "rule": dict(rule),
             "seed": fields.get("seed", 0), "init_scale": fields.get("init_scale"),
             "max_rows": fields.get("max_rows"), "admit_after": fields.get("admit_after"),
-            "ttl": fields.get("ttl")}
+            "ttl": fields.get("ttl"), "storage": fields.get("storage", "fp32")}
         return cls(**values)

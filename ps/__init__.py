@@ -10,7 +10,6 @@ embedding_ops.py              EmbeddingOps: the emb_* ops
 replica_ops.py                BackupOps: replicate, replica_snapshot, emb_replicate, emb_snapshot
 dense.py                      DenseStore, DenseTable, DenseChunk
 embedding.py                  EmbeddingStore, EmbeddingTable, EmbeddingSpec
-slot_index.py                 SlotIndex: the id-to-slot map of an embedding table
 rules.py                      UpdateRule: SGD, Momentum, Adagrad, Adam (make_rule)
 row_rules.py                  RowRule: RowSGD, RowWiseAdagrad, RowAdam (make_row_rule)
 applier.py                    UpdateApplier: staleness, groups and modifiers of the policy

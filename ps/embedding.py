@@ -6,7 +6,9 @@ the rows some request has touched: memory grows with the rows touched, never wit
 are a pure function of (seed, table name, id) (:func:`hogshard.proto.hashing.init_rows`), so a
 replayed or restarted shard creates the same rows.
 
-Rows live in one ``capacity x dim`` float32 block that doubles when full (amortised O(1) per
+Rows live in one ``capacity x dim`` block (float32, or half precision with ``storage`` ``fp16``
+or ``bf16``: :meth:`EmbeddingTable.rows_at` reads them as float32, the rule updates them in
+float32 and :meth:`EmbeddingTable.set_rows` rounds them back) that doubles when full (amortised O(1) per
 new row, never a full copy per insert); the id -> slot map is a :class:`SlotIndex`. Every
 request is validated whole before anything changes. With ``max_rows`` set, least recently used
 rows are evicted (counted) when a request would exceed it. With ``admit_after`` a row is
@@ -38,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from hogshard.proto.codecs.pull import decode_weights, encode_weights, pull_codec
 from hogshard.proto.errors import (
     ConflictError,
     DtypeError,
@@ -48,12 +51,14 @@ from hogshard.proto.errors import (
     UnknownTableError,
 )
 from hogshard.proto.hashing import init_rows
+from hogshard.proto.slot_index import SlotIndex
 from hogshard.proto.tables import EmbeddingSpec
 from hogshard.ps.row_bounds import CountMinSketch
 from hogshard.ps.row_rules import RowRule, make_row_rule
-from hogshard.ps.slot_index import SlotIndex
 
 INT64, FLOAT32 = np.dtype("<i8"), np.dtype("<f4")
+#: How each half-precision ``storage`` holds a row element (bf16: the upper half of a float32).
+STORE_DTYPES = {"fp16": np.dtype("<f2"), "bf16": np.dtype("<u2")}
 
 
 class EmbeddingTable:
@@ -64,7 +69,10 @@ class EmbeddingTable:
         self.rule: RowRule = make_row_rule(spec.rule)
         self.index = SlotIndex()
         self.layout = self.rule.state_layout(spec.dim)
-        self.weights = np.empty((0, spec.dim), FLOAT32)
+        # half-precision storage: rows kept as the fp16/bf16 pull codec encodes them
+        self.codec = pull_codec(None if spec.storage == "fp32" else spec.storage)
+        self.store_dtype = FLOAT32 if self.codec is None else STORE_DTYPES[spec.storage]
+        self.weights = np.empty((0, spec.dim), self.store_dtype)
         self.state: dict[str, np.ndarray] = {}
         self.slot_ids = np.empty(0, INT64)
         self.last_used = np.empty(0, INT64)
@@ -104,7 +112,7 @@ class EmbeddingTable:
             new[: old.shape[0]] = old
             return new
 
-        self.weights = grown(self.weights, (self.spec.dim,), FLOAT32, 0.0)
+        self.weights = grown(self.weights, (self.spec.dim,), self.store_dtype, 0)
         for key, (shape, dtype) in self.layout.items():
             old = self.state.get(key, np.empty((0, *shape), dtype))
             self.state[key] = grown(old, shape, dtype, self.rule.state_fill(key))
@@ -150,6 +158,16 @@ class EmbeddingTable:
             raise ProtocolError(f"table {self.name!r}: gradients hold NaN or infinity; expected finite values")
 
     # ---- rows -------------------------------------------------------------------------------
+
+    def rows_at(self, slots: np.ndarray) -> np.ndarray:
+        """The rows in ``slots`` as float32 (a new array)."""
+        rows = self.weights[slots]
+        return rows if self.codec is None else decode_weights(self.codec, [rows])[0]
+
+    def set_rows(self, slots: np.ndarray, rows: np.ndarray) -> None:
+        """Store float32 ``rows`` in ``slots`` (rounded to nearest even in half precision)."""
+        self.weights[slots] = rows if self.codec is None else encode_weights(self.codec,
+                                                                            [rows])[0]
 
     def _allocate(self, count: int) -> np.ndarray:
         reuse = self.free[:count]
@@ -204,8 +222,8 @@ class EmbeddingTable:
             new_ids = np.unique(ids[missing])
             self._evict(slots[~missing], new_ids.size)
             new_slots = self._allocate(new_ids.size)
-            self.weights[new_slots] = init_rows(self.spec.seed, self.name, new_ids,
-                                                self.spec.dim, self.spec.scale)
+            self.set_rows(new_slots, init_rows(self.spec.seed, self.name, new_ids,
+                                               self.spec.dim, self.spec.scale))
             for key, array in self.state.items():
                 array[new_slots] = self.rule.state_fill(key)
             self.slot_ids[new_slots] = new_ids
@@ -222,12 +240,12 @@ class EmbeddingTable:
         admission an id without a row reads its initial values and creates nothing."""
         if self.sketch is None:
             slots = self.slots_for(ids)  # may grow (replace) self.weights
-            rows = self.weights[slots]
+            rows = self.rows_at(slots)
         else:
             slots = self.index.lookup(ids)
             held = slots >= 0
             rows = np.empty((ids.size, self.spec.dim), FLOAT32)
-            rows[held] = self.weights[slots[held]]
+            rows[held] = self.rows_at(slots[held])
             if not held.all():
                 rows[~held] = init_rows(self.spec.seed, self.name, ids[~held], self.spec.dim,
                                         self.spec.scale)
@@ -248,10 +266,10 @@ class EmbeddingTable:
             ids, grads = self._admitted(ids, grads)
         self.push_clock += 1
         slots = self.slots_for(ids)
-        w = self.weights[slots]
+        w = self.rows_at(slots)
         state = {key: array[slots] for key, array in self.state.items()}
         self.rule.apply(w, grads, state)
-        self.weights[slots] = w
+        self.set_rows(slots, w)
         for key, array in state.items():
             self.state[key][slots] = array
         self.last_push[slots] = self.push_clock
@@ -274,8 +292,9 @@ class EmbeddingTable:
         return ids[keep], grads[keep]
 
     def stats(self) -> dict[str, Any]:
-        return {"dim": self.spec.dim, "rows": self.rows, "capacity": self.capacity,
-                "bytes": self.nbytes, **self.counters}
+        return {"dim": self.spec.dim, "storage": self.spec.storage, "rows": self.rows,
+                "capacity": self.capacity, "bytes": self.nbytes,
+                "row_bytes": int(self.weights.nbytes), **self.counters}
 
 
 class EmbeddingStore:
@@ -349,7 +368,7 @@ class EmbeddingStore:
         for i, table in enumerate(self.tables.values()):
             ids, slots = table.index.items()
             specs.append(table.spec.to_wire())
-            arrays[f"{i}.ids"], arrays[f"{i}.weights"] = ids, table.weights[slots]
+            arrays[f"{i}.ids"], arrays[f"{i}.weights"] = ids, table.rows_at(slots)
             for key, array in table.state.items():
                 arrays[f"{i}.state.{key}"] = array[slots]
             total += ids.size
@@ -371,7 +390,7 @@ class EmbeddingStore:
                     table = EmbeddingTable(EmbeddingSpec.from_wire(fields))
                     ids = data[f"{i}.ids"]
                     slots = table._allocate(ids.size)
-                    table.weights[slots] = data[f"{i}.weights"]
+                    table.set_rows(slots, data[f"{i}.weights"].astype(FLOAT32))
                     for key in table.state:
                         table.state[key][slots] = data[f"{i}.state.{key}"]
                     table.slot_ids[slots] = ids

@@ -125,7 +125,7 @@ FIELDS = {
                    Field("dim", int, required=True), Field("num_embeddings", int),
                    Field("rule", dict, required=True), Field("seed", int),
                    Field("init_scale", float), Field("max_rows", int),
-                   Field("admit_after", int), Field("ttl", int)),
+                   Field("admit_after", int), Field("ttl", int), Field("storage", str)),
     "emb_pull": (Field("tables", list, required=True), Field("shard", int)),
     "emb_push": (Field("tables", list, required=True), Field("shard", int),
                  Field("push_id", int)),

@@ -23,13 +23,13 @@ def shard_rows(table: EmbeddingTable, shard: int, shards: int
     ids = table.slot_ids[live]
     keep = shard_of(ids, shards) == shard
     slots = live[keep]
-    return ids[keep], table.weights[slots], {k: a[slots] for k, a in table.state.items()}
+    return ids[keep], table.rows_at(slots), {k: a[slots] for k, a in table.state.items()}
 
 
 def install_rows(table: EmbeddingTable, ids: np.ndarray, rows: np.ndarray,
                  state: dict[str, np.ndarray]) -> None:
     """Make ``table`` hold exactly these rows and states for ``ids`` (unique)."""
     slots = table.slots_for(ids)
-    table.weights[slots] = rows
+    table.set_rows(slots, rows)
     for key, values in state.items():
         table.state[key][slots] = values

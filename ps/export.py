@@ -112,7 +112,7 @@ def read_checkpoint(path: Path) -> Snapshot:
             if specs.setdefault(table.name, spec) != spec:
                 raise CheckpointError(f"{ckpt}: table {table.name!r} has different specs on "
                                       f"different shards: {specs[table.name]} and {spec}")
-            pieces.setdefault(table.name, []).append((ids, table.weights[slots]))
+            pieces.setdefault(table.name, []).append((ids, table.rows_at(slots)))
     for name, parts in pieces.items():
         ids = np.concatenate([p[0] for p in parts]).astype(INT64, copy=False)
         weights = np.concatenate([p[1] for p in parts]).astype(FLOAT32, copy=False)

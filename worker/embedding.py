@@ -11,6 +11,17 @@ With ``cache_staleness=K`` a bag keeps the rows it pulled in a :class:`RowCache`
 a row pulled at most K clocks ago instead of pulling it again (its gradients are still pushed
 every step); ``bag.cache.stats()`` gives the hit rate and the mean age of the rows served.
 
+With ``pipeline="exact"`` or ``"stale"`` the rows of the *next* batch are pulled while this
+one computes: announce its ids with ``bag.prefetch(next_ids)`` (or :func:`prefetch_next` for
+every bag in one request per server) after this step's forward, and the row push of a step
+is not waited for (at most one in flight per bag; :func:`flush` waits for it). The next rows
+are pulled before this step's push reaches the servers, so ``"exact"`` pulls the ids that both
+batches touch again right after the push (on the same connection, so the servers apply the
+push first): a one-worker job then sees exactly the rows it would see without the pipeline.
+``"stale"`` does not: a row of the next batch misses this step's own update (one step of
+staleness, like ``PSOptimizer(prefetch=True)``), and is refused under ``ssp:0`` and
+``hardsync``.
+
 On a CUDA model (the bag follows ``model.to(device)``, or takes ``device=``) the rows are
 pulled into pinned host memory and copied to the device without blocking; the row gradients
 come back through pinned memory before they are pushed. Indices may be on either device (the
@@ -24,6 +35,12 @@ Example::
     prefetch([(bag, indices)])                   # optional: one pull for all bags
     pooled = bag(indices, offsets)               # (batch, 16)
     loss.backward(); opt.step()                  # pushes dense and row gradients together
+
+    bag = RemoteEmbeddingBag(client, "item", None, 16, pipeline="exact")
+    pooled = bag(indices)                        # this batch (pulled then, or announced)
+    bag.prefetch(next_indices)                   # the next batch's rows travel meanwhile
+    loss.backward(); opt.step()                  # the push is not waited for
+    flush(client, [bag])                         # at the end: every push applied
 """
 
 from __future__ import annotations
@@ -37,6 +54,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hogshard.proto.errors import ConfigError
+from hogshard.proto.policy import promises_fresh_reads
 from hogshard.worker.client import PSClient
 from hogshard.worker.device import host_empty, to_device, to_host
 from hogshard.worker.futures import Future
@@ -57,35 +75,100 @@ class _Fetched:
         self.future: Future | None = None
         self.missed: np.ndarray | None = None  # positions pulled while the rest came cached
         self.missed_rows = np.empty((0, dim), np.float32)
-        self.clock = 0
+        self.clock = 0  # the clock of the step that uses the rows (cache lookups)
+        self.pulled_at = 0  # the clock whose pushes the rows show (cache inserts)
+        self.upcoming = False  # announced for the next step (pulled before this push)
+        self.refreshes: list[tuple[Future, np.ndarray, np.ndarray]] = []  # (future, pos, rows)
+        self.landing: _Landing | None = None
 
-    def land(self, cache: RowCache | None) -> None:
-        """Once the pull is done: put the pulled rows in place and cache them."""
-        if cache is None or self.missed is None:
+    def pulled(self) -> np.ndarray:
+        """The positions whose rows come from the servers (the others from the cache)."""
+        return np.arange(self.ids.size) if self.missed is None else self.missed
+
+    def wait(self, timeout: float) -> None:
+        """Wait for the pull (and any refresh) of these rows."""
+        for future in [self.future, *(r[0] for r in self.refreshes)]:
+            if future is not None:
+                future.result(timeout)
+
+    def place(self) -> None:
+        """Once the pulls are done: put the pulled (and refreshed) rows in place."""
+        if self.missed is not None:
+            self.rows[self.missed] = self.missed_rows
+        for _, positions, rows in self.refreshes:
+            self.rows[positions] = rows
+        self.refreshes = []
+
+
+def _by_cache(pairs: Sequence[tuple[RemoteEmbeddingBag, _Fetched]]
+              ) -> list[tuple[RowCache, list[int], list[_Fetched]]]:
+    """The fetches of bags with a cache, by cache: (cache, the bags' table numbers in it,
+    their fetches)."""
+    groups: dict[int, tuple[RowCache, list[int], list[_Fetched]]] = {}
+    for bag, f in pairs:
+        if bag.cache is not None:
+            group = groups.setdefault(id(bag.cache), (bag.cache, [], []))
+            group[1].append(bag.cache_table)
+            group[2].append(f)
+    return list(groups.values())
+
+
+class _Landing:
+    """The fetches of one pull (one per bag), landed together at the first forward that needs
+    one of them: rows put in place, then cached in one pass per cache."""
+
+    def __init__(self, pairs: Sequence[tuple[RemoteEmbeddingBag, _Fetched]]) -> None:
+        self.pairs = list(pairs)
+        self.landed = False
+        for _, f in self.pairs:
+            f.landing = self
+
+    def land(self, timeout: float) -> None:
+        if self.landed:
             return
-        self.rows[self.missed] = self.missed_rows
-        cache.insert(self.ids[self.missed], self.missed_rows, self.clock)
-        self.missed = None
+        self.landed = True
+        for _, f in self.pairs:
+            f.wait(timeout)
+            f.place()
+        for cache, tables, fetched in _by_cache(self.pairs):
+            missed = [f.missed if f.missed is not None else np.arange(f.ids.size)
+                      for f in fetched]
+            cache.insert_tables(tables, [f.ids[m] for f, m in zip(fetched, missed, strict=True)],
+                                [f.rows[m] for f, m in zip(fetched, missed, strict=True)],
+                                fetched[0].pulled_at)
+        for _, f in self.pairs:
+            f.missed = None
 
 
-def _pull(bags: Sequence[RemoteEmbeddingBag], fetched: Sequence[_Fetched]) -> Future | None:
+def _pull(bags: Sequence[RemoteEmbeddingBag], fetched: Sequence[_Fetched],
+          upcoming: bool = False) -> Future | None:
     """Pull the rows of each batch that its bag's cache does not hold fresh enough, in one
-    request per server (None when every row was cached)."""
+    request per server (None when every row was cached). ``upcoming``: for the next step.
+    Each cache is looked up once for all its bags."""
     client = bags[0].client
+    pairs = list(zip(bags, fetched, strict=True))
+    for bag, f in pairs:
+        f.upcoming = upcoming
+        f.clock = client.clock + int(upcoming)
+        # "exact" rows are refreshed after this step's push: as fresh as pulled next step
+        f.pulled_at = f.clock if bag.pipeline == "exact" else client.clock
+    for cache, tables, cached in _by_cache(pairs):
+        missed = cache.split_tables(tables, [f.ids for f in cached], cached[0].clock,
+                                    [f.rows for f in cached])
+        for f, positions in zip(cached, missed, strict=True):
+            f.missed = positions
+            f.missed_rows = np.empty((positions.size, f.rows.shape[1]), np.float32)
     handles, ids, outs = [], [], []
     for bag, f in zip(bags, fetched, strict=True):
-        if bag.cache is None:
+        if f.missed is None:
             handles.append(bag.handle)
             ids.append(f.ids)
             outs.append(f.rows)
-            continue
-        f.clock = client.clock
-        f.missed = bag.cache.split(f.ids, f.clock, f.rows)
-        f.missed_rows = np.empty((f.missed.size, bag.embedding_dim), np.float32)
-        if f.missed.size:
+        elif f.missed.size:
             handles.append(bag.handle)
             ids.append(f.ids[f.missed])
             outs.append(f.missed_rows)
+    _Landing(pairs)
     return client.pull_rows(handles, ids, outs) if handles else None
 
 
@@ -94,8 +177,12 @@ class RemoteEmbeddingBag(nn.Module):
     ``mean`` pooling, backed by a sharded embedding table. It holds no ``nn.Parameter``: its
     rows are updated by the servers' row-wise rule. Its device is ``device`` (cpu by default),
     and then wherever ``.to()`` moves the module. ``max_rows``, ``admit_after`` and ``ttl``
-    bound the rows each server holds (:class:`hogshard.proto.tables.EmbeddingSpec`);
-    ``cache_staleness`` turns on the hot-row cache (at most ``cache_rows`` rows)."""
+    bound the rows each server holds and ``storage`` (``fp32``, ``fp16``, ``bf16``) is how it
+    holds them (:class:`hogshard.proto.tables.EmbeddingSpec`);
+    ``cache_staleness`` turns on the hot-row cache (at most ``cache_rows`` rows), or ``cache``
+    shares one :class:`RowCache` among bags (looked up once per step for all); ``pipeline``
+    (``"exact"`` or ``"stale"``) lets :meth:`prefetch` pull the next batch's rows while this
+    one computes (see the module's docstring)."""
 
     def __init__(
         self,
@@ -113,19 +200,29 @@ class RemoteEmbeddingBag(nn.Module):
         ttl: int | None = None,
         cache_staleness: int | None = None,
         cache_rows: int = DEFAULT_CAPACITY,
+        pipeline: str | None = None,
+        cache: RowCache | None = None,
+        storage: str = "fp32",
     ) -> None:
         super().__init__()
         if mode not in ("sum", "mean"):
             raise ConfigError(f"mode must be 'sum' or 'mean'; got {mode!r}")
+        check_pipeline(pipeline, client.policy)
+        self.pipeline = pipeline
+        self._pushing: Future | None = None  # the row push not yet waited for (pipeline)
         self.client = client
         self.mode = mode
         self.embedding_dim = embedding_dim
         self.num_embeddings = num_embeddings
         self.handle: EmbeddingHandle = client.embedding_table(
             name, embedding_dim, num_embeddings, rule, seed, init_scale, max_rows, admit_after,
-            ttl)
+            ttl, storage)
+        if cache is not None and (cache_staleness is not None or cache.dim != embedding_dim):
+            raise ConfigError(f"table {name!r}: a shared cache holds rows of dim {cache.dim} "
+                              "with its own staleness; pass cache or cache_staleness, not both")
         self.cache = (RowCache(embedding_dim, cache_staleness, cache_rows)
-                      if cache_staleness is not None else None)
+                      if cache_staleness is not None else cache)
+        self.cache_table = self.cache.add_table() if self.cache is not None else 0
         self._prefetched: _Fetched | None = None
         self._touched: list[tuple[np.ndarray, torch.Tensor]] = []
         # no parameters to follow .to(); an empty buffer carries the device
@@ -146,6 +243,11 @@ class RemoteEmbeddingBag(nn.Module):
         fetched.future = _pull([self], [fetched])
         return fetched
 
+    def prefetch(self, next_indices: torch.Tensor) -> None:
+        """Announce the next batch's ids: its rows are pulled now, while this step computes,
+        and the next forward on that same tensor uses them (needs ``pipeline``)."""
+        prefetch_next([(self, next_indices)])
+
     def forward(
         self,
         indices: torch.Tensor,
@@ -156,9 +258,8 @@ class RemoteEmbeddingBag(nn.Module):
         self._prefetched = None
         if fetched is None or fetched.key is not indices:
             fetched = self.fetch(indices)
-        if fetched.future is not None:
-            fetched.future.result(self.client.settings.request_timeout)
-        fetched.land(self.cache)
+        assert fetched.landing is not None
+        fetched.landing.land(self.client.settings.request_timeout)
         device = self.device
         weight = to_device(fetched.rows_tensor, device)
         if torch.is_grad_enabled():
@@ -202,17 +303,99 @@ def prefetch(pairs: Sequence[tuple[RemoteEmbeddingBag, torch.Tensor]]) -> Future
     return future
 
 
+def prefetch_next(pairs: Sequence[tuple[RemoteEmbeddingBag, torch.Tensor]]) -> Future | None:
+    """Announce the next step's ids of every (bag, indices) pair: their rows are pulled now,
+    in one request per server, while this step computes; each bag's next forward on that
+    same ``indices`` tensor uses them. Every bag needs ``pipeline`` (ConfigError otherwise).
+    Call it after this step's forward (its rows are in the cache by then)."""
+    off = [bag.handle.name for bag, _ in pairs if bag.pipeline is None]
+    if off:
+        raise ConfigError(f"tables {off}: announcing the next batch needs "
+                          "RemoteEmbeddingBag(pipeline='exact' or 'stale')")
+    if not pairs:
+        return None
+    fetched = [_Fetched(indices, bag.embedding_dim, bag.device) for bag, indices in pairs]
+    future = _pull([bag for bag, _ in pairs], fetched, upcoming=True)
+    for (bag, _), f in zip(pairs, fetched, strict=True):
+        f.future = future
+        bag._prefetched = f
+    return future
+
+
+def check_pipeline(pipeline: str | None, policy: str) -> None:
+    """Refuse an unknown pipeline mode, and ``"stale"`` under a policy that promises each step
+    the freshest reads (``ssp:0``, ``hardsync``)."""
+    if pipeline not in (None, "exact", "stale"):
+        raise ConfigError(f"pipeline must be None, 'exact' or 'stale'; got {pipeline!r}")
+    if pipeline == "stale" and promises_fresh_reads(policy):
+        raise ConfigError(f"pipeline='stale' reads rows one step older, which policy {policy!r} "
+                          "does not allow; use pipeline='exact', or async, softsync:N or "
+                          "ssp:S (S >= 1)")
+
+
 def push_gradients(
     client: PSClient, bags: Sequence[RemoteEmbeddingBag], clock: int | None = None
 ) -> Future | None:
-    """Send the row gradients of every bag in one request per server (None if none)."""
-    tables, ids, grads = [], [], []
+    """Send the row gradients of every bag in one request per server (None if none). With
+    ``pipeline`` on, the push is not waited for (None is returned; the previous push is
+    waited for first, and :func:`flush` waits for the last), and the rows announced for the
+    next step that this push changes are pulled again behind it (``"exact"``)."""
+    flush(client, bags)
+    tables, ids, grads, pushers = [], [], [], []
     for bag in bags:
         found = bag.row_gradients()
         if found is not None:
             tables.append(bag.handle)
             ids.append(found[0])
             grads.append(np.ascontiguousarray(found[1]))
+            pushers.append(bag)
     if not tables:
         return None
-    return client.push_rows(tables, ids, grads, clock)
+    future = client.push_rows(tables, ids, grads, clock)
+    _refresh(client, pushers, ids)
+    if not any(bag.pipeline for bag in pushers):
+        return future
+    for bag in pushers:
+        bag._pushing = future
+    return None
+
+
+def _refresh(client: PSClient, bags: Sequence[RemoteEmbeddingBag],
+             pushed: Sequence[np.ndarray]) -> None:
+    """Pull again, behind the push just sent, the announced rows of ``"exact"`` bags that
+    the push changes (one request per server)."""
+    handles, ids, outs, owners = [], [], [], []
+    for bag, pushed_ids in zip(bags, pushed, strict=True):
+        f = bag._prefetched
+        if bag.pipeline != "exact" or f is None or not f.upcoming:
+            continue
+        pulled = f.pulled()
+        positions = pulled[_among(f.ids[pulled], pushed_ids)]
+        if positions.size:
+            handles.append(bag.handle)
+            ids.append(f.ids[positions])
+            outs.append(np.empty((positions.size, bag.embedding_dim), np.float32))
+            owners.append((f, positions))
+    if not handles:
+        return
+    future = client.pull_rows(handles, ids, outs)
+    for (f, positions), rows in zip(owners, outs, strict=True):
+        f.refreshes.append((future, positions, rows))
+
+
+def _among(ids: np.ndarray, sorted_ids: np.ndarray) -> np.ndarray:
+    """Which of ``ids`` are in ``sorted_ids`` (sorted, unique): one searchsorted."""
+    if sorted_ids.size == 0:
+        return np.zeros(ids.size, bool)
+    at = np.minimum(np.searchsorted(sorted_ids, ids), sorted_ids.size - 1)
+    return sorted_ids[at] == ids
+
+
+def flush(client: PSClient, bags: Sequence[RemoteEmbeddingBag]) -> None:
+    """Wait until the servers applied every row push of ``bags`` not yet waited for (the
+    pipeline's); call it before other workers rely on this one's updates (a barrier)."""
+    timeout = client.settings.request_timeout
+    for bag in bags:
+        pushing, bag._pushing = bag._pushing, None
+        if pushing is not None:
+            pushing.result(timeout)

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from hogshard.proto.errors import ConfigError
-from hogshard.proto.policy import SSPPolicy, parse_policy
+from hogshard.proto.policy import promises_fresh_reads
 from hogshard.proto.tables import DEFAULT_CHUNK_ELEMS
 from hogshard.worker.auto_codec import prepare_compression
 from hogshard.worker.client import DenseTable, PSClient
@@ -228,7 +228,6 @@ class PSOptimizer:
 
 def check_prefetch(policy: str) -> None:
     """Refuse ``prefetch`` under a policy that promises each step the freshest weights."""
-    parsed = parse_policy(policy)
-    if parsed.waits_for_apply or (isinstance(parsed, SSPPolicy) and parsed.staleness == 0):
+    if promises_fresh_reads(policy):
         raise ConfigError(f"prefetch uses weights one step older, which policy {policy!r} "
                           "does not allow; use it with async, softsync:N or ssp:S (S >= 1)")

@@ -92,13 +92,18 @@ def _shards(client: PSClient) -> list[tuple[int, int]]:
                                                    key=lambda c: c.chunk_id)]
 
 
-def _split(client: PSClient, ids: np.ndarray) -> dict[int, np.ndarray]:
-    """{shard: positions into ``ids``} for every shard, by the stable hash."""
+def _split(client: PSClient, ids: Sequence[np.ndarray]) -> list[dict[int, np.ndarray]]:
+    """Per id array: {shard: positions into it} for every shard, by the stable hash (one
+    hash and one sort for all the arrays)."""
     count = len(_shards(client))
-    shard = shard_of(ids, count)
-    order = np.argsort(shard, kind="stable")
-    bounds = np.concatenate([[0], np.cumsum(np.bincount(shard, minlength=count))])
-    return {i: order[bounds[i]:bounds[i + 1]] for i in range(count)}
+    sizes = np.array([a.size for a in ids], np.int64)
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    every = np.concatenate(ids) if len(ids) > 1 else ids[0]
+    key = np.repeat(np.arange(len(ids), dtype=np.int64) * count, sizes) + shard_of(every, count)
+    order = np.argsort(key, kind="stable")
+    bounds = np.concatenate([[0], np.cumsum(np.bincount(key, minlength=len(ids) * count))])
+    return [{i: order[bounds[t * count + i]:bounds[t * count + i + 1]] - starts[t]
+             for i in range(count)} for t in range(len(ids))]
 
 
 def _check_ids(handle: EmbeddingHandle, ids: np.ndarray) -> np.ndarray:
@@ -120,14 +125,15 @@ def _plan(
     positions of the ids each server owns."""
     if not (len(tables) == len(ids) == len(arrays)):
         raise ConfigError(f"{op} needs one id array and one {noun} per table")
-    plans = []
+    checked = []
     for handle, table_ids, array in zip(tables, ids, arrays, strict=True):
         table_ids = _check_ids(handle, table_ids)
         if array.dtype != FLOAT32 or array.shape != (table_ids.size, handle.dim):
             raise ConfigError(f"table {handle.name!r}: {what} must be float32 of shape "
                               f"({table_ids.size}, {handle.dim})")
-        plans.append((table_ids, array, _split(client, table_ids)))
-    return plans
+        checked.append(table_ids)
+    splits = _split(client, checked) if checked else []
+    return list(zip(checked, arrays, splits, strict=True))
 
 
 def _fields(client: PSClient, tables: Sequence[EmbeddingHandle], clock: int | None,

@@ -17,9 +17,9 @@ from hogshard.proto.errors import (
     UnknownTableError,
 )
 from hogshard.proto.hashing import init_rows
+from hogshard.proto.slot_index import SlotIndex
 from hogshard.proto.tables import EmbeddingSpec
 from hogshard.ps.embedding import EmbeddingStore
-from hogshard.ps.slot_index import SlotIndex
 
 
 def store_with(rule: dict, dim: int = 4, num: int | None = None, **kw) -> EmbeddingStore:

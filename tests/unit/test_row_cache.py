@@ -65,3 +65,51 @@ def test_hit_rate_grows_with_staleness_on_criteo_shaped_ids() -> None:
     assert rates[0] < rates[1] < rates[2]
     # measured 0.0, 0.54, 0.86 (deterministic data); with 10^5 ids per feature 0.22 and 0.43
     assert rates[0] == 0.0 and rates[2] > 0.8, rates
+
+
+def test_lookups_and_inserts_match_a_reference_model_under_churn() -> None:
+    """Random batches through a small cache (evictions of stale rows, rows finding no room),
+    checked against a plain dict of (row, pulled clock) with the same rules."""
+    rng = np.random.default_rng(7)
+    capacity, staleness = 40, 2
+    cache = RowCache(dim=2, staleness=staleness, capacity=capacity)
+    model: dict[int, tuple[float, int]] = {}
+    for clock in range(60):
+        ids = np.unique(rng.integers(0, 100, rng.integers(1, 30)))
+        out = np.full((ids.size, 2), -1, np.float32)
+        missed = cache.split(ids, clock, out)
+        fresh = [i for i in ids.tolist() if i in model and clock - model[i][1] <= staleness]
+        assert ids[np.setdiff1d(np.arange(ids.size), missed)].tolist() == fresh
+        for i, row in zip(ids.tolist(), out, strict=True):
+            if i in fresh:
+                assert row.tolist() == [model[i][0]] * 2
+        values = np.repeat(ids[missed, None].astype(np.float32) + clock, 2, axis=1)
+        cache.insert(ids[missed], values, clock)
+        new = [i for i in ids[missed].tolist() if i not in model]
+        if len(model) + len(new) > capacity:  # drop the stale rows first, then fill what fits
+            model = {i: v for i, v in model.items() if v[1] >= clock - staleness}
+        for i, v in zip(ids[missed].tolist(), values[:, 0].tolist(), strict=True):
+            if i in model or len(model) < capacity:
+                model[i] = (v, clock)
+        assert cache.stats()["rows"] == len(model) <= capacity
+
+
+def test_tables_sharing_a_cache_keep_their_rows_apart_even_when_keys_collide() -> None:
+    cache = RowCache(dim=1, staleness=5)
+    first, second = cache.add_table(), cache.add_table()
+    small = np.array([3], np.int64)
+    big = np.array([(1 << 54) ^ 3], np.int64)  # table 0's key for it is table 1's key for 3
+    cache.insert_tables([first, second], [big, small], [np.ones((1, 1), np.float32),
+                                                       np.full((1, 1), 2, np.float32)], 0)
+    outs = [np.zeros((1, 1), np.float32), np.zeros((1, 1), np.float32)]
+    missed = cache.split_tables([first, second], [big, small], 1, outs)
+    # one key: the first of the insert is cached, the other not (pulled, never mixed up)
+    assert [m.tolist() for m in missed] == [[], [0]] and outs[0].tolist() == [[1.0]]
+    cache.insert(small, np.full((1, 1), 2, np.float32), 1, second)  # takes the key's slot
+    missed = cache.split_tables([first, second], [big, small], 1, outs)
+    assert [m.tolist() for m in missed] == [[0], []] and outs[1].tolist() == [[2.0]]
+    out = np.zeros((2, 1), np.float32)
+    cache.insert(np.array([3, 4], np.int64), np.array([[5.0], [6.0]], np.float32), 1, first)
+    assert cache.split(np.array([3, 4], np.int64), 1, out, first).size == 0
+    assert out.tolist() == [[5.0], [6.0]]
+    assert cache.split(small, 1, out[:1], second).size == 0 and out[0, 0] == 2.0

@@ -1,4 +1,5 @@
-"""A vectorised id -> slot map for embedding rows: two sorted levels, LSM style.
+"""A vectorised id -> slot map for embedding rows (a shard's tables, a worker's row cache): two
+sorted levels, LSM style.
 
 Lookups are ``np.searchsorted`` over a whole batch of ids (no Python loop per id). New ids go
 into a small sorted *buffer*; when the buffer outgrows a fraction of the main level it is merged
