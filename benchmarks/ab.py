@@ -39,6 +39,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="2 rounds")
     p.add_argument("--key", default="op,size_bytes,mode", help="fields that name a row")
     p.add_argument("--value", default="ratio", help="the field compared")
+    p.add_argument("--own-script", action="store_true",
+                   help="each arm runs its own revision's copy of the benchmark script (when "
+                        "the script changed with the library); compare an absolute field "
+                        "such as --value hogshard_MBps then")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("bench", nargs="*", default=None,
                    help="benchmark script (in benchmarks/) and its arguments; it must take "
@@ -67,12 +71,12 @@ def checkout(revision: str, where: Path) -> Path:
     return where
 
 
-def run_arm(tree: Path, bench: list[str], out: Path) -> list[dict]:
+def run_arm(tree: Path, source: Path, bench: list[str], out: Path) -> list[dict]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(tree), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    script = ROOT / "benchmarks" / bench[0]
+    script = source / "benchmarks" / bench[0]
     subprocess.run([sys.executable, str(script), *bench[1:], "--json", str(out)], env=env,
-                   check=True, stdout=subprocess.DEVNULL, cwd=ROOT / "benchmarks")
+                   check=True, stdout=subprocess.DEVNULL, cwd=source / "benchmarks")
     return json.loads(out.read_text())
 
 
@@ -88,7 +92,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             for round_ in range(args.rounds):
                 for arm in ("base", "head") if round_ % 2 == 0 else ("head", "base"):
-                    rows = run_arm(trees[arm], args.bench, work / f"{arm}-{round_}.json")
+                    source = sources[arm] if args.own_script else ROOT
+                    rows = run_arm(trees[arm], source, args.bench,
+                                   work / f"{arm}-{round_}.json")
                     for row in rows:
                         key = tuple(row.get(k) for k in keys)
                         values.setdefault(key, {"base": [], "head": []})[arm].append(
