@@ -377,7 +377,8 @@ class PSClient:
                 fields["clock"] = clock
             if codec != "none":
                 fields["codec"] = codec
-            elif self.shm.colocated(self._hosts.get(chunks[0].server)) and \
+            elif self.shm.reaches(chunks) and \
+                    self.shm.colocated(self._hosts.get(chunks[0].server)) and \
                     not self.shm.busy("pull", table, [c.chunk_id for c in chunks]):
                 fields["shm"] = self.shm.min_bytes
 

@@ -50,6 +50,10 @@ class ShmLink:
     def min_bytes(self) -> int:
         return self.settings.shm_min_bytes
 
+    def reaches(self, chunks: Sequence[Chunk]) -> bool:
+        """Whether any of ``chunks`` (float32) is large enough to travel through a segment."""
+        return any(4 * c.length >= self.settings.shm_min_bytes for c in chunks)
+
     def segment(self, table: DenseTable) -> Segment:
         """The table's push segment (a float32 slot for every element, at its offset)."""
         segment = self._segments.get(table.name)
