@@ -1,5 +1,5 @@
 """Does the socket loop stay responsive while big updates run? Inline updates vs
-``--update-threads 1`` (issue 7), both clusters up at once, runs interleaved.
+``--update-threads 1``, both clusters up at once, runs interleaved.
 
 Two clusters (a scheduler and one server each, subprocesses): one server with
 ``HOGSHARD_UPDATE_THREADS=0`` (updates on the loop thread), one with ``=1``.

@@ -51,7 +51,7 @@ def wait_until(
 
 
 #: ``HOGSHARD_TEST_UPDATE_THREADS=1 pytest tests/integration`` gives every child
-#: ``HOGSHARD_UPDATE_THREADS=1`` (servers apply updates on a thread; issue 7).
+#: ``HOGSHARD_UPDATE_THREADS=1`` (servers apply updates on a thread).
 TEST_UPDATE_THREADS = "HOGSHARD_TEST_UPDATE_THREADS"
 #: ``HOGSHARD_TEST_SHM_MIN_BYTES=4 pytest tests/integration`` sends every chunk between
 #: co-located workers and servers through shared memory (``HOGSHARD_SHM_MIN_BYTES``), in

@@ -1,4 +1,4 @@
-"""Backpressure with a real server process (issue 8): a worker that fires pushes without
+"""Backpressure with a real server process: a worker that fires pushes without
 waiting for them never has more than ``max_in_flight`` requests outstanding: each new push
 first waits for a reply, so the flood slows the sender instead of queueing on the server."""
 

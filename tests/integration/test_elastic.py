@@ -1,4 +1,4 @@
-"""Elastic workers with real processes, under every policy (issue 8): a scheduler, 2 servers and
+"""Elastic workers with real processes, under every policy: a scheduler, 2 servers and
 2 workers train; once they have made progress a third worker joins mid-job; once it trains, one
 of the first two leaves cleanly (``client.close()``); the other two train on and finish.
 

@@ -1,4 +1,4 @@
-"""Partition, not death (issue 8): a primary server cut off from the scheduler and its backup
+"""Partition, not death: a primary server cut off from the scheduler and its backup
 while it stays alive, and reachable by the workers, never acknowledges a push after its backup
 is promoted; no acknowledged push is lost when the partition heals.
 

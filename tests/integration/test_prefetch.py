@@ -1,4 +1,4 @@
-"""Prefetching the next weights (issue 7) with a real scheduler and server: under async a
+"""Prefetching the next weights with a real scheduler and server: under async a
 worker with ``PSOptimizer(prefetch=True)`` computes step t+1 on the weights after t updates
 (one step older than without prefetch), exactly, and its final weights match that schedule,
 on each available device (on CUDA the prefetched weights reach the model through pinned host

@@ -1,4 +1,4 @@
-"""Chain replication with real processes (issue 8): a primary server killed with SIGKILL during
+"""Chain replication with real processes: a primary server killed with SIGKILL during
 training loses no acknowledged update and applies none twice, its backups take over, a
 replacement server becomes the new backup, and the model trains as well as without the kill."""
 

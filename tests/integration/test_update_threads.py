@@ -1,4 +1,4 @@
-"""``hogshard server --update-threads N`` (issue 7): a real scheduler and server process, a
+"""``hogshard server --update-threads N``: a real scheduler and server process, a
 PSClient in this process.
 
 * pipelined pushes to the same chunks (no wait between them) are applied in arrival order:
