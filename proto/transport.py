@@ -104,7 +104,18 @@ def send(
 ) -> zmq.MessageTracker | None:
     """Send one message; large array frames go zero-copy (the caller must leave the arrays
     unchanged until the peer has replied, or, with ``track``, until the tracker is done)."""
-    frames = encode(header, arrays)
+    return send_frames(sock, encode(header, arrays), identity, flags, track)
+
+
+def send_frames(
+    sock: zmq.Socket,
+    frames: Sequence[Any],
+    identity: bytes | None = None,
+    flags: int = 0,
+    track: bool = False,
+) -> zmq.MessageTracker | None:
+    """Send the frames :func:`hogshard.proto.wire.encode` built, as :func:`send` does (for a
+    caller that also needs the frames, e.g. to count their bytes)."""
     put = _BACKEND_SEND if type(sock) is zmq.Socket else type(sock).send
     flags = int(flags)
     more = flags | _SNDMORE

@@ -28,6 +28,7 @@ import numpy as np
 from hogshard.proto.codecs import Codec
 from hogshard.proto.codecs.pull import encode_weights, pull_codec
 from hogshard.proto.errors import ConflictError, HogshardError, ProtocolError, TooLargeError
+from hogshard.proto.transport import COPY_BELOW
 from hogshard.proto.wire import Message
 from hogshard.ps.applier import UpdateApplier
 from hogshard.ps.decoding import PayloadDecoder
@@ -141,9 +142,34 @@ class DenseOps:
         if self._replicas.replicated(table.name):
             self._replicated_push(identity, msg, table, chunks, grads, versions)
             return
+        if self._may_reply_first(msg):
+            self._reply_first(identity, msg, table, chunks, grads, versions)
+            return
         staleness, ticket = self._apply(identity, msg, table, chunks, grads, versions, False)
         self._updates.when_applied(ticket, lambda _: self._replies.reply(
             identity, msg.request_id, {"staleness": staleness}))
+
+    def _may_reply_first(self, msg: Message) -> bool:
+        """Whether a push may be acknowledged before its updates are applied: nothing reads
+        the weights before the loop's next message (pulls the push releases are answered after
+        the updates), the gradients are the server's own (not in a worker's shared memory,
+        which the worker reuses once acknowledged), and no ``+dc`` or hardsync step reads them."""
+        policy = self._applier.policy
+        return not self._updates.concurrent and msg.get("shm") is None \
+            and not policy.waits_for_apply and not policy.modifiers.dc_lambda
+
+    def _reply_first(self, identity: bytes, msg: Message, table: DenseTable,
+                     chunks: list[DenseChunk], grads: list[np.ndarray],
+                     versions: list[int]) -> None:
+        """A push acknowledged first, then applied (the next request sees its updates)."""
+        self._updates.reply_first()
+        try:
+            staleness, _ = self._apply(identity, msg, table, chunks, grads, versions, False,
+                                       release=False)
+            self._replies.reply(identity, msg.request_id, {"staleness": staleness})
+        finally:
+            self._updates.flush()
+        self.release_deferred()
 
     def _shm_gradients(self, msg: Message) -> list[np.ndarray]:
         """A push naming shared memory: its gradients, read in place (not with codecs, nor for
@@ -182,7 +208,7 @@ class DenseOps:
 
     def _apply(self, identity: bytes, msg: Message, table: DenseTable,
                chunks: list[DenseChunk], grads: list[np.ndarray], versions: list[int],
-               record: bool) -> tuple[list[int | None], Ticket | None]:
+               record: bool, release: bool = True) -> tuple[list[int | None], Ticket | None]:
         """Apply a validated push; returns each gradient's staleness and the ticket its
         updates are applied under (``record``: the updates are wanted, for the backups)."""
         sender = str(msg.get("from"))
@@ -203,7 +229,8 @@ class DenseOps:
                                       msg.get("codecs"))
         if clock is not None and msg.get("partial") is not True:  # more of this step follows
             self._view.pushed(sender, clock)
-        self.release_deferred()
+        if release:
+            self.release_deferred()
         return staleness, ticket
 
     # ---- pull ---------------------------------------------------------------------------------
@@ -248,9 +275,11 @@ class DenseOps:
             return
         live = not self._applier.policy.modifiers.dc_lambda  # +dc: the applier keeps what was read
         arrays = [chunk.weights if live else chunk.weights.copy() for chunk in chunks]
+        # frames below COPY_BELOW are copied as they are sent: only larger ones need a tracker
+        track = live and any(chunk.weights.nbytes >= COPY_BELOW for chunk in chunks)
         tracker = self._answer_pull(identity, msg, table, chunks, codec, arrays,
-                                    [chunk.version for chunk in chunks], track=live)
-        if live:
+                                    [chunk.version for chunk in chunks], track=track)
+        if track:
             for chunk in chunks:
                 chunk.in_flight = tracker
 

@@ -87,6 +87,15 @@ class UpdateExecutor(UpdateRunner, Protocol):
         """Take the finished updates (when :attr:`socket` is readable)."""
         ...
 
+    def reply_first(self) -> None:
+        """Until :meth:`flush`, updates without a ticket may wait (versions move at once):
+        the request's reply can leave before they are applied."""
+        ...
+
+    def flush(self) -> None:
+        """Apply the updates :meth:`reply_first` let wait."""
+        ...
+
     def settle(self) -> None:
         """Wait until every queued update is applied."""
         ...
@@ -102,12 +111,17 @@ class InlineUpdates:
 
     def __init__(self, stats: ServerStats) -> None:
         self._stats = stats
+        self._waiting: list[tuple[DenseTable, DenseChunk, np.ndarray, float]] | None = None
 
     def open(self, identity: bytes, request_id: int, record: bool) -> Ticket | None:
         return Ticket(identity, request_id) if record else None
 
     def run(self, table: DenseTable, chunk: DenseChunk, grad: np.ndarray, scale: float,
             ticket: Ticket | None) -> None:
+        if self._waiting is not None and ticket is None:
+            chunk.version += 1
+            self._waiting.append((table, chunk, grad, scale))
+            return
         table.rule.apply(chunk.writable(), grad, chunk.state, scale)
         chunk.version += 1
         self._stats.updates += 1
@@ -127,6 +141,19 @@ class InlineUpdates:
 
     def settle(self) -> None:
         pass
+
+    def reply_first(self) -> None:
+        self._waiting = []
+
+    def flush(self) -> None:
+        waiting, self._waiting = self._waiting, None
+        for table, chunk, grad, scale in waiting or ():
+            try:
+                table.rule.apply(chunk.writable(), grad, chunk.state, scale)
+            except Exception:  # the reply has left: nothing to answer with the error
+                log.exception("update of table %r chunk %d failed", table.name, chunk.chunk_id)
+                continue
+            self._stats.updates += 1
 
     def close(self) -> None:
         pass
@@ -177,6 +204,12 @@ class ThreadedUpdates:
 
     def collect(self) -> None:
         self._finish(self._pool.collect())
+
+    def reply_first(self) -> None:
+        pass  # updates already run beside the loop; a reply waits for its updates
+
+    def flush(self) -> None:
+        pass
 
     def settle(self) -> None:
         if self._pool.busy:

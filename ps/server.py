@@ -30,7 +30,7 @@ import logging
 import secrets
 import threading
 import time
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar
 
 import zmq
 
@@ -61,6 +61,8 @@ from hogshard.ps.stats import ServerStats
 from hogshard.ps.workers import PolicySchedule, WorkerView
 
 log = logging.getLogger(__name__)
+
+_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)  # plain ints: enum operators cost ~1 us
 
 
 class ShardServer:
@@ -173,7 +175,7 @@ class ShardServer:
                 if self._sock in events:
                     for _ in range(64):  # drain a burst before the next heartbeat check
                         self._core.handle_one(self._invoke, self._before)
-                        if not cast(int, self._sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+                        if not self._sock.getsockopt(_EVENTS) & _POLLIN:
                             break
         finally:
             self.close()

@@ -93,6 +93,8 @@ class Future:
 
     @classmethod
     def gather(cls, futures: Sequence[Future], pump: Pump) -> Future:
+        if len(futures) == 1 and futures[0]._pump is pump:
+            return futures[0]
         return cls([r for f in futures for r in f.requests], pump)
 
     def done(self) -> bool:

@@ -20,9 +20,15 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
+import zmq
+
+_SIZED_BY_LEN = (bytes, zmq.Frame)  # len() is their size in bytes
+
 
 def frame_bytes(frame: Any) -> int:
     """The size of one frame: ``bytes``, ``zmq.Frame`` or a numpy array."""
+    if type(frame) in _SIZED_BY_LEN:
+        return len(frame)
     nbytes = getattr(frame, "nbytes", None)
     return int(nbytes) if nbytes is not None else len(frame)
 

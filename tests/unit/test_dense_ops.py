@@ -135,8 +135,9 @@ def test_an_ssp_pull_waits_for_the_slowest_worker_then_goes(context: zmq.Context
         parts.pull(2, "worker-0", clock=1)  # worker-1 is still at clock 0
         assert [r[0] for r in parts.out.replies] == [1] and parts.ops.pending_pulls == 1
         parts.push(3, "worker-1", 1.0, clock=0)  # its push of step 0: now at clock 1
-        assert [r[0] for r in parts.out.replies] == [1, 2, 3]
-        fields, arrays = parts.out.replies[1][1]
+        # the push is acknowledged first; the pull it releases sees its update
+        assert [r[0] for r in parts.out.replies] == [1, 3, 2]
+        fields, arrays = parts.out.replies[2][1]
         assert fields["versions"] == [2, 2] and arrays[0].tolist() == [-2.0, -2.0]
         assert parts.ops.pending_pulls == 0 and parts.stats.deferred_pulls == 1
     finally:
