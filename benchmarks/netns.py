@@ -5,7 +5,8 @@ The servers' side (``srv``) holds ``10.213.0.1/24``, the client's side (``cli``)
 ``rate`` (a ``tc`` rate such as ``10gbit``) shapes both directions with a token bucket, ``mtu``
 sets both ends. Entering creates the pair; leaving kills whatever still runs inside either
 namespace and deletes both (the veth goes with them), on errors too. Namespaces left by a run
-that was killed with SIGKILL (their creator's pid is gone) are removed the next time.
+that was killed with SIGKILL (their creator's pid is gone; its client gets SIGTERM then and
+stops its servers) are removed the next time.
 
 Example::
 
@@ -15,6 +16,8 @@ Example::
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import json
 import logging
 import os
@@ -37,6 +40,7 @@ _RATE_SCALE = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12,
 #: tc's token bucket must hold at least one timer tick's worth of bytes at the rate.
 _BURST_SECONDS = 0.004
 _MIN_BURST = 1 << 20
+_PR_SET_PDEATHSIG = 1
 
 
 class NetnsUnavailable(RuntimeError):
@@ -193,6 +197,13 @@ class NamespacePair:
 
 
 
+def _die_with_parent() -> None:
+    """In a child about to exec: get SIGTERM when the parent dies, even by SIGKILL (Linux
+    keeps this across ``ip netns exec``'s exec)."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 def run_in_namespaces(script: str, argv: list[str], rate: str | None, mtu: int | None,
                       json_path: str | None) -> int:
     """Run ``script argv --netns-inner SERVER_NS`` in the client's namespace of a fresh pair
@@ -214,7 +225,7 @@ def run_in_namespaces(script: str, argv: list[str], rate: str | None, mtu: int |
               f"{pair.client_ns} ({pair.client_ip}); veth, mtu {mtu or 'default'}, rate "
               f"{rate or 'unshaped'}", flush=True)
         child = subprocess.Popen([*pair.exec_in(pair.client_ns), sys.executable, script, *argv,
-                                  "--netns-inner", pair.server_ns])
+                                  "--netns-inner", pair.server_ns], preexec_fn=_die_with_parent)
         forward = lambda sig, _frame: child.send_signal(sig)  # noqa: E731
         previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
         try:
