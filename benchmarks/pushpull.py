@@ -205,6 +205,20 @@ class Runner:
     name: str
     once: Callable[[], None]
     batch: Callable[[int, int], None]
+    server_pid: int | None = None  # whose CPU time is counted beside this process's
+
+
+def cpu_seconds(pid: int | None = None) -> float:
+    """User + system CPU seconds of process ``pid`` (all its threads; this process if None;
+    0.0 if it is gone). Robust to load where wall time is not: what a round trip costs."""
+    if pid is None:
+        times = os.times()
+        return times.user + times.system
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _pipelined(start: Callable[[], object], finish: Callable[[object], None]) -> Callable:
@@ -320,13 +334,17 @@ def measure(runners: list[Runner], nbytes: int, depth: int, budget: Budget) -> d
         k = max(k, 2 * depth)
     rates: dict[str, list[float]] = {r.name: [] for r in runners}
     latencies: dict[str, list[float]] = {r.name: [] for r in runners}
+    cpu: dict[str, list[float]] = {r.name: [0.0, 0.0] for r in runners}  # client, server
     start = time.perf_counter()
     repeats = 0
     while repeats < budget.max_repeats:
         for runner in runners:
+            c0, s0 = cpu_seconds(), cpu_seconds(runner.server_pid)
             t0 = time.perf_counter()
             runner.batch(k, depth)
             dt = time.perf_counter() - t0
+            cpu[runner.name][0] += cpu_seconds() - c0
+            cpu[runner.name][1] += cpu_seconds(runner.server_pid) - s0
             rates[runner.name].append(k * nbytes / dt / 1e6)
             latencies[runner.name].append(dt / k * 1e3)
         repeats += 1
@@ -340,6 +358,7 @@ def measure(runners: list[Runner], nbytes: int, depth: int, budget: Budget) -> d
             "MBps_p75": float(np.percentile(rates[name], 75)),
             "repeats": repeats,
             "ops_per_repeat": k,
+            "cpu_ms": [round(c / (k * repeats) * 1e3, 3) for c in cpu[name]],
         }
         for name in rates
     }
@@ -377,7 +396,9 @@ def run(args: argparse.Namespace) -> list[dict]:
 
                 place = Place(SERVER_IP, tuple(NamespacePair.exec_in(args.netns_inner)))
             scheduler = start_hogshard(workdir, server_env, place)
+            hog_pid = _children[-1].pid  # the server (`ip netns exec` execs it: same pid)
             raw_address = start_raw(workdir, max(sizes), place, io_threads)
+            raw_pid = _children[-1].pid
             client = PSClient(ClientSettings(scheduler=scheduler, connect_timeout=60.0),
                               shm=ShmSettings(shm=1 if args.colocated else 0))
             raw_sock = ctx.socket(zmq.DEALER)
@@ -411,6 +432,9 @@ def run(args: argparse.Namespace) -> list[dict]:
                     buffer[:] = grads
                     raw["push"].append(hogshard_runners(client, table, buffer, out,
                                                         "hogshard_buffer")["push"])
+                for runner in [*hog.values(), *(r for rs in raw.values() for r in rs)]:
+                    runner.server_pid = (None if runner.name == "memcpy" else hog_pid
+                                         if runner.name.startswith("hogshard") else raw_pid)
                 for op in ("push", "pull"):
                     for depth in modes:
                         res = measure([hog[op], *raw[op]], nbytes, depth, budget)
@@ -428,6 +452,8 @@ def run(args: argparse.Namespace) -> list[dict]:
                             "raw_median_ms": round(r["median_ms"], 4),
                             "hogshard_MBps_iqr": [round(h["MBps_p25"], 2), round(h["MBps_p75"], 2)],
                             "raw_MBps_iqr": [round(r["MBps_p25"], 2), round(r["MBps_p75"], 2)],
+                            # CPU ms per op: [this (client) process, the server process]
+                            "hogshard_cpu_ms": h["cpu_ms"], "raw_cpu_ms": r["cpu_ms"],
                             "chunks": len(table.chunks),
                             "chunk_elems": table.spec.chunk_elems,
                             "repeats": h["repeats"],
@@ -499,6 +525,8 @@ def _line(row: dict) -> str:
         flag += f"  from buffer {row['hogshard_buffer_MBps']:.0f} ({row['ratio_buffer']:.2f})"
     if "pslite_MBps" in row:
         flag += f"  ps-lite {row['pslite_MBps']:.0f} ({row['ratio_vs_pslite']:.2f})"
+    flag += "  cpu ms c/s hog {:.2f}/{:.2f} raw {:.2f}/{:.2f}".format(
+        *row["hogshard_cpu_ms"], *row["raw_cpu_ms"])
     for k, rate in row.get("raw_links_MBps", {}).items():
         flag += f"  raw x{k} {rate:.0f}"
     if "memcpy_MBps" in row:
