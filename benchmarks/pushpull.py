@@ -26,6 +26,14 @@ the segment, no copy).
 ``tests/test_benchmark``, built by you; see ``pslite_peer.py``) for every size and op, right
 after hogshard's and raw's repeats of that size, and adds a ``pslite`` column and ratio.
 
+``--netns`` puts the servers (hogshard's and raw's) in one network namespace and this process
+in another, joined by a veth pair (``netns.py``: root only, skipped with the reason elsewhere;
+``--netns-rate`` shapes the link with tc): TCP over a real link instead of loopback, target
+0.9x raw. ``--links 1 2 4`` adds raw pyzmq moving each multi-chunk table over K connections at
+once (``pushpull_links.py``; pulls copy into ``out``): what K connections per server could gain.
+Every row also has the CPU milliseconds per op of this process and of the server process
+(``cpu ms c/s``), which machine load disturbs far less than wall time.
+
 ``--server-blas-threads 1`` caps the server's BLAS threads (the SGD rule uses scipy's saxpy,
 which OpenBLAS runs multi-threaded; on a busy host that can stall a push for milliseconds).
 
@@ -37,6 +45,7 @@ Usage::
     .venv/bin/python benchmarks/pushpull.py --quick
     .venv/bin/python benchmarks/pushpull.py --pipeline 4 --json /tmp/pushpull.json
     .venv/bin/python benchmarks/pushpull.py --colocated --quick
+    sudo .venv/bin/python benchmarks/pushpull.py --netns --sizes 1m 4m 16m 64m --links 1 2 4
     .venv/bin/python benchmarks/pushpull.py --workers 2 --servers 2 --big  # pushpull_scale.py
 """
 
@@ -192,6 +201,17 @@ def raw_server(address_file: str, max_bytes: int, host: str = "127.0.0.1",
             offsets = np.cumsum([start, *lengths]).tolist()
             parts = [view[o:o + n] for o, n in zip(offsets, lengths, strict=False)]
             sock.send_multipart([identity, b"ok", *parts], copy=False)
+
+
+def dealers(ctx: zmq.Context, addresses: list[str]) -> list[zmq.Socket]:
+    """One raw DEALER (no linger) connected to each address."""
+    socks = []
+    for address in addresses:
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(address)
+        socks.append(sock)
+    return socks
 
 
 # ---- measurement ----------------------------------------------------------------------------
@@ -401,9 +421,7 @@ def run(args: argparse.Namespace) -> list[dict]:
             raw_pid = _children[-1].pid
             client = PSClient(ClientSettings(scheduler=scheduler, connect_timeout=60.0),
                               shm=ShmSettings(shm=1 if args.colocated else 0))
-            raw_sock = ctx.socket(zmq.DEALER)
-            raw_sock.setsockopt(zmq.LINGER, 0)
-            raw_sock.connect(raw_address)
+            (raw_sock,) = dealers(ctx, [raw_address])
             for nbytes in sizes:
                 elems = nbytes // 4
                 grads = np.full(elems, 1.0, np.float32)

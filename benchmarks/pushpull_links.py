@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import numpy as np
 import zmq
-from pushpull import PULL_AT, PUSH_AT, Runner, _pipelined
+from pushpull import PULL_AT, PUSH_AT, Runner, _pipelined, dealers
 
 
 def lanes(bounds: list[tuple[int, int]], k: int) -> list[list[tuple[int, int]]]:
@@ -51,12 +51,7 @@ def link_runners(ctx: zmq.Context, address: str, k: int, grads: np.ndarray, out:
     """Push and pull runners named ``raw_x{k}`` over ``k`` new DEALERs to ``address`` (on
     ``ctx``, which needs ``io_threads >= k``), and a function that closes them."""
     runs = lanes(bounds, k)
-    socks = []
-    for _ in runs:
-        sock = ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(address)
-        socks.append(sock)
+    socks = dealers(ctx, [address] * len(runs))
     pushes = [[PUSH_AT, (4 * run[0][0]).to_bytes(8, "little"),
                *(grads[o:o + n] for o, n in run)] for run in runs]
     pulls = [[PULL_AT, (4 * np.array([run[0][0], *(n for _, n in run)], "<u8")).tobytes()]
