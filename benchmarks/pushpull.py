@@ -637,18 +637,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.netns and (args.colocated or args.workers or args.servers or args.big):
         parser.error("--netns measures the one-server TCP sweep: not with --colocated, "
                      "--workers, --servers or --big")
-    if args.netns and not args.netns_inner:
-        from netns import run_in_namespaces  # this script's folder
-
-        return run_in_namespaces(os.path.abspath(__file__),
-                                 sys.argv[1:] if argv is None else argv,
-                                 args.netns_rate, args.netns_mtu, args.json)
     if args.peer and (args.peer[0] != "pslite" or not os.access(args.peer[1], os.X_OK)):
         parser.error(f"--peer: expected 'pslite' and an executable; got {' '.join(args.peer)}")
     if any(s % 4 for s in args.sizes or ()):
         parser.error("sizes must be multiples of 4 bytes (float32 tables)")
     if args.table_size % 4 or min(args.workers, args.servers) < 0:
         parser.error("--table-size must be a multiple of 4 bytes; --workers/--servers >= 1")
+    if args.netns and not args.netns_inner:
+        from netns import run_in_namespaces  # this script's folder
+
+        return run_in_namespaces(os.path.abspath(__file__),
+                                 sys.argv[1:] if argv is None else argv,
+                                 args.netns_rate, args.netns_mtu, args.json)
     blas = (f"server BLAS threads capped at {args.server_blas_threads}"
             if args.server_blas_threads else "server BLAS threads: inherited")
     if args.server_env:
