@@ -26,6 +26,14 @@ the segment, no copy).
 ``tests/test_benchmark``, built by you; see ``pslite_peer.py``) for every size and op, right
 after hogshard's and raw's repeats of that size, and adds a ``pslite`` column and ratio.
 
+``--netns`` puts the servers (hogshard's and raw's) in one network namespace and this process
+in another, joined by a veth pair (``netns.py``: root only, skipped with the reason elsewhere;
+``--netns-rate`` shapes the link with tc): TCP over a real link instead of loopback, target
+0.9x raw. ``--links 1 2 4`` adds raw pyzmq moving each multi-chunk table over K connections at
+once (``pushpull_links.py``; pulls copy into ``out``): what K connections per server could gain.
+Every row also has the CPU milliseconds per op of this process and of the server process
+(``cpu ms c/s``), which machine load disturbs far less than wall time.
+
 ``--server-blas-threads 1`` caps the server's BLAS threads (the SGD rule uses scipy's saxpy,
 which OpenBLAS runs multi-threaded; on a busy host that can stall a push for milliseconds).
 
@@ -37,6 +45,7 @@ Usage::
     .venv/bin/python benchmarks/pushpull.py --quick
     .venv/bin/python benchmarks/pushpull.py --pipeline 4 --json /tmp/pushpull.json
     .venv/bin/python benchmarks/pushpull.py --colocated --quick
+    sudo .venv/bin/python benchmarks/pushpull.py --netns --sizes 1m 4m 16m 64m --links 1 2 4
     .venv/bin/python benchmarks/pushpull.py --workers 2 --servers 2 --big  # pushpull_scale.py
 """
 
@@ -66,8 +75,12 @@ SIZES = [4 * KIB, 64 * KIB, 1 * MIB, 16 * MIB, 64 * MIB]
 COLOCATED_SIZES = [1 * MIB, 4 * MIB, 16 * MIB, 64 * MIB, 256 * MIB]
 COLOCATED_TARGET = 2.0  # shared memory: >= 2x raw pyzmq over TCP
 TARGET_RATIO = 0.70  # from the issue: hogshard >= 70% of raw pyzmq from 1 MiB up
+NETNS_TARGET = 0.9  # across a veth pair between two network namespaces
 TARGET_FROM = 1 * MIB
 PUSH_HEADER, PULL_HEADER = b"P", b"G"
+#: A push or pull from a byte offset (``--links``): ``[b"P@", offset, *payload]``,
+#: ``[b"G@", offset and lengths]`` (little-endian u64s, in bytes).
+PUSH_AT, PULL_AT = b"P@", b"G@"
 REQUEST_TIMEOUT = 60.0  # seconds; a stuck server fails the run instead of hanging it
 BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
@@ -112,35 +125,51 @@ def _wait_file(path: Path, proc: subprocess.Popen, log_path: Path, timeout: floa
     return path.read_text().strip()
 
 
-def start_hogshard(workdir: Path, server_env: dict[str, str] | None = None) -> str:
+@dataclass(frozen=True)
+class Place:
+    """Where the servers (hogshard's and raw's) run: the address they bind and the command
+    prefix that starts them (``ip netns exec NS`` with ``--netns``)."""
+
+    host: str = "127.0.0.1"
+    prefix: tuple[str, ...] = ()
+
+    def bind_args(self) -> list[str]:
+        local = self.host == "127.0.0.1"
+        return ["--bind", f"tcp://{self.host}:0", *([] if local else ["--insecure"])]
+
+
+def start_hogshard(workdir: Path, server_env: dict[str, str] | None = None,
+                   place: Place = Place()) -> str:
     """A scheduler and one shard server as subprocesses; returns the scheduler's address.
     ``server_env``: extra environment for the server only (default: this process's)."""
     address_file = workdir / "scheduler.addr"
-    base = [sys.executable, "-m", "hogshard", "--log-level", "WARNING"]
+    base = [*place.prefix, sys.executable, "-m", "hogshard", "--log-level", "WARNING"]
     sched_log = workdir / "scheduler.log"
-    sched = _spawn([*base, "scheduler", "--bind", "tcp://127.0.0.1:0", "--address-file",
+    sched = _spawn([*base, "scheduler", *place.bind_args(), "--address-file",
                     str(address_file), "--servers", "1"], sched_log)
     address = _wait_file(address_file, sched, sched_log)
-    _spawn([*base, "server", "--scheduler", address], workdir / "server.log",
-           {**os.environ, **(server_env or {})})
+    _spawn([*base, "server", "--scheduler", address, *place.bind_args()],
+           workdir / "server.log", {**os.environ, **(server_env or {})})
     return address
 
 
-def start_raw(workdir: Path, max_bytes: int) -> str:
+def start_raw(workdir: Path, max_bytes: int, place: Place = Place(), io_threads: int = 1) -> str:
     """The raw ROUTER echo/ack process; returns its address."""
     address_file = workdir / "raw.addr"
     log_path = workdir / "raw.log"
     # BLAS threads capped as `hogshard server` caps them (unless this environment says)
     env = {**os.environ, **{v: os.environ.get(v, "1") for v in BLAS_THREAD_VARS}}
-    proc = _spawn([sys.executable, os.path.abspath(__file__), "--raw-server", str(address_file),
-                   "--raw-max-bytes", str(max_bytes)], log_path, env)
+    proc = _spawn([*place.prefix, sys.executable, os.path.abspath(__file__), "--raw-server",
+                   str(address_file), "--raw-max-bytes", str(max_bytes), "--raw-bind",
+                   place.host, "--raw-io-threads", str(io_threads)], log_path, env)
     return _wait_file(address_file, proc, log_path)
 
 
-def raw_server(address_file: str, max_bytes: int) -> None:
+def raw_server(address_file: str, max_bytes: int, host: str = "127.0.0.1",
+               io_threads: int = 1) -> None:
     """ROUTER loop: ``[id, b"P", *payload]`` -> the SGD update of the weights, frame by frame,
     then ``[id, b"ok"]``; ``[id, b"G", lengths]`` -> ``[id, b"ok", *frames]``, one frame per
-    requested length, zero-copy slices of the weights."""
+    requested length, zero-copy slices of the weights (``P@``/``G@``: from an offset)."""
     from hogshard.ps.rules import make_rule
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
@@ -148,28 +177,41 @@ def raw_server(address_file: str, max_bytes: int) -> None:
     rule = make_rule({"rule": "sgd", "lr": 1e-9})
     state = rule.new_state(weights.size)
     view = memoryview(weights.view(np.uint8))
-    ctx = zmq.Context()
+    ctx = zmq.Context(io_threads=io_threads)
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 0)
-    sock.bind("tcp://127.0.0.1:*")
+    sock.bind(f"tcp://{host}:*")
     address = sock.getsockopt(zmq.LAST_ENDPOINT).decode()
     Path(address_file + ".tmp").write_text(address)
     os.replace(address_file + ".tmp", address_file)
     while True:
         frames = sock.recv_multipart(copy=False)
         identity, head = frames[0], frames[1].bytes
-        if head == PUSH_HEADER:
-            offset = 0
-            for frame in frames[2:]:
+        if head in (PUSH_HEADER, PUSH_AT):
+            at = head == PUSH_AT
+            offset = int.from_bytes(frames[2].bytes, "little") // 4 if at else 0
+            for frame in frames[3 if at else 2:]:
                 grad = np.frombuffer(frame.buffer, np.float32)
                 rule.apply(weights[offset:offset + grad.size], grad, state, 1.0)
                 offset += grad.size
             sock.send_multipart([identity, b"ok"])
         else:
             lengths = np.frombuffer(frames[2].bytes, "<u8").tolist()
-            offsets = np.cumsum([0, *lengths]).tolist()
+            start = lengths.pop(0) if head == PULL_AT else 0
+            offsets = np.cumsum([start, *lengths]).tolist()
             parts = [view[o:o + n] for o, n in zip(offsets, lengths, strict=False)]
             sock.send_multipart([identity, b"ok", *parts], copy=False)
+
+
+def dealers(ctx: zmq.Context, addresses: list[str]) -> list[zmq.Socket]:
+    """One raw DEALER (no linger) connected to each address."""
+    socks = []
+    for address in addresses:
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(address)
+        socks.append(sock)
+    return socks
 
 
 # ---- measurement ----------------------------------------------------------------------------
@@ -183,6 +225,20 @@ class Runner:
     name: str
     once: Callable[[], None]
     batch: Callable[[int, int], None]
+    server_pid: int | None = None  # whose CPU time is counted beside this process's
+
+
+def cpu_seconds(pid: int | None = None) -> float:
+    """User + system CPU seconds of process ``pid`` (all its threads; this process if None;
+    0.0 if it is gone). Robust to load where wall time is not: what a round trip costs."""
+    if pid is None:
+        times = os.times()
+        return times.user + times.system
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _pipelined(start: Callable[[], object], finish: Callable[[object], None]) -> Callable:
@@ -298,13 +354,17 @@ def measure(runners: list[Runner], nbytes: int, depth: int, budget: Budget) -> d
         k = max(k, 2 * depth)
     rates: dict[str, list[float]] = {r.name: [] for r in runners}
     latencies: dict[str, list[float]] = {r.name: [] for r in runners}
+    cpu: dict[str, list[float]] = {r.name: [0.0, 0.0] for r in runners}  # client, server
     start = time.perf_counter()
     repeats = 0
     while repeats < budget.max_repeats:
         for runner in runners:
+            c0, s0 = cpu_seconds(), cpu_seconds(runner.server_pid)
             t0 = time.perf_counter()
             runner.batch(k, depth)
             dt = time.perf_counter() - t0
+            cpu[runner.name][0] += cpu_seconds() - c0
+            cpu[runner.name][1] += cpu_seconds(runner.server_pid) - s0
             rates[runner.name].append(k * nbytes / dt / 1e6)
             latencies[runner.name].append(dt / k * 1e3)
         repeats += 1
@@ -318,6 +378,7 @@ def measure(runners: list[Runner], nbytes: int, depth: int, budget: Budget) -> d
             "MBps_p75": float(np.percentile(rates[name], 75)),
             "repeats": repeats,
             "ops_per_repeat": k,
+            "cpu_ms": [round(c / (k * repeats) * 1e3, 3) for c in cpu[name]],
         }
         for name in rates
     }
@@ -341,19 +402,26 @@ def run(args: argparse.Namespace) -> list[dict]:
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="hogshard-pushpull-") as tmp:
         workdir = Path(tmp)
-        ctx = zmq.Context()
+        io_threads = max([1, *(args.links or [])])  # libzmq drives K links on K threads
+        ctx = zmq.Context(io_threads=io_threads)
         client = raw_sock = None
+        closers: list[Callable[[], None]] = []
         try:
             server_env = dict(args.server_env or [])
             if args.server_blas_threads:
                 server_env.update({v: str(args.server_blas_threads) for v in BLAS_THREAD_VARS})
-            scheduler = start_hogshard(workdir, server_env)
-            raw_address = start_raw(workdir, max(sizes))
+            place = Place()
+            if args.netns_inner:  # this process runs in the client's namespace
+                from netns import SERVER_IP, NamespacePair  # this script's folder
+
+                place = Place(SERVER_IP, tuple(NamespacePair.exec_in(args.netns_inner)))
+            scheduler = start_hogshard(workdir, server_env, place)
+            hog_pid = _children[-1].pid  # the server (`ip netns exec` execs it: same pid)
+            raw_address = start_raw(workdir, max(sizes), place, io_threads)
+            raw_pid = _children[-1].pid
             client = PSClient(ClientSettings(scheduler=scheduler, connect_timeout=60.0),
                               shm=ShmSettings(shm=1 if args.colocated else 0))
-            raw_sock = ctx.socket(zmq.DEALER)
-            raw_sock.setsockopt(zmq.LINGER, 0)
-            raw_sock.connect(raw_address)
+            (raw_sock,) = dealers(ctx, [raw_address])
             for nbytes in sizes:
                 elems = nbytes // 4
                 grads = np.full(elems, 1.0, np.float32)
@@ -367,6 +435,14 @@ def run(args: argparse.Namespace) -> list[dict]:
                                           [(c.offset, c.length) for c in table.chunks])
                     for op in raw:
                         raw[op] += chunked[op]
+                    for k in args.links or ():
+                        from pushpull_links import link_runners  # this script's folder
+
+                        linked, close = link_runners(ctx, raw_address, k, grads, out,
+                                                     [(c.offset, c.length) for c in table.chunks])
+                        closers.append(close)
+                        for op in raw:
+                            raw[op].append(linked[op])
                 if args.colocated:
                     for op, extra in memcpy_runners(grads, out).items():
                         raw[op] += extra
@@ -374,6 +450,9 @@ def run(args: argparse.Namespace) -> list[dict]:
                     buffer[:] = grads
                     raw["push"].append(hogshard_runners(client, table, buffer, out,
                                                         "hogshard_buffer")["push"])
+                for runner in [*hog.values(), *(r for rs in raw.values() for r in rs)]:
+                    runner.server_pid = (None if runner.name == "memcpy" else hog_pid
+                                         if runner.name.startswith("hogshard") else raw_pid)
                 for op in ("push", "pull"):
                     for depth in modes:
                         res = measure([hog[op], *raw[op]], nbytes, depth, budget)
@@ -384,12 +463,15 @@ def run(args: argparse.Namespace) -> list[dict]:
                             "raw_zmq_MBps": round(r["MBps"], 2),
                             "ratio": round(h["MBps"] / r["MBps"], 4),
                             "mode": "sequential" if depth == 1 else "pipelined",
-                            "path": "shm" if args.colocated else "tcp",
+                            "path": "shm" if args.colocated else
+                                    "netns" if args.netns_inner else "tcp",
                             "in_flight": depth,
                             "hogshard_median_ms": round(h["median_ms"], 4),
                             "raw_median_ms": round(r["median_ms"], 4),
                             "hogshard_MBps_iqr": [round(h["MBps_p25"], 2), round(h["MBps_p75"], 2)],
                             "raw_MBps_iqr": [round(r["MBps_p25"], 2), round(r["MBps_p75"], 2)],
+                            # CPU ms per op: [this (client) process, the server process]
+                            "hogshard_cpu_ms": h["cpu_ms"], "raw_cpu_ms": r["cpu_ms"],
                             "chunks": len(table.chunks),
                             "chunk_elems": table.spec.chunk_elems,
                             "repeats": h["repeats"],
@@ -415,12 +497,18 @@ def run(args: argparse.Namespace) -> list[dict]:
                             chunked_rate = res["raw_chunked"]["MBps"]
                             row["raw_chunked_MBps"] = round(chunked_rate, 2)
                             row["ratio_vs_chunked"] = round(h["MBps"] / chunked_rate, 4)
+                        links = {k: round(res[f"raw_x{k}"]["MBps"], 2) for k in args.links or ()
+                                 if f"raw_x{k}" in res}
+                        if links:
+                            row["raw_links_MBps"] = links
                         row["loadavg_1m"] = round(os.getloadavg()[0], 2)
                         row["server_blas_threads"] = args.server_blas_threads or None
                         if args.server_env:
                             row["server_env"] = dict(args.server_env)
                         rows.append(row)
                         print(_line(row), flush=True)
+                while closers:
+                    closers.pop()()
                 del hog, raw, grads, out
         except BaseException:
             for log in sorted(workdir.glob("*.log")):  # the temp dir goes away with us
@@ -433,6 +521,8 @@ def run(args: argparse.Namespace) -> list[dict]:
                 client.close()
             if raw_sock is not None:
                 raw_sock.close(0)
+            for close in closers:
+                close()
             ctx.term()
             _reap()
     return rows
@@ -446,13 +536,17 @@ HEADER = (f"{'op':<5} {'mode':<6} {'size':>7} {'hogshard MB/s':>14} {'raw MB/s':
 def _line(row: dict) -> str:
     mode = "seq" if row["in_flight"] == 1 else f"pipe{row['in_flight']}"
     flag = ""
-    target = COLOCATED_TARGET if row["path"] == "shm" else TARGET_RATIO
+    target = {"shm": COLOCATED_TARGET, "netns": NETNS_TARGET}.get(row["path"], TARGET_RATIO)
     if row["size_bytes"] >= TARGET_FROM:
         flag = "  ok" if row["ratio"] >= target else "  MISS"
     if "hogshard_buffer_MBps" in row:
         flag += f"  from buffer {row['hogshard_buffer_MBps']:.0f} ({row['ratio_buffer']:.2f})"
     if "pslite_MBps" in row:
         flag += f"  ps-lite {row['pslite_MBps']:.0f} ({row['ratio_vs_pslite']:.2f})"
+    flag += "  cpu ms c/s hog {:.2f}/{:.2f} raw {:.2f}/{:.2f}".format(
+        *row["hogshard_cpu_ms"], *row["raw_cpu_ms"])
+    for k, rate in row.get("raw_links_MBps", {}).items():
+        flag += f"  raw x{k} {rate:.0f}"
     if "memcpy_MBps" in row:
         flag += f"  memcpy {row['memcpy_MBps']:.0f} ({row['ratio_vs_memcpy']:.2f})"
     copy = f"{row['raw_copy_MBps']:9.1f}" if "raw_copy_MBps" in row else f"{'-':>9}"
@@ -513,18 +607,48 @@ def main(argv: list[str] | None = None) -> int:
                         help="scale mode: step time of a 100 M-parameter (400 MB) table, 1 worker "
                              "and 2 servers, against raw pyzmq (10 M with --quick)")
     parser.add_argument("--big-params", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--netns", action="store_true",
+                        help="servers (hogshard's and raw's) in one network namespace, this "
+                             "client in another, joined by a veth pair (root only; skipped with "
+                             "the reason elsewhere); namespaces and processes are removed at exit")
+    parser.add_argument("--netns-rate", metavar="RATE",
+                        help="with --netns: shape both directions of the link to RATE with tc "
+                             "(e.g. 10gbit; default: unshaped)")
+    parser.add_argument("--netns-mtu", type=int, metavar="BYTES",
+                        help="with --netns: the veth MTU (default: the kernel's, 1500)")
+    parser.add_argument("--links", type=int, nargs="+", metavar="K",
+                        help="also move tables of several chunks with raw pyzmq over K TCP "
+                             "connections at once (io_threads=K on both sides; pulls include the "
+                             "copy into out), e.g. --links 1 2 4: what K connections per server "
+                             "could gain")
+    parser.add_argument("--netns-inner", metavar="SERVER_NS", help=argparse.SUPPRESS)
     parser.add_argument("--raw-server", metavar="ADDRESS_FILE", help=argparse.SUPPRESS)
     parser.add_argument("--raw-max-bytes", type=int, default=64 * MIB, help=argparse.SUPPRESS)
+    parser.add_argument("--raw-bind", default="127.0.0.1", help=argparse.SUPPRESS)
+    parser.add_argument("--raw-io-threads", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.raw_server:
-        raw_server(args.raw_server, args.raw_max_bytes)
+        raw_server(args.raw_server, args.raw_max_bytes, args.raw_bind, args.raw_io_threads)
         return 0
+    if any(k < 1 for k in args.links or ()):
+        parser.error("--links: each K must be 1 or more")
+    if (args.netns_rate or args.netns_mtu) and not args.netns:
+        parser.error("--netns-rate and --netns-mtu need --netns")
+    if args.netns and (args.colocated or args.workers or args.servers or args.big):
+        parser.error("--netns measures the one-server TCP sweep: not with --colocated, "
+                     "--workers, --servers or --big")
     if args.peer and (args.peer[0] != "pslite" or not os.access(args.peer[1], os.X_OK)):
         parser.error(f"--peer: expected 'pslite' and an executable; got {' '.join(args.peer)}")
     if any(s % 4 for s in args.sizes or ()):
         parser.error("sizes must be multiples of 4 bytes (float32 tables)")
     if args.table_size % 4 or min(args.workers, args.servers) < 0:
         parser.error("--table-size must be a multiple of 4 bytes; --workers/--servers >= 1")
+    if args.netns and not args.netns_inner:
+        from netns import run_in_namespaces  # this script's folder
+
+        return run_in_namespaces(os.path.abspath(__file__),
+                                 sys.argv[1:] if argv is None else argv,
+                                 args.netns_rate, args.netns_mtu, args.json)
     blas = (f"server BLAS threads capped at {args.server_blas_threads}"
             if args.server_blas_threads else "server BLAS threads: inherited")
     if args.server_env:
@@ -542,7 +666,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(HEADER, flush=True)
         rows = run(args)
-    target = f"{COLOCATED_TARGET:.1f}x" if args.colocated else f"{TARGET_RATIO:.0%}"
+    target = (f"{COLOCATED_TARGET:.1f}x" if args.colocated else
+              f"{NETNS_TARGET:.0%}" if args.netns_inner else f"{TARGET_RATIO:.0%}")
     print(f"done in {time.perf_counter() - t0:.1f} s; target: hogshard >= "
           f"{target} of raw from {fmt_size(TARGET_FROM)} up")
     if args.json:

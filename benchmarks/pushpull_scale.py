@@ -37,6 +37,7 @@ from pushpull import (
     _reap,
     _spawn,
     _wait_file,
+    dealers,
 )
 
 LR_RULE = {"rule": "sgd", "lr": 1e-9}
@@ -101,12 +102,7 @@ def _raw_worker(idx: int, routers: list[str], layout: list[list[tuple[int, int]]
                 warmup: int, steps: int, barrier, queue) -> None:
     try:
         ctx = zmq.Context()
-        socks = []
-        for address in routers:
-            sock = ctx.socket(zmq.DEALER)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.connect(address)
-            socks.append(sock)
+        socks = dealers(ctx, routers)
         grads = np.full(elems, 1.0, np.float32)
         out = np.ones(elems, np.float32)
         parts = [[grads[o:o + n] for o, n in bounds] for bounds in layout]
