@@ -35,7 +35,15 @@ from torch import nn
 
 from hogshard.proto.hashing import init_rows
 from hogshard.proto.tables import EmbeddingSpec
-from hogshard.recsys_data import RecsysDataset, auc, load_open_bandit, logloss, synthetic_criteo
+from hogshard.recsys_data import (
+    DEFAULT_ZIPF_EXPONENT,
+    ID_DISTS,
+    RecsysDataset,
+    auc,
+    load_open_bandit,
+    logloss,
+    synthetic_criteo,
+)
 from hogshard.worker.device import add_device_argument
 
 log = logging.getLogger("dlrm")
@@ -85,7 +93,10 @@ def cache_stats(bags: list[Any]) -> dict[str, float]:
     hits, misses = sum(s["hits"] for s in stats), sum(s["misses"] for s in stats)
     if not stats or not hits + misses:
         return {}
+    lookups = sum(s["lookups"] for s in stats)
     return {"cache_hit_rate": hits / (hits + misses),
+            "cache_lookup_hit_rate": sum(s["lookup_hit_rate"] * s["lookups"] for s in stats)
+            / max(lookups, 1),
             "cache_staleness_mean": sum(s["staleness_mean"] * s["hits"] for s in stats)
             / max(hits, 1)}
 
@@ -285,7 +296,9 @@ def serve_export(args: argparse.Namespace, data: RecsysDataset) -> dict[str, Any
 def load(args: argparse.Namespace) -> RecsysDataset:
     if args.data == "synthetic":
         vocab = args.vocab if args.vocab_per_feature is None else args.vocab_per_feature
-        return synthetic_criteo(args.samples, seed=args.seed, vocab=vocab)
+        exponent = args.zipf_exponent
+        return synthetic_criteo(args.samples, seed=args.seed, vocab=vocab, id_dist=args.id_dist,
+                                zipf_exponent=exponent[0] if len(exponent) == 1 else exponent)
     return load_open_bandit(Path(args.data), seed=args.seed)
 
 
@@ -296,6 +309,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--samples", type=int, default=100_000, help="synthetic: rows to generate")
     p.add_argument("--vocab", type=int, default=1_000_000, help="synthetic: ids per feature")
     p.add_argument("--vocab-per-feature", type=int, nargs=26, default=None)
+    p.add_argument("--id-dist", choices=ID_DISTS, default="zipf",
+                   help="synthetic: how each feature's ids are drawn (default zipf: p(rank k) "
+                   "~ k^-S, a few ids in most samples; loguniform: p(rank r) ~ 1/(r+1), most "
+                   "of a batch's ids rare)")
+    p.add_argument("--zipf-exponent", type=float, nargs="+", default=[DEFAULT_ZIPF_EXPONENT],
+                   metavar="S", help="synthetic, --id-dist zipf: the exponent S, one for every "
+                   f"feature or 26 (default {DEFAULT_ZIPF_EXPONENT})")
     p.add_argument("--dim", type=int, default=16)
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--batch", type=int, default=256)
@@ -330,7 +350,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="evaluate a `hogshard export` (then any incremental ones) in this "
                    "process, with no servers")
     add_device_argument(p)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if len(args.zipf_exponent) not in (1, 26) or min(args.zipf_exponent) <= 0:
+        p.error(f"--zipf-exponent takes 1 or 26 numbers > 0; got {args.zipf_exponent}")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -68,7 +68,8 @@ class _Fetched:
     def __init__(self, indices: torch.Tensor, dim: int, device: torch.device) -> None:
         flat = indices.detach().reshape(-1).to("cpu", torch.int64).numpy()
         self.key = indices
-        self.ids, inverse = np.unique(flat, return_inverse=True)
+        self.ids, inverse, self.counts = np.unique(flat, return_inverse=True,
+                                                   return_counts=True)
         self.inverse = torch.from_numpy(inverse.reshape(indices.shape).astype(np.int64))
         self.rows_tensor = host_empty((self.ids.size, dim), device)  # pinned for a GPU
         self.rows = self.rows_tensor.numpy()
@@ -154,7 +155,7 @@ def _pull(bags: Sequence[RemoteEmbeddingBag], fetched: Sequence[_Fetched],
         f.pulled_at = f.clock if bag.pipeline == "exact" else client.clock
     for cache, tables, cached in _by_cache(pairs):
         missed = cache.split_tables(tables, [f.ids for f in cached], cached[0].clock,
-                                    [f.rows for f in cached])
+                                    [f.rows for f in cached], [f.counts for f in cached])
         for f, positions in zip(cached, missed, strict=True):
             f.missed = positions
             f.missed_rows = np.empty((positions.size, f.rows.shape[1]), np.float32)
