@@ -33,8 +33,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hogshard.proto.errors import ProtocolError
 from hogshard.proto.hashing import init_rows
-from hogshard.proto.tables import EmbeddingSpec
+from hogshard.proto.tables import EmbeddingSpec, row_staleness_bound
 from hogshard.recsys_data import (
     DEFAULT_ZIPF_EXPONENT,
     ID_DISTS,
@@ -83,7 +84,7 @@ def table_spec(args: argparse.Namespace, data: RecsysDataset, f: int) -> Embeddi
     return EmbeddingSpec(f"cat{f}", args.dim, data.vocab[f],
                          {"rule": "rowwise_adagrad", "lr": args.emb_lr}, seed=args.seed,
                          max_rows=args.max_rows, admit_after=args.admit_after, ttl=args.ttl,
-                         storage=args.row_storage)
+                         storage=args.row_storage, policy=args.emb_policy)
 
 
 def cache_stats(bags: list[Any]) -> dict[str, float]:
@@ -214,7 +215,7 @@ def train_remote(args: argparse.Namespace, data: RecsysDataset) -> dict[str, Any
     bags = [RemoteEmbeddingBag(client, s.name, s.num_embeddings, s.dim, mode="sum",
                                rule=s.rule, seed=s.seed, max_rows=s.max_rows,
                                admit_after=s.admit_after, ttl=s.ttl, cache=cache,
-                               storage=s.storage,
+                               storage=s.storage, policy=s.policy,
                                pipeline=args.pipeline)
             for s in (table_spec(args, data, f) for f in range(data.num_sparse))]
     model = DLRM(data.dense.shape[1], bags, args.dim).to(args.device)  # moves the bags too
@@ -263,7 +264,8 @@ def train_remote(args: argparse.Namespace, data: RecsysDataset) -> dict[str, Any
         report = {"auc": result_auc, "logloss": result_logloss, **trained_cache,
                   "samples_per_second": data.train.size * args.epochs / total_wall,
                   "wall_seconds": total_wall, "workers": workers, "servers": client.num_servers,
-                  "policy": client.policy, "pipeline": args.pipeline,
+                  "policy": client.policy, "emb_policy": args.emb_policy,
+                  "pipeline": args.pipeline,
                   "row_storage": args.row_storage,
                   "server_rows": sum(t["rows"] for s in stats.values()
                                      for t in s["tables"].values()),
@@ -341,6 +343,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--row-storage", choices=("fp32", "fp16", "bf16"), default="fp32",
                    help="how the servers hold the embedding rows (half precision: half the "
                    "bytes; updates computed in float32)")
+    p.add_argument("--emb-policy", default="async", metavar="POLICY",
+                   help="the embedding tables' own policy, whatever the job's (dense) policy: "
+                   "'async' (default: pulls of rows never wait) or 'ssp:S' (a step's row pull "
+                   "waits until every worker's row pushes reached S steps behind it)")
     p.add_argument("--rows-every", type=int, default=0, metavar="STEPS",
                    help="rank 0: sample the servers' row counts every STEPS steps (the "
                    "report's peak_table_rows)")
@@ -353,6 +359,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if len(args.zipf_exponent) not in (1, 26) or min(args.zipf_exponent) <= 0:
         p.error(f"--zipf-exponent takes 1 or 26 numbers > 0; got {args.zipf_exponent}")
+    try:
+        row_staleness_bound(args.emb_policy, "cat0")
+    except ProtocolError:
+        p.error(f"--emb-policy must be 'async' or 'ssp:S' (S an int >= 0); got "
+                f"{args.emb_policy!r}")
     return args
 
 
