@@ -27,11 +27,9 @@ from dataclasses import dataclass
 
 from hogshard.proto.errors import TooLargeError
 from hogshard.proto.wire import Message
+from hogshard.ps.dense_ops import MAX_DEFERRED as MAX_HELD
+from hogshard.ps.dense_ops import MAX_DEFERRED_PER_PEER as MAX_HELD_PER_PEER
 from hogshard.ps.workers import MAX_LEFT, WorkerView
-
-#: Pulls held back: per connection and in all (more are refused with TOO_LARGE).
-MAX_HELD_PER_PEER = 64
-MAX_HELD = 4096
 
 
 @dataclass
@@ -63,7 +61,8 @@ class RowGate:
         return all(max(c, self._pushed.get(w, 0)) >= clock - bound for w, c in clocks.items())
 
     def hold(self, identity: bytes, message: Message, bound: int) -> None:
-        """Keep a pull until :meth:`release` finds it allowed; TooLargeError beyond the caps."""
+        """Keep a pull until :meth:`release` finds it allowed; TooLargeError beyond the caps
+        (those of the dense pulls a policy holds back)."""
         mine = sum(1 for h in self.held if h.identity == identity)
         if mine >= MAX_HELD_PER_PEER or len(self.held) >= MAX_HELD:
             raise TooLargeError(

@@ -9,7 +9,8 @@ does it with the dense push).
 
 With ``cache_staleness=K`` a bag keeps the rows it pulled in a :class:`RowCache` and reuses
 a row pulled at most K clocks ago instead of pulling it again (its gradients are still pushed
-every step); ``bag.cache.stats()`` gives the hit rate and the mean age of the rows served.
+every step); ``bag.cache.stats()`` gives the hit rate (unique ids, and lookups) and the mean
+age of the rows served.
 
 With ``pipeline="exact"`` or ``"stale"`` the rows of the *next* batch are pulled while this
 one computes: announce its ids with ``bag.prefetch(next_ids)`` (or :func:`prefetch_next` for
