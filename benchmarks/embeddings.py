@@ -3,7 +3,8 @@ DLRM training samples/s through a 2-server, 2-worker cluster against the single-
 
 Sparse part: a scheduler and one shard server, each in its own subprocess; this process is the
 worker. A batch is 4,096 samples x 26 categorical features of Criteo-shaped synthetic data
-(Zipf-like ids over 10^6 per feature); each step pulls the unique ids of all 26 tables in one
+(ids over 10^6 per feature, Zipf with exponent 1.1 unless ``--id-dist loguniform`` or
+``--zipf-exponent S``; the cache and DLRM parts use the same); each step pulls the unique ids of all 26 tables in one
 request (``pull_rows``) and pushes one gradient row per unique id (``push_rows``). Tables are
 warmed first (rows exist), so the numbers are steady-state lookups. ids/s counts unique ids;
 MB/s counts the row bytes (pull: out, push: in; 1 MB = 10^6 bytes). The local column is
@@ -11,8 +12,8 @@ MB/s counts the row bytes (pull: out, push: in; 1 MB = 10^6 bytes). The local co
 batch time), over tables holding just the ids the batches use.
 
 Cache part: a DLRM step's row fetch (26 tables, batch 256) through the same server, with one
-hot-row cache shared by the 26 bags (staleness 8) against the same bags without it,
-interleaved rounds, at 10^3 and 10^5 ids per feature.
+hot-row cache shared by the 26 bags (staleness 8, or ``--cache-staleness K``) against the same
+bags without it, interleaved rounds, at 10^3 and 10^5 ids per feature.
 
 DLRM part: ``hogshard launch --servers 2 --workers 2 -- python examples/dlrm.py`` on synthetic
 data (``--dlrm-pipeline``, ``--dlrm-cache K`` pass the pipeline and cache on); its report has
@@ -35,6 +36,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -124,8 +126,8 @@ def local_bench(dim: int, batches: list[np.ndarray], repeats: int) -> dict:
             "local_ms_per_batch": 1e3 * s / len(batches)}
 
 
-def cache_bench(address: str, vocab: int, staleness: int, rounds: int, steps: int = 40,
-                batch: int = 256) -> dict:
+def cache_bench(address: str, vocab: int, staleness: int, rounds: int, ids: dict[str, Any],
+                steps: int = 40, batch: int = 256) -> dict:
     """The row fetch of a DLRM step (26 tables, ``batch`` samples: one ``prefetch`` and 26
     forwards, no gradients) with a shared hot-row cache against the same bags without one,
     interleaved round by round; each round is ``steps`` new batches at advancing clocks."""
@@ -138,7 +140,7 @@ def cache_bench(address: str, vocab: int, staleness: int, rounds: int, steps: in
     from hogshard.worker.row_cache import DEFAULT_CAPACITY, RowCache
 
     torch.set_num_threads(1)
-    data = synthetic_criteo(batch * steps * (rounds + 1), seed=2, vocab=vocab)
+    data = synthetic_criteo(batch * steps * (rounds + 1), seed=2, vocab=vocab, **ids)
     client = PSClient(ClientSettings(scheduler=address, request_timeout=60.0))
     try:
         cache = RowCache(16, staleness, DEFAULT_CAPACITY * FEATURES)
@@ -165,7 +167,8 @@ def cache_bench(address: str, vocab: int, staleness: int, rounds: int, steps: in
         client.close()
     plain, cached = float(np.median(times["plain"])), float(np.median(times["cached"]))
     return {"vocab": vocab, "staleness": staleness, "batch": batch,
-            "hit_rate": cache.stats()["hit_rate"], "plain_ms_per_step": 1e3 * plain,
+            "hit_rate": cache.stats()["hit_rate"],
+            "lookup_hit_rate": cache.stats()["lookup_hit_rate"], "plain_ms_per_step": 1e3 * plain,
             "cached_ms_per_step": 1e3 * cached, "cached_over_plain": cached / plain}
 
 
@@ -183,11 +186,15 @@ def dlrm_bench(samples: int, workdir: Path, batch: int, extra: Sequence[str] = (
     out = {k: r[k] for k in keys}
     out["ratio"] = r["samples_per_second"] / r["baseline_samples_per_second"]
     out["samples"], out["batch"] = samples, batch
-    out.update({k: r[k] for k in ("pipeline", "cache_hit_rate", "row_storage") if k in r})
+    out.update({k: r[k] for k in ("pipeline", "cache_hit_rate", "cache_lookup_hit_rate",
+                                  "row_storage", "data") if k in r})
     return out
 
 
 def main() -> int:
+    sys.path.insert(0, str(REPO))
+    from hogshard.recsys_data import DEFAULT_ZIPF_EXPONENT, ID_DISTS, synthetic_criteo
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer batches (< 1 minute)")
     parser.add_argument("--json", type=Path, default=None)
@@ -196,12 +203,19 @@ def main() -> int:
                         help="DLRM: pull the next batch's rows during this step")
     parser.add_argument("--dlrm-cache", type=int, default=None, metavar="K",
                         help="DLRM: the shared hot-row cache with staleness K")
+    parser.add_argument("--cache-staleness", type=int, default=8, metavar="K",
+                        help="the cache part's staleness (default 8)")
+    parser.add_argument("--id-dist", choices=ID_DISTS, default="zipf",
+                        help="how the synthetic ids are drawn (default zipf)")
+    parser.add_argument("--zipf-exponent", type=float, default=DEFAULT_ZIPF_EXPONENT,
+                        metavar="S", help=f"the Zipf exponent (default {DEFAULT_ZIPF_EXPONENT})")
     args = parser.parse_args()
-    sys.path.insert(0, str(REPO))
-    from hogshard.recsys_data import synthetic_criteo
+    if args.zipf_exponent <= 0 or args.cache_staleness < 0:
+        parser.error("--zipf-exponent must be > 0 and --cache-staleness >= 0")
+    ids: dict[str, Any] = {"id_dist": args.id_dist, "zipf_exponent": args.zipf_exponent}
 
     n_batches, repeats = (2, 3) if args.quick else (8, 5)
-    data = synthetic_criteo(BATCH * n_batches, seed=1, vocab=10**6)
+    data = synthetic_criteo(BATCH * n_batches, seed=1, vocab=10**6, **ids)
     batches = np.split(data.sparse, n_batches)
     children: list[subprocess.Popen] = []
     results: dict = {"sparse": [], "cache": [], "dlrm": None}
@@ -217,16 +231,18 @@ def main() -> int:
                       f" M ids/s ({row['push_MB_per_s']:.0f} MB/s), local EmbeddingBag fwd+bwd "
                       f"{row['local_ids_per_s'] / 1e6:.2f} M ids/s", flush=True)
             for vocab in (1000, 100_000):
-                row = cache_bench(address, vocab, 8, 3 if args.quick else 7)
+                row = cache_bench(address, vocab, args.cache_staleness, 3 if args.quick else 7, ids)
                 results["cache"].append(row)
-                print(f"row cache K=8, ids per feature {vocab}: hit rate {row['hit_rate']:.2f}, "
+                print(f"row cache K={args.cache_staleness}, ids per feature {vocab}: hit rate "
+                      f"{row['hit_rate']:.2f} (lookups {row['lookup_hit_rate']:.2f}), "
                       f"fetch {row['cached_ms_per_step']:.2f} ms/step against "
                       f"{row['plain_ms_per_step']:.2f} without (ratio "
                       f"{row['cached_over_plain']:.2f})", flush=True)
             for child in children:
                 child.terminate()
             extra = ([f"--pipeline={args.dlrm_pipeline}"] if args.dlrm_pipeline else []) + \
-                ([f"--cache-staleness={args.dlrm_cache}"] if args.dlrm_cache is not None else [])
+                ([f"--cache-staleness={args.dlrm_cache}"] if args.dlrm_cache is not None else []) \
+                + [f"--id-dist={args.id_dist}", f"--zipf-exponent={args.zipf_exponent}"]
             results["dlrm"] = dlrm_bench(20_000 if args.quick else 100_000, Path(tmp),
                                          args.dlrm_batch, extra)
             d = results["dlrm"]

@@ -33,9 +33,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hogshard.proto.errors import ProtocolError
 from hogshard.proto.hashing import init_rows
-from hogshard.proto.tables import EmbeddingSpec
-from hogshard.recsys_data import RecsysDataset, auc, load_open_bandit, logloss, synthetic_criteo
+from hogshard.proto.tables import EmbeddingSpec, row_staleness_bound
+from hogshard.recsys_data import (
+    DEFAULT_ZIPF_EXPONENT,
+    ID_DISTS,
+    RecsysDataset,
+    auc,
+    load_open_bandit,
+    logloss,
+    synthetic_criteo,
+)
 from hogshard.worker.device import add_device_argument
 
 log = logging.getLogger("dlrm")
@@ -75,7 +84,7 @@ def table_spec(args: argparse.Namespace, data: RecsysDataset, f: int) -> Embeddi
     return EmbeddingSpec(f"cat{f}", args.dim, data.vocab[f],
                          {"rule": "rowwise_adagrad", "lr": args.emb_lr}, seed=args.seed,
                          max_rows=args.max_rows, admit_after=args.admit_after, ttl=args.ttl,
-                         storage=args.row_storage)
+                         storage=args.row_storage, policy=args.emb_policy)
 
 
 def cache_stats(bags: list[Any]) -> dict[str, float]:
@@ -85,7 +94,10 @@ def cache_stats(bags: list[Any]) -> dict[str, float]:
     hits, misses = sum(s["hits"] for s in stats), sum(s["misses"] for s in stats)
     if not stats or not hits + misses:
         return {}
+    lookups = sum(s["lookups"] for s in stats)
     return {"cache_hit_rate": hits / (hits + misses),
+            "cache_lookup_hit_rate": sum(s["lookup_hit_rate"] * s["lookups"] for s in stats)
+            / max(lookups, 1),
             "cache_staleness_mean": sum(s["staleness_mean"] * s["hits"] for s in stats)
             / max(hits, 1)}
 
@@ -203,7 +215,7 @@ def train_remote(args: argparse.Namespace, data: RecsysDataset) -> dict[str, Any
     bags = [RemoteEmbeddingBag(client, s.name, s.num_embeddings, s.dim, mode="sum",
                                rule=s.rule, seed=s.seed, max_rows=s.max_rows,
                                admit_after=s.admit_after, ttl=s.ttl, cache=cache,
-                               storage=s.storage,
+                               storage=s.storage, policy=s.policy,
                                pipeline=args.pipeline)
             for s in (table_spec(args, data, f) for f in range(data.num_sparse))]
     model = DLRM(data.dense.shape[1], bags, args.dim).to(args.device)  # moves the bags too
@@ -252,7 +264,8 @@ def train_remote(args: argparse.Namespace, data: RecsysDataset) -> dict[str, Any
         report = {"auc": result_auc, "logloss": result_logloss, **trained_cache,
                   "samples_per_second": data.train.size * args.epochs / total_wall,
                   "wall_seconds": total_wall, "workers": workers, "servers": client.num_servers,
-                  "policy": client.policy, "pipeline": args.pipeline,
+                  "policy": client.policy, "emb_policy": args.emb_policy,
+                  "pipeline": args.pipeline,
                   "row_storage": args.row_storage,
                   "server_rows": sum(t["rows"] for s in stats.values()
                                      for t in s["tables"].values()),
@@ -285,7 +298,9 @@ def serve_export(args: argparse.Namespace, data: RecsysDataset) -> dict[str, Any
 def load(args: argparse.Namespace) -> RecsysDataset:
     if args.data == "synthetic":
         vocab = args.vocab if args.vocab_per_feature is None else args.vocab_per_feature
-        return synthetic_criteo(args.samples, seed=args.seed, vocab=vocab)
+        exponent = args.zipf_exponent
+        return synthetic_criteo(args.samples, seed=args.seed, vocab=vocab, id_dist=args.id_dist,
+                                zipf_exponent=exponent[0] if len(exponent) == 1 else exponent)
     return load_open_bandit(Path(args.data), seed=args.seed)
 
 
@@ -296,6 +311,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--samples", type=int, default=100_000, help="synthetic: rows to generate")
     p.add_argument("--vocab", type=int, default=1_000_000, help="synthetic: ids per feature")
     p.add_argument("--vocab-per-feature", type=int, nargs=26, default=None)
+    p.add_argument("--id-dist", choices=ID_DISTS, default="zipf",
+                   help="synthetic: how each feature's ids are drawn (default zipf: p(rank k) "
+                   "~ k^-S, a few ids in most samples; loguniform: p(rank r) ~ 1/(r+1), most "
+                   "of a batch's ids rare)")
+    p.add_argument("--zipf-exponent", type=float, nargs="+", default=[DEFAULT_ZIPF_EXPONENT],
+                   metavar="S", help="synthetic, --id-dist zipf: the exponent S, one for every "
+                   f"feature or 26 (default {DEFAULT_ZIPF_EXPONENT})")
     p.add_argument("--dim", type=int, default=16)
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--batch", type=int, default=256)
@@ -321,6 +343,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--row-storage", choices=("fp32", "fp16", "bf16"), default="fp32",
                    help="how the servers hold the embedding rows (half precision: half the "
                    "bytes; updates computed in float32)")
+    p.add_argument("--emb-policy", default="async", metavar="POLICY",
+                   help="the embedding tables' own policy, whatever the job's (dense) policy: "
+                   "'async' (default: pulls of rows never wait) or 'ssp:S' (a step's row pull "
+                   "waits until every worker's row pushes reached S steps behind it)")
     p.add_argument("--rows-every", type=int, default=0, metavar="STEPS",
                    help="rank 0: sample the servers' row counts every STEPS steps (the "
                    "report's peak_table_rows)")
@@ -330,7 +356,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="evaluate a `hogshard export` (then any incremental ones) in this "
                    "process, with no servers")
     add_device_argument(p)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if len(args.zipf_exponent) not in (1, 26) or min(args.zipf_exponent) <= 0:
+        p.error(f"--zipf-exponent takes 1 or 26 numbers > 0; got {args.zipf_exponent}")
+    try:
+        row_staleness_bound(args.emb_policy, "cat0")
+    except ProtocolError:
+        p.error(f"--emb-policy must be 'async' or 'ssp:S' (S an int >= 0); got "
+                f"{args.emb_policy!r}")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,10 +8,13 @@ feature (single-hot), float32 0/1 labels and a seeded train/test split.
   campaign), position, user features 0..3, item features 1..3 (joined from item_context.csv),
   hashed to unbounded int64 ids; dense features price, the shown item's affinity, the summed
   affinities (log1p); a stratified split.
-- :func:`synthetic_criteo`: 13 dense and 26 categorical features, ids Zipf-like (log-uniform
-  ranks, p(rank r) ~ 1/(r+1)) over large vocabularies, labels drawn from a fixed hidden model
-  (a linear term on the dense features plus a hashed weight per (feature, id)), so
-  ``oracle_auc`` (the hidden model's own AUC on the test split) is a known ceiling.
+- :func:`synthetic_criteo`: 13 dense and 26 categorical features, ids drawn over large
+  vocabularies by :func:`zipf_ranks` (default: p(rank k) ~ k^-1.1, a few ids covering most
+  samples, as in Criteo's categorical features) or log-uniformly (``id_dist="loguniform"``),
+  then scattered over the id range by a hash (the hot ids are not the small integers); labels
+  drawn from a fixed hidden model (a linear term on the dense features plus a hashed weight
+  per (feature, id)), so ``oracle_auc`` (the hidden model's own AUC on the test split) is a
+  known ceiling.
 
 Example::
 
@@ -20,12 +23,16 @@ Example::
     ((2000, 13), (2000, 26), [1000, 1000])
     >>> 0.5 < data.oracle_auc < 1.0
     True
+    >>> ranks = zipf_ranks(np.random.default_rng(0), 100_000, vocab=10**6, exponent=1.1)
+    >>> round(float((ranks < 10_000).mean()), 2)      # the top 1 % of ids: 82 % of samples
+    0.82
 """
 
 from __future__ import annotations
 
 import csv
 import logging
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +45,11 @@ log = logging.getLogger(__name__)
 
 OPEN_BANDIT = SHARED_DATA / "open-bandit-dataset"
 OBD_LOGS = [(p, c) for p in ("random", "bts") for c in ("all", "men", "women")]
+#: How ``synthetic_criteo`` draws a feature's id ranks.
+ID_DISTS = ("zipf", "loguniform")
+#: The default Zipf exponent: the top 1 % of 10^6 ids take 82 % of the samples, the top
+#: 0.1 % 69 % (heavy-tailed, as Criteo's large categorical features: a few ids, most samples).
+DEFAULT_ZIPF_EXPONENT = 1.1
 
 
 @dataclass
@@ -93,34 +105,97 @@ def stratified_split(labels: np.ndarray, test_fraction: float, seed: int
     return np.sort(np.concatenate(train)), np.sort(np.concatenate(test))
 
 
+def zipf_ranks(rng: np.random.Generator, n: int, vocab: int, exponent: float) -> np.ndarray:
+    """``n`` ranks in [0, vocab) with p(rank k) proportional to (k + 1)^-exponent (a Zipf
+    law truncated at ``vocab``; any exponent > 0), by rejection-inversion (Hoermann and
+    Derflinger, 1996): O(n) time, no table over the vocabulary, about 1.1 draws per rank."""
+    if not (isinstance(exponent, (int, float)) and math.isfinite(exponent) and exponent > 0):
+        raise ValueError(f"the Zipf exponent must be a finite number > 0; got {exponent!r}")
+    if vocab < 1:
+        raise ValueError(f"vocab must be >= 1; got {vocab}")
+    s = float(exponent)
+
+    def h_integral(x: np.ndarray | float) -> np.ndarray:  # integral of x^-s, shifted
+        log_x = np.log(x)
+        return _expm1_over(1.0 - s, log_x) * log_x
+
+    def h_integral_inverse(y: np.ndarray) -> np.ndarray:
+        t = np.maximum(y * (1.0 - s), -1.0 + 1e-16)
+        return np.exp(_log1p_over(t) * y)
+
+    lo, hi = float(h_integral(1.5)) - 1.0, float(h_integral(vocab + 0.5))
+    squeeze = 2.0 - float(h_integral_inverse(np.array(h_integral(2.5) - 2.0 ** -s)))
+    out = np.empty(n, np.int64)
+    todo = np.arange(n)
+    while todo.size:
+        u = hi + rng.random(todo.size) * (lo - hi)
+        x = h_integral_inverse(u)
+        k = np.clip(np.floor(x + 0.5), 1, vocab)
+        ok = (k - x <= squeeze) | (u >= h_integral(k + 0.5) - k ** -s)
+        out[todo[ok]] = k[ok].astype(np.int64) - 1
+        todo = todo[~ok]
+    return out
+
+
+def _expm1_over(a: float, x: np.ndarray) -> np.ndarray:
+    """(exp(a x) - 1) / (a x), 1 at a x = 0."""
+    ax = a * x
+    safe = np.where(np.abs(ax) > 1e-8, ax, 1.0)
+    return np.where(np.abs(ax) > 1e-8, np.expm1(safe) / safe, 1.0 + ax / 2.0)
+
+
+def _log1p_over(t: np.ndarray) -> np.ndarray:
+    """log1p(t) / t, 1 at t = 0."""
+    safe = np.where(np.abs(t) > 1e-8, t, 1.0)
+    return np.where(np.abs(t) > 1e-8, np.log1p(safe) / safe, 1.0 - t / 2.0)
+
+
 def synthetic_criteo(
     n: int, seed: int = 0, vocab: int | list[int] = 1_000_000, num_dense: int = 13,
     num_sparse: int = 26, test_fraction: float = 0.2, id_weight: float = 0.6,
-    bias: float = -1.0, hidden_seed: int = 1234,
+    bias: float = -1.0, hidden_seed: int = 1234, id_dist: str = "zipf",
+    zipf_exponent: float | list[float] = DEFAULT_ZIPF_EXPONENT,
 ) -> RecsysDataset:
     """Criteo-shaped click data from a fixed hidden model (see the module docstring).
 
-    ``vocab`` is one id range for every feature, or one per feature. The hidden model depends
-    only on ``hidden_seed``, so data sets with different ``seed`` share it."""
+    ``vocab`` is one id range for every feature, or one per feature. ``id_dist``: ``zipf``
+    (ranks by :func:`zipf_ranks` with ``zipf_exponent``, one for every feature or one per
+    feature) or ``loguniform`` (p(rank r) ~ 1/(r+1) as a continuous law: most of a batch's ids
+    are rare). The rank -> id scatter and the hidden model depend only on ``hidden_seed``, so
+    data sets with different ``seed`` share their hot ids and their labelling."""
     vocabs = [int(vocab)] * num_sparse if isinstance(vocab, int) else [int(v) for v in vocab]
     if len(vocabs) != num_sparse or min(vocabs) < 1:
         raise ValueError(f"vocab must be a positive int or {num_sparse} positive ints")
+    if id_dist not in ID_DISTS:
+        raise ValueError(f"id_dist must be one of {', '.join(ID_DISTS)}; got {id_dist!r}")
+    exponents = ([zipf_exponent] * num_sparse if isinstance(zipf_exponent, (int, float))
+                 else list(zipf_exponent))
+    if len(exponents) != num_sparse:
+        raise ValueError(f"zipf_exponent must be one number or {num_sparse} numbers")
     rng = np.random.default_rng([seed, n])
     dense = rng.standard_normal((n, num_dense)).astype(np.float32)
     w_dense = np.random.default_rng(hidden_seed).normal(0.0, 0.4, num_dense)
     logits = dense.astype(np.float64) @ w_dense + bias
     sparse = np.empty((n, num_sparse), np.int64)
     for f, v in enumerate(vocabs):
-        u = rng.random(n)
-        ranks = np.minimum(np.floor(np.exp(u * np.log(v + 1.0))) - 1, v - 1).astype(np.int64)
+        if id_dist == "zipf":
+            ranks = zipf_ranks(rng, n, v, exponents[f])
+        else:
+            u = rng.random(n)
+            ranks = np.minimum(np.floor(np.exp(u * np.log(v + 1.0))) - 1, v - 1).astype(np.int64)
         salt = np.uint64(name_key(f"feature{f}") ^ hidden_seed)
         sparse[:, f] = (splitmix64(ranks.view(np.uint64) ^ salt) % np.uint64(v)).astype(np.int64)
         key = np.uint64(name_key(f"weight{f}") ^ hidden_seed)
         logits += (uniform01(sparse[:, f].view(np.uint64) ^ key) * 2.0 - 1.0) * id_weight
     labels = (rng.random(n) < 1.0 / (1.0 + np.exp(-logits))).astype(np.float32)
     train, test = stratified_split(labels, test_fraction, seed)
-    return RecsysDataset(f"synthetic-criteo(n={n},seed={seed})", dense, sparse, labels, train,
-                         test, list(vocabs), oracle_auc=auc(logits[test], labels[test]))
+    shape = "loguniform" if id_dist == "loguniform" else f"zipf={_short(exponents)}"
+    return RecsysDataset(f"synthetic-criteo(n={n},seed={seed},{shape})", dense, sparse, labels,
+                         train, test, list(vocabs), oracle_auc=auc(logits[test], labels[test]))
+
+
+def _short(values: list[float]) -> str:
+    return f"{values[0]:g}" if len(set(values)) == 1 else "per-feature"
 
 
 def _read_csv(path: Path) -> tuple[list[str], list[list[str]]]:

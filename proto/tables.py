@@ -15,8 +15,9 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from hogshard.proto.errors import ProtocolError
+from hogshard.proto.errors import HogshardError, ProtocolError
 from hogshard.proto.hashing import MAX_ID
+from hogshard.proto.policy import AsyncPolicy, SSPPolicy, parse_policy
 
 #: 1 Mi float32 elements = 4 MiB chunks by default.
 DEFAULT_CHUNK_ELEMS = 1 << 20
@@ -76,7 +77,9 @@ class EmbeddingSpec:
     and a pull returns its initial row) and ``ttl`` (a row no push touched in the shard's last
     ``ttl`` pushes to the table expires). ``storage``: how a shard holds the rows, ``fp32``
     or half precision (``fp16``, ``bf16``: half the bytes; the rule computes in float32 and its
-    state stays float32)."""
+    state stays float32). ``policy``: ``async`` (pulls served at once) or ``ssp:S`` (a pull
+    for step c waits until every live worker's row pushes reached step c - S; PROTOCOL.md
+    section 13.3), whatever policy the dense tables run."""
 
     name: str
     dim: int
@@ -88,6 +91,7 @@ class EmbeddingSpec:
     admit_after: int | None = None
     ttl: int | None = None
     storage: str = "fp32"
+    policy: str = "async"
 
     def __post_init__(self) -> None:
         def is_int(v: Any) -> bool:
@@ -120,6 +124,12 @@ class EmbeddingSpec:
         if self.storage not in ROW_STORAGE:
             raise ProtocolError(f"table {self.name!r}: 'storage' must be one of "
                                 f"{', '.join(ROW_STORAGE)}; got {self.storage!r}")
+        row_staleness_bound(self.policy, self.name)
+
+    @property
+    def staleness_bound(self) -> int | None:
+        """S of an ``ssp:S`` table, None for ``async``."""
+        return row_staleness_bound(self.policy, self.name)
 
     @property
     def scale(self) -> float:
@@ -143,5 +153,25 @@ class EmbeddingSpec:
             "num_embeddings": fields.get("num_embeddings"), "rule": dict(rule),
             "seed": fields.get("seed", 0), "init_scale": fields.get("init_scale"),
             "max_rows": fields.get("max_rows"), "admit_after": fields.get("admit_after"),
-            "ttl": fields.get("ttl"), "storage": fields.get("storage", "fp32")}
+            "ttl": fields.get("ttl"), "storage": fields.get("storage", "fp32"),
+            "policy": fields.get("policy", "async")}
         return cls(**values)
+
+
+def row_staleness_bound(policy: Any, table: str) -> int | None:
+    """S of an embedding table's ``ssp:S`` policy, None for ``async``; ProtocolError for
+    anything else (no other policy, no modifiers).
+
+    >>> row_staleness_bound("ssp:2", "user"), row_staleness_bound("async", "user")
+    (2, None)
+    """
+    try:
+        parsed = parse_policy(policy) if isinstance(policy, str) else None
+    except HogshardError:
+        parsed = None
+    if isinstance(parsed, AsyncPolicy) and parsed.base_spec == policy:
+        return None
+    if isinstance(parsed, SSPPolicy) and parsed.base_spec == policy:
+        return parsed.staleness
+    raise ProtocolError(f"table {table!r}: 'policy' must be 'async' or 'ssp:S' (S an int "
+                        f">= 0, no modifiers); got {policy!r}")

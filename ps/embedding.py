@@ -292,7 +292,8 @@ class EmbeddingTable:
         return ids[keep], grads[keep]
 
     def stats(self) -> dict[str, Any]:
-        return {"dim": self.spec.dim, "storage": self.spec.storage, "rows": self.rows,
+        return {"dim": self.spec.dim, "storage": self.spec.storage, "policy": self.spec.policy,
+                "rows": self.rows,
                 "capacity": self.capacity, "bytes": self.nbytes,
                 "row_bytes": int(self.weights.nbytes), **self.counters}
 

@@ -2,31 +2,37 @@
 load, as the methods of :class:`EmbeddingOps`. Each takes ``(identity, message)`` and returns
 ``(fields, arrays)`` (or None: answered later).
 
-Embedding ops are never held back by the consistency policy: embedding rows are applied at once
-(``async``) whatever policy the dense tables run (hybrid consistency, as in Persia).
+Embedding rows follow their table's own policy, whatever policy the dense tables run (hybrid
+consistency, as in Persia): pushes are applied at once; pulls of ``async`` tables are served at
+once, pulls of ``ssp:S`` tables wait in the :class:`RowGate` (ps/row_gate.py) for slower
+workers.
 
 Example (what the server's op table does)::
 
-    ops = EmbeddingOps(embeddings, stats, replicas, primary, rank=0, node_id="server-0")
-    fields, arrays = ops.pull(identity, message)
+    ops = EmbeddingOps(embeddings, stats, replicas, primary, rank=0, node_id="server-0",
+                       view=view, replies=core, hurry=link.hurry)
+    fields, arrays = ops.pull(identity, message)    # None: held, answered by release()
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from hogshard.proto.codecs.pull import decode_weights, encode_weights, pull_codec
-from hogshard.proto.errors import NotOwnerError, ProtocolError
+from hogshard.proto.errors import HogshardError, NotOwnerError, ProtocolError
 from hogshard.proto.ops import Field
 from hogshard.proto.tables import EMBEDDING_MAP, EmbeddingSpec
 from hogshard.proto.wire import Message
 from hogshard.ps.embedding import EmbeddingStore
-from hogshard.ps.primary import Primary
+from hogshard.ps.primary import Primary, Replies
 from hogshard.ps.replication import Replicator
+from hogshard.ps.row_gate import RowGate
 from hogshard.ps.stats import ServerStats
+from hogshard.ps.workers import WorkerView
 
 Reply = tuple[dict[str, Any], list[np.ndarray]]
 
@@ -48,13 +54,18 @@ class EmbeddingOps:
     ``primary`` (ps/primary.py)."""
 
     def __init__(self, embeddings: EmbeddingStore, stats: ServerStats, replicas: Replicator,
-                 primary: Primary, rank: int, node_id: str) -> None:
+                 primary: Primary, rank: int, node_id: str, view: WorkerView,
+                 replies: Replies, hurry: Callable[[], None]) -> None:
         self._embeddings = embeddings
         self._stats = stats
         self._replicas = replicas
         self._primary = primary
         self._rank = rank
         self._node_id = node_id
+        self._view = view
+        self._replies = replies
+        self._hurry = hurry  # learn about a worker not yet listed sooner
+        self.gate = RowGate(view)
 
     def create(self, identity: bytes, msg: Message) -> Reply:
         """Create an embedding table (idempotent for the same spec)."""
@@ -75,8 +86,50 @@ class EmbeddingOps:
         self._replicas.check_primary(EMBEDDING_MAP, [shard], time.monotonic(), self._rank)
         return int(shard)
 
-    def pull(self, identity: bytes, msg: Message) -> Reply:
-        """Rows for one id array per listed table, created on first touch."""
+    def _bound(self, msg: Message) -> int | None:
+        """The smallest S of the ``ssp:S`` tables a request names (None: none; an unknown
+        table is left for the op itself to refuse)."""
+        names = msg.get("tables")
+        if not isinstance(names, list):
+            return None
+        bounds = [t.spec.staleness_bound for n in names
+                  if isinstance(n, str) and (t := self._embeddings.tables.get(n)) is not None]
+        return min((b for b in bounds if b is not None), default=None)
+
+    def _noted(self, msg: Message) -> str:
+        """The sender, counted among the live workers from now on."""
+        sender = str(msg.get("from"))
+        if not self._view.note(sender, time.monotonic()):
+            self._hurry()
+        return sender
+
+    def pull(self, identity: bytes, msg: Message) -> Reply | None:
+        """Rows for one id array per listed table, created on first touch; a pull of an
+        ``ssp:S`` table at a clock the slower workers have not reached yet is held."""
+        clock, bound = msg.get("clock"), self._bound(msg)
+        if clock is not None and bound is not None:
+            sender = self._noted(msg)
+            if not self.gate.may_pull(bound, sender, clock):
+                self._shard(msg)  # refuse a pull this server will not serve before holding it
+                self.gate.hold(identity, msg, bound)
+                self._stats.deferred_pulls += 1
+                return None
+        return self._serve_pull(msg)
+
+    def release(self) -> None:
+        """Answer the held pulls the workers' clocks now allow (checked again in full: a
+        table or a shard may have changed while they waited)."""
+        self.gate.release(self._answer_held)
+
+    def _answer_held(self, identity: bytes, msg: Message) -> None:
+        try:
+            fields, rows = self._serve_pull(msg)
+        except HogshardError as err:
+            self._replies.fail(identity, msg.request_id, err)
+            return
+        self._replies.reply(identity, msg.request_id, fields, rows)
+
+    def _serve_pull(self, msg: Message) -> Reply:
         self._shard(msg)
         codec = pull_codec(msg.get("codec"))
         rows = self._embeddings.pull(msg.get("tables"), msg.arrays)
@@ -101,11 +154,18 @@ class EmbeddingOps:
         return self._apply(msg), []
 
     def _apply(self, msg: Message) -> dict[str, Any]:
-        return apply_rows(self._embeddings, self._stats, msg)
+        fields = apply_rows(self._embeddings, self._stats, msg)
+        clock = msg.get("clock")
+        if clock is not None and self._bound(msg) is not None:
+            self.gate.pushed(self._noted(msg), clock)
+            self.release()
+        return fields
 
     def stats(self, identity: bytes, msg: Message) -> Reply:
-        """Per table: dim, rows held, capacity, bytes, created, evicted, pulls, pushes, ids."""
-        return {"node_id": self._node_id, "tables": self._embeddings.stats()}, []
+        """Per table: dim, rows held, capacity, bytes, created, evicted, pulls, pushes, ids,
+        policy; and the pulls held back now."""
+        return {"node_id": self._node_id, "tables": self._embeddings.stats(),
+                "held_pulls": len(self.gate.held)}, []
 
     def save(self, identity: bytes, msg: Message) -> Reply:
         """Checkpoint every embedding table (touched rows and their optimizer state)."""
@@ -125,10 +185,12 @@ FIELDS = {
                    Field("dim", int, required=True), Field("num_embeddings", int),
                    Field("rule", dict, required=True), Field("seed", int),
                    Field("init_scale", float), Field("max_rows", int),
-                   Field("admit_after", int), Field("ttl", int), Field("storage", str)),
-    "emb_pull": (Field("tables", list, required=True), Field("shard", int)),
+                   Field("admit_after", int), Field("ttl", int), Field("storage", str),
+                   Field("policy", str)),
+    "emb_pull": (Field("tables", list, required=True), Field("shard", int),
+                 Field("clock", int)),
     "emb_push": (Field("tables", list, required=True), Field("shard", int),
-                 Field("push_id", int)),
+                 Field("push_id", int), Field("clock", int)),
     "emb_stats": (),
     "emb_save": _PATH,
     "emb_load": _PATH,

@@ -9,7 +9,7 @@ of which owns its state and is handed only the parts it uses:
 - ``updates`` (ps/executor.py): where the update rules run, inline or on update threads;
 - ``applier`` (ps/applier.py): the policy's groups, staleness, ``+lr`` and ``+dc``;
 - ``view``, ``schedule`` (ps/workers.py): live workers, their clocks and the pull gate; the
-  policy switches the scheduler announced;
+  policy switches the scheduler announced; the embedding tables' own gate (ps/row_gate.py);
 - ``replicas``, ``primary``, ``peer_gate`` (ps/replication.py, ps/primary.py,
   ps/peer_gate.py): roles, links and leases; replicated pushes; who may send server-to-server
   ops;
@@ -131,7 +131,8 @@ class ShardServer:
                               self.primary, self.replicas, self.stats, self._core, self.link,
                               self.peer_gate, self.node_id, self.rank)
         self.embedding = EmbeddingOps(self.embeddings, self.stats, self.replicas, self.primary,
-                                      self.rank, self.node_id)
+                                      self.rank, self.node_id, self.view, self._core,
+                                      self.link.hurry)
         self.backup = BackupOps(self.store, self.embeddings, self.replicas, self.peer_gate,
                                 self.stats, self.rank)
         self._before = self._settle_before if self.updates.concurrent else None
@@ -202,7 +203,10 @@ class ShardServer:
             raise NotOwnerError(
                 f"{self.node_id} is a new process (incarnation {self.incarnation}); the request "
                 f"was for incarnation {message.get('incarnation')}: fetch the map and retry")
-        return spec.handler(self, identity, message)
+        result = spec.handler(self, identity, message)
+        if self.embedding.gate.held:  # any op may have moved a worker's clock
+            self.embedding.release()
+        return result
 
     def _settle_before(self, message: Message) -> None:
         if message.op not in CONCURRENT_OPS:
@@ -268,6 +272,7 @@ class ShardServer:
             if isinstance(workers, dict):
                 self.view.listed(workers, self.link.sent_at)
                 self.dense.workers_changed()
+                self.embedding.release()
         if self.peer_gate.held:
             self.peer_gate.release(self.replicas.heard_at, self._redo_peer_op)
 

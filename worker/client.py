@@ -230,15 +230,16 @@ class PSClient:
         self, name: str, dim: int, num_embeddings: int | None = None,
         rule: dict[str, Any] | None = None, seed: int = 0, init_scale: float | None = None,
         max_rows: int | None = None, admit_after: int | None = None, ttl: int | None = None,
-        storage: str = "fp32",
+        storage: str = "fp32", policy: str = "async",
     ) -> sparse.EmbeddingHandle:
         """Create (idempotently, on every server) or join an embedding table; rows are routed
         by a stable hash of their id. ``rule``: ``sgd``, ``rowwise_adagrad`` (default), ``adam``.
         ``max_rows``, ``admit_after`` and ``ttl`` bound each shard's rows; ``storage`` (``fp32``,
-        ``fp16``, ``bf16``) is how the shards hold them (EmbeddingSpec)."""
+        ``fp16``, ``bf16``) is how the shards hold them; ``policy`` (``async`` or ``ssp:S``)
+        whether a pull waits for slower workers' row pushes (EmbeddingSpec)."""
         spec = sparse.EmbeddingSpec(name, dim, num_embeddings,
                                     dict(rule or sparse.DEFAULT_ROW_RULE), seed, init_scale,
-                                    max_rows, admit_after, ttl, storage)
+                                    max_rows, admit_after, ttl, storage, policy)
         return sparse.create_table(self, spec)
 
     def pull_rows(self, tables: Sequence[sparse.EmbeddingHandle], ids: Sequence[np.ndarray],

@@ -9,7 +9,8 @@ does it with the dense push).
 
 With ``cache_staleness=K`` a bag keeps the rows it pulled in a :class:`RowCache` and reuses
 a row pulled at most K clocks ago instead of pulling it again (its gradients are still pushed
-every step); ``bag.cache.stats()`` gives the hit rate and the mean age of the rows served.
+every step); ``bag.cache.stats()`` gives the hit rate (unique ids, and lookups) and the mean
+age of the rows served.
 
 With ``pipeline="exact"`` or ``"stale"`` the rows of the *next* batch are pulled while this
 one computes: announce its ids with ``bag.prefetch(next_ids)`` (or :func:`prefetch_next` for
@@ -55,6 +56,7 @@ from torch import nn
 
 from hogshard.proto.errors import ConfigError
 from hogshard.proto.policy import promises_fresh_reads
+from hogshard.proto.tables import row_staleness_bound
 from hogshard.worker.client import PSClient
 from hogshard.worker.device import host_empty, to_device, to_host
 from hogshard.worker.futures import Future
@@ -68,7 +70,8 @@ class _Fetched:
     def __init__(self, indices: torch.Tensor, dim: int, device: torch.device) -> None:
         flat = indices.detach().reshape(-1).to("cpu", torch.int64).numpy()
         self.key = indices
-        self.ids, inverse = np.unique(flat, return_inverse=True)
+        self.ids, inverse, self.counts = np.unique(flat, return_inverse=True,
+                                                   return_counts=True)
         self.inverse = torch.from_numpy(inverse.reshape(indices.shape).astype(np.int64))
         self.rows_tensor = host_empty((self.ids.size, dim), device)  # pinned for a GPU
         self.rows = self.rows_tensor.numpy()
@@ -154,7 +157,7 @@ def _pull(bags: Sequence[RemoteEmbeddingBag], fetched: Sequence[_Fetched],
         f.pulled_at = f.clock if bag.pipeline == "exact" else client.clock
     for cache, tables, cached in _by_cache(pairs):
         missed = cache.split_tables(tables, [f.ids for f in cached], cached[0].clock,
-                                    [f.rows for f in cached])
+                                    [f.rows for f in cached], [f.counts for f in cached])
         for f, positions in zip(cached, missed, strict=True):
             f.missed = positions
             f.missed_rows = np.empty((positions.size, f.rows.shape[1]), np.float32)
@@ -169,7 +172,14 @@ def _pull(bags: Sequence[RemoteEmbeddingBag], fetched: Sequence[_Fetched],
             ids.append(f.ids[f.missed])
             outs.append(f.missed_rows)
     _Landing(pairs)
-    return client.pull_rows(handles, ids, outs) if handles else None
+    return client.pull_rows(handles, ids, outs, _gated_clock(handles, fetched[0].clock)) \
+        if handles else None
+
+
+def _gated_clock(handles: Sequence[EmbeddingHandle], clock: int) -> int | None:
+    """The clock a row pull carries: the step that uses the rows, where one of its tables
+    runs ``ssp:S`` (the servers hold the pull for slower workers); None for ``async``."""
+    return clock if any(h.spec.staleness_bound is not None for h in handles) else None
 
 
 class RemoteEmbeddingBag(nn.Module):
@@ -178,7 +188,8 @@ class RemoteEmbeddingBag(nn.Module):
     rows are updated by the servers' row-wise rule. Its device is ``device`` (cpu by default),
     and then wherever ``.to()`` moves the module. ``max_rows``, ``admit_after`` and ``ttl``
     bound the rows each server holds and ``storage`` (``fp32``, ``fp16``, ``bf16``) is how it
-    holds them (:class:`hogshard.proto.tables.EmbeddingSpec`);
+    holds them, ``policy`` (``async``, ``ssp:S``) whether its pulls wait for slower workers
+    (:class:`hogshard.proto.tables.EmbeddingSpec`);
     ``cache_staleness`` turns on the hot-row cache (at most ``cache_rows`` rows), or ``cache``
     shares one :class:`RowCache` among bags (looked up once per step for all); ``pipeline``
     (``"exact"`` or ``"stale"``) lets :meth:`prefetch` pull the next batch's rows while this
@@ -203,11 +214,19 @@ class RemoteEmbeddingBag(nn.Module):
         pipeline: str | None = None,
         cache: RowCache | None = None,
         storage: str = "fp32",
+        policy: str = "async",
     ) -> None:
         super().__init__()
         if mode not in ("sum", "mean"):
             raise ConfigError(f"mode must be 'sum' or 'mean'; got {mode!r}")
+        bound = row_staleness_bound(policy, name)  # refuses a bad policy before any request
         check_pipeline(pipeline, client.policy)
+        check_pipeline(pipeline, policy)
+        reuse = cache_staleness if cache is None else cache.staleness
+        if reuse and bound == 0:
+            raise ConfigError(f"table {name!r}: a row cache of staleness {reuse} reuses rows "
+                              f"older than policy {policy!r} allows; use ssp:S (S >= 1) or "
+                              "async")
         self.pipeline = pipeline
         self._pushing: Future | None = None  # the row push not yet waited for (pipeline)
         self.client = client
@@ -216,7 +235,7 @@ class RemoteEmbeddingBag(nn.Module):
         self.num_embeddings = num_embeddings
         self.handle: EmbeddingHandle = client.embedding_table(
             name, embedding_dim, num_embeddings, rule, seed, init_scale, max_rows, admit_after,
-            ttl, storage)
+            ttl, storage, policy)
         if cache is not None and (cache_staleness is not None or cache.dim != embedding_dim):
             raise ConfigError(f"table {name!r}: a shared cache holds rows of dim {cache.dim} "
                               "with its own staleness; pass cache or cache_staleness, not both")
@@ -378,7 +397,7 @@ def _refresh(client: PSClient, bags: Sequence[RemoteEmbeddingBag],
             owners.append((f, positions))
     if not handles:
         return
-    future = client.pull_rows(handles, ids, outs)
+    future = client.pull_rows(handles, ids, outs, _gated_clock(handles, owners[0][0].clock))
     for (f, positions), rows in zip(owners, outs, strict=True):
         f.refreshes.append((future, positions, rows))
 

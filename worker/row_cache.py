@@ -65,6 +65,7 @@ class RowCache:
         self.tables = 0  # table numbers handed out by add_table
         self._looked: tuple[np.ndarray, np.ndarray] | None = None  # the last split's misses
         self.hits = self.misses = self.age_sum = 0
+        self.lookups = self.lookup_hits = 0  # counted by the splits given ``counts``
 
     def add_table(self) -> int:
         """A number for one more table whose rows this cache holds."""
@@ -83,9 +84,11 @@ class RowCache:
         return self.split_tables([table], [ids], clock, [out])[0]
 
     def split_tables(self, tables: Sequence[int], ids: Sequence[np.ndarray], clock: int,
-                     outs: Sequence[np.ndarray]) -> list[np.ndarray]:
+                     outs: Sequence[np.ndarray],
+                     counts: Sequence[np.ndarray] | None = None) -> list[np.ndarray]:
         """:meth:`split` for several tables at once (``ids[t]`` of table ``tables[t]`` into
-        ``outs[t]``), in one pass over all their ids."""
+        ``outs[t]``), in one pass over all their ids. ``counts[t][i]``: how many lookups of
+        the batch ask for ``ids[t][i]`` (counted in ``lookup_hit_rate``)."""
         every, numbers, bounds = _concat(tables, ids)
         keys = self._keys(every, numbers)
         found = self.index.lookup(keys)
@@ -98,6 +101,10 @@ class RowCache:
         self.hits += hits
         self.misses += every.size - hits
         self.age_sum += int(ages[fresh].sum())
+        if counts is not None:
+            weights = np.concatenate(counts) if len(counts) > 1 else counts[0]
+            self.lookups += int(weights.sum())
+            self.lookup_hits += int(weights[fresh].sum())
         # the insert of the rows pulled for these misses usually comes next: it reuses this
         self._looked = (keys[~fresh], found[~fresh])
         served = np.concatenate([[0], np.cumsum(fresh)])
@@ -160,11 +167,15 @@ class RowCache:
             self.free = np.concatenate([self.free, stale])
 
     def stats(self) -> dict[str, Any]:
-        """Lookups served (``hits``) and pulled (``misses``), the hit rate, the mean age in
-        clocks of the rows served, and the rows held."""
+        """Unique ids of a step served (``hits``) and pulled (``misses``), the hit rate (the
+        share of would-be pulls saved), the share of the batches' lookups (duplicates
+        counted) served from the cache (``lookup_hit_rate``, where the splits gave counts),
+        the mean age in clocks of the rows served, and the rows held."""
         looked = self.hits + self.misses
         return {"hits": self.hits, "misses": self.misses,
                 "hit_rate": self.hits / looked if looked else 0.0,
+                "lookups": self.lookups,
+                "lookup_hit_rate": self.lookup_hits / self.lookups if self.lookups else 0.0,
                 "staleness_mean": self.age_sum / self.hits if self.hits else 0.0,
                 "rows": len(self.index)}
 

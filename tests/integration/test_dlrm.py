@@ -37,8 +37,11 @@ def launch_dlrm(procs, tmp_path: Path, *args: str, timeout: float = 100.0) -> di
 
 @pytest.mark.timeout(150)
 def test_dlrm_synthetic_matches_single_process(procs, tmp_path: Path) -> None:
+    # log-uniform ids: on the Zipf default a run this short trails the single process by
+    # ~0.02 (two workers take half as many sequential steps on the hot rows, under ssp:0 too;
+    # 0.002 at 100,000 samples, benchmarks/RESULTS.md)
     r = launch_dlrm(procs, tmp_path, "--data", "synthetic", "--samples", "30000", "--vocab",
-                    "100000", "--epochs", "1", "--emb-lr", "0.03")
+                    "100000", "--epochs", "1", "--emb-lr", "0.03", "--id-dist", "loguniform")
     assert r["workers"] == 2 and r["servers"] == 2
     assert r["auc"] > 0.65, r  # well above chance; the hidden model's own AUC is ~0.9
     assert abs(r["auc"] - r["baseline_auc"]) <= 0.01, r

@@ -46,25 +46,42 @@ def test_bad_staleness_is_refused(bad: object) -> None:
         RowCache(dim=2, staleness=bad)  # type: ignore[arg-type]
 
 
-def hit_rate(staleness: int, vocab: int, samples: int = 20_000, batch: int = 256) -> float:
-    """The row hit rate of one worker's 26 caches over the synthetic data's batches."""
-    data = synthetic_criteo(samples, vocab=vocab)
+def hit_rate(staleness: int, vocab: int, samples: int = 20_000, batch: int = 256,
+             id_dist: str = "zipf") -> tuple[float, float]:
+    """One worker's 26 caches over the synthetic data's batches: the share of each batch's
+    unique ids served (pulls saved) and the share of its lookups served."""
+    data = synthetic_criteo(samples, vocab=vocab, id_dist=id_dist)
     caches = [RowCache(dim=1, staleness=staleness) for _ in range(26)]
     for step, start in enumerate(range(0, samples, batch)):
         for f, cache in enumerate(caches):
-            ids = np.unique(data.sparse[start:start + batch, f])
+            ids, counts = np.unique(data.sparse[start:start + batch, f], return_counts=True)
             out = np.empty((ids.size, 1), np.float32)
-            missed = cache.split(ids, step, out)
+            missed = cache.split_tables([0], [ids], step, [out], [counts])[0]
             cache.insert(ids[missed], out[missed], step)
     hits = sum(c.hits for c in caches)
-    return hits / (hits + sum(c.misses for c in caches))
+    lookups = sum(c.lookups for c in caches)
+    return (hits / (hits + sum(c.misses for c in caches)),
+            sum(c.lookup_hits for c in caches) / lookups)
 
 
 def test_hit_rate_grows_with_staleness_on_criteo_shaped_ids() -> None:
     rates = [hit_rate(k, vocab=1000) for k in (0, 4, 32)]
+    assert rates[0] == (0.0, 0.0)
     assert rates[0] < rates[1] < rates[2]
-    # measured 0.0, 0.54, 0.86 (deterministic data); with 10^5 ids per feature 0.22 and 0.43
-    assert rates[0] == 0.0 and rates[2] > 0.8, rates
+    # measured (unique ids, lookups): K=4 0.53, 0.67; K=32 0.84, 0.91 (deterministic data);
+    # a row is pulled again every K + 1 steps, so K / (K + 1) bounds both
+    assert 0.8 < rates[2][0] < rates[2][1] < 32 / 33, rates
+    wide = hit_rate(32, vocab=100_000)
+    assert wide[0] < 0.6 and wide[1] < 0.75, wide  # 0.49, 0.68: most unique ids are rare
+
+
+def test_lookup_counts_weigh_the_hit_rate() -> None:
+    cache = RowCache(dim=1, staleness=3)
+    ids, out = np.array([1, 2], np.int64), np.zeros((2, 1), np.float32)
+    cache.insert(ids[:1], np.ones((1, 1), np.float32), 0)
+    cache.split_tables([0], [ids], 1, [out], [np.array([9, 1])])  # id 1 cached, 9 lookups
+    stats = cache.stats()
+    assert (stats["hit_rate"], stats["lookups"], stats["lookup_hit_rate"]) == (0.5, 10, 0.9)
 
 
 def test_lookups_and_inserts_match_a_reference_model_under_churn() -> None:

@@ -1,0 +1,84 @@
+"""The pull gate of embedding tables whose policy is ``ssp:S`` (PROTOCOL.md section 13.3).
+
+An ``emb_pull`` that carries ``clock = c`` and names at least one ``ssp:S`` table is served
+once every live worker has reached ``c - S`` (the smallest S among the tables it names),
+where a worker's clock is the larger of what the server's :class:`WorkerView` knows (the
+scheduler's heartbeat replies, this server's dense pushes and pulls) and one more than the
+clock of its latest ``emb_push`` applied here. Until then the pull is held, and checked again
+whenever a clock may have moved. ``async`` tables, and pulls without a clock, are never held.
+
+Example::
+
+    >>> from hogshard.ps.workers import WorkerView
+    >>> view = WorkerView()
+    >>> view.listed({"worker-0": 0, "worker-1": 0}, asked_at=0.0)
+    >>> gate = RowGate(view)
+    >>> gate.may_pull(1, "worker-0", clock=2)       # worker-1 has not pushed step 0 yet
+    False
+    >>> gate.pushed("worker-1", clock=0)
+    >>> gate.may_pull(1, "worker-0", clock=2)
+    True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from hogshard.proto.errors import TooLargeError
+from hogshard.proto.wire import Message
+from hogshard.ps.dense_ops import MAX_DEFERRED as MAX_HELD
+from hogshard.ps.dense_ops import MAX_DEFERRED_PER_PEER as MAX_HELD_PER_PEER
+from hogshard.ps.workers import MAX_LEFT, WorkerView
+
+
+@dataclass
+class HeldPull:
+    identity: bytes
+    message: Message
+    bound: int
+
+
+class RowGate:
+    """Embedding pulls held back by ``ssp:S`` tables, and the clocks of the row pushes."""
+
+    def __init__(self, view: WorkerView) -> None:
+        self._view = view
+        self._pushed: dict[str, int] = {}  # 1 + the clock of each worker's latest row push
+        self.held: list[HeldPull] = []
+
+    def pushed(self, sender: str, clock: int) -> None:
+        """``sender``'s row push of step ``clock`` is applied here."""
+        if clock + 1 > self._pushed.get(sender, 0):
+            if sender not in self._pushed and len(self._pushed) >= MAX_LEFT:
+                self._pushed.pop(next(iter(self._pushed)))
+            self._pushed[sender] = clock + 1
+
+    def may_pull(self, bound: int, sender: str, clock: int) -> bool:
+        """Whether every live worker has reached ``clock - bound`` (``sender`` counts as at
+        ``clock``)."""
+        clocks = self._view.clocks(sender, clock)
+        return all(max(c, self._pushed.get(w, 0)) >= clock - bound for w, c in clocks.items())
+
+    def hold(self, identity: bytes, message: Message, bound: int) -> None:
+        """Keep a pull until :meth:`release` finds it allowed; TooLargeError beyond the caps
+        (those of the dense pulls a policy holds back)."""
+        mine = sum(1 for h in self.held if h.identity == identity)
+        if mine >= MAX_HELD_PER_PEER or len(self.held) >= MAX_HELD:
+            raise TooLargeError(
+                f"{mine} embedding pulls of this connection ({len(self.held)} in all) already "
+                f"wait for slower workers; expected at most {MAX_HELD_PER_PEER} per peer, "
+                f"{MAX_HELD} in all")
+        self.held.append(HeldPull(identity, message, bound))
+
+    def release(self, serve: Callable[[bytes, Message], None]) -> None:
+        """``serve`` every held pull the clocks now allow, in the order they came."""
+        if not self.held:
+            return
+        waiting, self.held = self.held, []
+        for pull in waiting:
+            clock = pull.message.get("clock")
+            if self.may_pull(pull.bound, str(pull.message.get("from")), clock):
+                serve(pull.identity, pull.message)
+            else:
+                self.held.append(pull)
