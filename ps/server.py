@@ -42,7 +42,7 @@ from hogshard.proto.policy import ConsistencyPolicy
 from hogshard.proto.security import Security
 from hogshard.proto.service import ServiceCore
 from hogshard.proto.shm import host_identity
-from hogshard.proto.transport import ERROR, RpcChannel, bind_router
+from hogshard.proto.transport import ERROR, RpcChannel, bind_router, readable
 from hogshard.proto.wire import DEFAULT_LIMITS, Limits, Message
 from hogshard.ps.applier import UpdateApplier
 from hogshard.ps.checkpoint import ShardCheckpointer
@@ -62,7 +62,6 @@ from hogshard.ps.workers import PolicySchedule, WorkerView
 
 log = logging.getLogger(__name__)
 
-_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)  # plain ints: enum operators cost ~1 us
 
 
 class ShardServer:
@@ -176,7 +175,7 @@ class ShardServer:
                 if self._sock in events:
                     for _ in range(64):  # drain a burst before the next heartbeat check
                         self._core.handle_one(self._invoke, self._before)
-                        if not self._sock.getsockopt(_EVENTS) & _POLLIN:
+                        if not readable(self._sock):
                             break
         finally:
             self.close()

@@ -46,6 +46,7 @@ from hogshard.proto.transport import (
     ERROR,
     RpcChannel,
     connect_dealer,
+    readable,
     recv_frames,
     request_header,
     send_frames,
@@ -63,9 +64,7 @@ from hogshard.worker.traffic import Traffic
 
 log = logging.getLogger(__name__)
 
-_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)  # plain ints: enum operators cost ~1 us
 _PULL_DECODERS = {name: make_codec(name) for name in PULL_CODECS}  # stateless decoders
-
 
 
 class PSClient:
@@ -467,7 +466,7 @@ class PSClient:
             self.rerouter.run(now)
             timeout = min(timeout, self.rerouter.wait_hint(now))
         for sock, _ in self._poller.poll(int(timeout * 1000)):
-            while sock.getsockopt(_EVENTS) & _POLLIN:
+            while readable(sock):
                 frames = recv_frames(sock)
                 message = decode(frames)
                 pending = self._book.pop(message.request_id)
