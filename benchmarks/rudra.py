@@ -278,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{title}; load average {load_before[0]:.2f} before, "
           f"{os.getloadavg()[0]:.2f} after")
     print("\n".join(table(cells, base, args.ns, args.rules, args.learners)))
-    if args.plot and str(args.plot):
+    if args.plot and str(args.plot) != ".":  # --plot '' arrives as Path(".")
         plot(cells, base, args.ns, args.rules, args.plot, title, args.learners)
         print(f"plot: {args.plot}")
     if args.json:
