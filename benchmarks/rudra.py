@@ -16,7 +16,11 @@ Two modes, the same table:
   --batch MU --epochs E --limit L --seed K`` (accuracy from rank 0's report, staleness from
   the launcher's closing summary);
 - ``--sim`` (lambda = 30): every cell is one run of the cluster simulator (hogshard/sim/, the
-  same policies, server stores and update rules, the same model and data) in this process.
+  same policies, server stores and update rules, the same data) in this process, training by
+  default the simulator's small MLP (``--model cnn`` for the example's CNN, ten times the
+  compute). Its accuracy is taken when the first learner finishes, while all lambda are live
+  (Rudra's setting); the accuracy after the tail, where softsync's groups shrink with the
+  live count and the last gradients are applied nearly alone, is its own column.
 
 Fashion-MNIST from ../shared/data, else scikit-learn's digits (the example's fallback).
 
@@ -59,11 +63,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rules", default=None,
                    help=f"comma list of {','.join(RULES)} (default all)")
     p.add_argument("--seeds", type=int, default=None, help="seeds per cell (1 real; 3 --sim)")
-    p.add_argument("--lr", type=float, default=None, help="alpha0 (0.3 real; 0.5 --sim)")
-    p.add_argument("--batch", type=int, default=None, help="mu, per learner (16; --sim 8)")
-    p.add_argument("--epochs", type=int, default=None, help="epochs (2; 1 quick)")
+    p.add_argument("--lr", type=float, default=None, help="alpha0 (0.3 real; 0.05 --sim)")
+    p.add_argument("--batch", type=int, default=None, help="mu, per learner (16)")
+    p.add_argument("--epochs", type=int, default=None, help="epochs (2; --sim 5; 1 quick)")
     p.add_argument("--limit", type=int, default=None,
-                   help="training images (12000; --sim 6000; 1024 quick)")
+                   help="training images (12000; --sim 20000; 1024 quick)")
+    p.add_argument("--model", choices=["cnn", "mlp"], default=None,
+                   help="--sim: the example's cnn, or the smaller mlp (the --sim default)")
     p.add_argument("--compute-ms", type=float, default=20.0,
                    help="--sim: a learner's mean simulated compute time per step")
     p.add_argument("--json", type=Path, default=None)
@@ -72,11 +78,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     sim = args.sim
     args.learners = args.learners or (30 if sim else 8)
+    args.model = args.model or ("mlp" if sim else "cnn")
+    if args.model != "cnn" and not sim:
+        p.error("--model mlp needs --sim (the real jobs train the example's cnn)")
     args.seeds = args.seeds or (3 if sim and not args.quick else 1)
-    args.lr = args.lr or (0.5 if sim else 0.3)
-    args.batch = args.batch or (8 if sim else 16)
-    args.epochs = args.epochs or (1 if args.quick or sim else 2)
-    args.limit = args.limit or (1024 if args.quick else 6000 if sim else 12000)
+    args.lr = args.lr or (0.05 if sim else 0.3)
+    args.batch = args.batch or 16
+    args.epochs = args.epochs or (1 if args.quick else 5 if sim else 2)
+    args.limit = args.limit or (1024 if args.quick else 20000 if sim else 12000)
     default_ns = "1,2,4,8,15,30" if sim else "1,2,4,8"
     args.ns = [int(n) for n in (args.ns or default_ns).split(",")]
     if args.quick:
@@ -127,7 +136,9 @@ def run_cell(policy: str, args: argparse.Namespace, epochs: int, limit: int, tmp
 def sim_cell(policy: str, args: argparse.Namespace, seed: int, data: Any,
              learners: int | None = None, compute_ms: float | None = None,
              jitter: float = 0.2) -> dict:
-    """One simulated job with the same recipe as :func:`run_cell`."""
+    """One simulated job with the same recipe as :func:`run_cell` (``--model`` aside). Its
+    ``accuracy`` is taken when the first learner finishes (all lambda still live, Rudra's
+    setting); ``accuracy_final`` after the tail, where groups shrink with the live count."""
     from hogshard.sim import ComputeModel, SimConfig, Simulation
     from hogshard.sim.workload import Workload
 
@@ -135,8 +146,9 @@ def sim_cell(policy: str, args: argparse.Namespace, seed: int, data: Any,
                        lr=args.lr, batch=args.batch, epochs=args.epochs, limit=args.limit,
                        seed=seed, compute=ComputeModel((compute_ms or args.compute_ms) / 1000,
                                                        jitter))
-    report = Simulation(config, Workload(data, seed, args.limit)).run()
-    return {"policy": policy, "seed": seed, "accuracy": report["test_accuracy"],
+    report = Simulation(config, Workload(data, seed, args.limit, model=args.model)).run()
+    return {"policy": policy, "seed": seed, "accuracy": report["test_accuracy_all_live"],
+            "accuracy_final": report["test_accuracy"],
             "dataset": report["dataset"], "staleness_mean": report["staleness_mean"],
             "staleness_p99": report["staleness_p99"],
             "staleness_max": report["staleness"]["max"], "diverged": report["diverged"],
@@ -160,12 +172,18 @@ def fmt(value: float | None, spec: str) -> str:
 
 def table(cells: dict[tuple[int, str], list[dict]], base: list[dict], ns: list[int],
           rules: list[str], learners: int) -> list[str]:
-    """Markdown: one row per n, per rule accuracy mean +- sd, points vs hardsync, staleness."""
+    """Markdown: one row per n, per rule accuracy mean +- sd, points vs hardsync, staleness
+    (and, from the simulator, the accuracy after the tail)."""
     base_acc, base_sd = stat(base, "accuracy")
-    head = "| n | c |" + "".join(f" {LABELS[r]}: acc | vs hardsync (pts) | mean st |"
+    tail = any("accuracy_final" in r for r in base)
+    tail_head, tail_rule = (" after tail |", "---:|") if tail else ("", "")
+    head = "| n | c |" + "".join(f" {LABELS[r]}: acc | vs hardsync (pts) | mean st |{tail_head}"
                                for r in rules)
-    lines = [f"hardsync: {fmt(base_acc, '.4f')} +- {fmt(base_sd, '.4f')} "
-             f"({len(base)} seeds)", "", head, "|---|---|" + "---:|---:|---:|" * len(rules)]
+    first = f"hardsync: {fmt(base_acc, '.4f')} +- {fmt(base_sd, '.4f')} ({len(base)} seeds)"
+    if tail:
+        final_acc, final_sd = stat(base, "accuracy_final")
+        first += f"; after the tail {fmt(final_acc, '.4f')} +- {fmt(final_sd, '.4f')}"
+    lines = [first, "", head, "|---|---|" + ("---:|---:|---:|" + tail_rule) * len(rules)]
     for n in ns:
         row = f"| {n} | {max(1, learners // n)} |"
         for rule in rules:
@@ -175,6 +193,9 @@ def table(cells: dict[tuple[int, str], list[dict]], base: list[dict], ns: list[i
             delta = None if acc is None or base_acc is None else 100 * (acc - base_acc)
             row += (f" {fmt(acc, '.4f')} +- {fmt(sd, '.4f')} | {fmt(delta, '+.1f')} |"
                     f" {fmt(st, '.2f')} |")
+            if tail:
+                final_acc, final_sd = stat(runs, "accuracy_final")
+                row += f" {fmt(final_acc, '.3f')} +- {fmt(final_sd, '.3f')} |"
         lines.append(row)
     return lines
 
@@ -237,7 +258,9 @@ def main(argv: list[str] | None = None) -> int:
         for seed in range(args.seeds):
             result = cell(policy, seed)
             runs.append(result)
-            print(f"{policy:<24} seed {seed} acc={fmt(result.get('accuracy'), '.4f')} "
+            final = ("" if "accuracy_final" not in result
+                     else f" (after the tail {fmt(result['accuracy_final'], '.4f')})")
+            print(f"{policy:<24} seed {seed} acc={fmt(result.get('accuracy'), '.4f')}{final} "
                   f"staleness mean={fmt(result.get('staleness_mean'), '.2f')} "
                   f"max={fmt(result.get('staleness_max'), 'd')} ({result['wall_s']:.0f} s)",
                   flush=True)
@@ -249,19 +272,19 @@ def main(argv: list[str] | None = None) -> int:
         for rule in args.rules:
             cells[(n, rule)] = run_seeds(f"softsync:{n}{RULES[rule]}")
     dataset = next((r["dataset"] for r in base if r.get("dataset")), "?")
-    mode = "simulated" if args.sim else "real processes"
+    mode = f"simulated, {args.model}" if args.sim else "real processes"
     title = (f"{dataset} ({mode}): {args.learners} learners, batch {args.batch}, sgd alpha0 "
              f"{args.lr:g}, {args.epochs} epoch(s) of {args.limit} images, {args.seeds} seed(s)")
     print(f"\n{title}; load average {load_before[0]:.2f} before, "
           f"{os.getloadavg()[0]:.2f} after")
     print("\n".join(table(cells, base, args.ns, args.rules, args.learners)))
-    if args.plot and str(args.plot):
+    if args.plot and str(args.plot) != ".":  # --plot '' arrives as Path(".")
         plot(cells, base, args.ns, args.rules, args.plot, title, args.learners)
         print(f"plot: {args.plot}")
     if args.json:
         args.json.write_text(json.dumps({
-            "title": title, "sim": args.sim, "lr": args.lr, "batch": args.batch,
-            "epochs": args.epochs, "limit": args.limit, "learners": args.learners,
+            "title": title, "sim": args.sim, "model": args.model, "lr": args.lr,
+            "batch": args.batch, "epochs": args.epochs, "limit": args.limit, "learners": args.learners,
             "seeds": args.seeds, "load_before": load_before, "load_after": os.getloadavg(),
             "hardsync": base,
             "cells": [{"n": n, "rule": rule, "runs": runs} for (n, rule), runs in cells.items()],

@@ -44,6 +44,9 @@ def _positive(**kwargs: Any) -> click.FloatRange:
 @click.option("--data", type=click.Path(exists=True, file_okay=False, path_type=Path),
               default=None, help="Fashion-MNIST idx folder (default: the shared data; the "
               "example's fallback when absent)")
+@click.option("--model", default="cnn", show_default=True, type=click.Choice(["cnn", "mlp"]),
+              help="cnn: the Fashion-MNIST example's model; mlp: one hidden layer of 64, a "
+              "tenth of the compute per gradient")
 @click.option("--seed", default=0, show_default=True, type=int,
               help="fixes the model, the data order and every simulated time")
 @click.option("--report", type=click.Path(dir_okay=False, path_type=Path), required=True,
@@ -90,8 +93,8 @@ def _positive(**kwargs: Any) -> click.FloatRange:
               "for questions of scale")
 @click.option("--steps", default=20, show_default=True, type=click.IntRange(min=1),
               help="with --parameters: each learner's steps per epoch")
-def simulate(learners: int, servers: int, policy: str, data: Path | None, seed: int,
-             report: Path, rule: str, lr: float, momentum: float, batch: int, epochs: int,
+def simulate(learners: int, servers: int, policy: str, data: Path | None, model: str,
+             seed: int, report: Path, rule: str, lr: float, momentum: float, batch: int, epochs: int,
              limit: int | None, compute_ms: float, jitter: float, stragglers: int,
              slowdown: float, start_spread: float, latency_us: float | None,
              bandwidth_gbps: float | None, server_us: float | None, server_gbps: float | None,
@@ -118,7 +121,7 @@ def simulate(learners: int, servers: int, policy: str, data: Path | None, seed: 
                            compute=ComputeModel(compute_ms / 1000, jitter, stragglers, slowdown),
                            network=network, start_spread_s=start_spread,
                            eval_every_s=eval_every, eval_subset=eval_subset, data_dir=data,
-                           parameters=parameters, steps=steps)
+                           model=model, parameters=parameters, steps=steps)
         result = Simulation(config).run()
     except HogshardError as err:
         raise click.ClickException(err.message) from None

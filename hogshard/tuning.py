@@ -24,6 +24,8 @@ import ctypes
 import ctypes.util
 import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +70,26 @@ def tune_server_process(blas_threads: int = 1, keep_bytes: int = KEEP_BYTES,
             return
         if not accepted:
             log.debug("mallopt(%d, %d) was refused", option, value)
+
+
+@contextmanager
+def single_threaded_blas() -> Iterator[None]:
+    """Hold every BLAS already loaded in this process to one thread (threadpoolctl, where it is
+    installed): a single-threaded loop of small ``saxpy`` calls, such as the simulator's, waits on
+    a BLAS thread pool whenever another process holds a core.
+
+    Example::
+
+        with single_threaded_blas():
+            Simulation(config).run()
+    """
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        yield
+        return
+    with threadpool_limits(limits=1, user_api="blas"):
+        yield
 
 
 def with_malloc_settings(env: dict[str, str]) -> dict[str, str]:

@@ -36,7 +36,8 @@ from hogshard.sim.events import EventLoop
 from hogshard.sim.servers import VirtualServer
 from hogshard.sim.synthetic import SyntheticWorkload
 from hogshard.sim.timing import ComputeModel, NetworkModel
-from hogshard.sim.workload import Workload
+from hogshard.sim.workload import MODELS, Workload
+from hogshard.tuning import single_threaded_blas
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,8 @@ HISTORY_COLUMNS = ["sim_seconds", "gradients", "test_accuracy", "staleness_mean"
 class SimConfig:
     """One simulated job. ``compute.step_s`` is a learner's step at ``batch``; ``limit`` uses
     the first N training images; ``eval_every_s`` samples accuracy (on ``eval_subset`` test
-    images) every so many simulated seconds; ``chunk_elems`` defaults to one chunk a server."""
+    images) every so many simulated seconds; ``chunk_elems`` defaults to one chunk a server;
+    ``model`` is the example's ``"cnn"`` or the smaller ``"mlp"`` (hogshard/sim/workload.py)."""
 
     learners: int = 4
     servers: int = 1
@@ -66,6 +68,7 @@ class SimConfig:
     eval_every_s: float | None = None
     eval_subset: int = 1000
     data_dir: Path | None = None
+    model: str = "cnn"
     #: Timing only: a model of this many parameters whose gradients cost nothing (no accuracy).
     parameters: int | None = None
     #: With ``parameters``: each learner's steps per epoch.
@@ -84,6 +87,9 @@ class SimConfig:
             raise ConfigError(f"eval_every_s must be > 0 seconds, got {self.eval_every_s}")
         if not (math.isfinite(self.start_spread_s) and self.start_spread_s >= 0):
             raise ConfigError(f"start_spread_s must be >= 0, got {self.start_spread_s}")
+        if self.model not in MODELS:
+            raise ConfigError(f"unknown model {self.model!r}; expected one of "
+                              f"{', '.join(MODELS)}")
         parse_policy(self.policy)  # a ConfigError naming the accepted forms
 
     def rule_spec(self) -> dict[str, Any]:
@@ -186,6 +192,8 @@ class Simulation:
         self._live = config.learners
         self._gap: Counter[int] = Counter()
         self._loss_ema: float | None = None
+        #: Test accuracy when the first learner finished: the last weights all lambda trained.
+        self.accuracy_all_live: float | None = None
         self.history: list[list[float]] = []
 
     @staticmethod
@@ -193,7 +201,8 @@ class Simulation:
         if config.parameters is not None:
             return SyntheticWorkload(config.parameters, config.steps, 4 * config.servers,
                                      config.seed)
-        return Workload.fashion_mnist(config.data_dir, config.seed, config.limit)
+        return Workload.fashion_mnist(config.data_dir, config.seed, config.limit,
+                                      config.eval_subset, config.model)
 
     # ---- what learners report -----------------------------------------------------------------
 
@@ -209,6 +218,8 @@ class Simulation:
         self._gap[self.clock_gap()] += 1
 
     def finish(self, learner: _Learner) -> None:
+        if self._live == self.config.learners:
+            self.accuracy_all_live = self.workload.accuracy(self.weights(), full=True)
         learner.done = True
         self._live -= 1
         self.finished_at = self.loop.now
@@ -248,7 +259,8 @@ class Simulation:
             self.loop.at(start, lambda learner=learner: learner.send(None))
         if config.eval_every_s is not None:
             self.loop.at(config.eval_every_s, self._sample)
-        self.loop.run()
+        with single_threaded_blas():
+            self.loop.run()
         stuck = [lr.name for lr in self.learners if not lr.done]
         if stuck:
             raise ConfigError(f"the simulation stalled with {stuck} waiting; the policy "
@@ -262,7 +274,7 @@ class Simulation:
         staleness = summarise_histogram(dict(histogram))
         servers = [server.summary(elapsed) for server in self.servers]
         return {
-            "test_accuracy": accuracy,
+            "test_accuracy": accuracy, "test_accuracy_all_live": self.accuracy_all_live,
             "staleness_mean": staleness["mean"], "staleness_p99": staleness["p99"],
             "staleness": staleness,
             "staleness_histogram": sorted([int(k), v] for k, v in histogram.items()),

@@ -35,6 +35,7 @@ def test_simulate_writes_the_report(tmp_path: Path) -> None:
     assert 0.0 <= result["test_accuracy"] <= 1.0 and result["history"]
     assert result["staleness_p99"] >= result["staleness"]["p50"]
     assert result["seed"] == 5 and result["server_load"]["max_utilisation"] > 0
+    assert result["model"] == "cnn" and 0.0 <= result["test_accuracy_all_live"] <= 1.0
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -42,6 +43,7 @@ def test_simulate_writes_the_report(tmp_path: Path) -> None:
     (["--learners", "0"], "--learners"),
     (["--data", "/nonexistent/fmnist"], "does not exist"),
     (["--lr", "-1"], "--lr"),
+    (["--model", "resnet"], "--model"),
 ])
 def test_bad_flags_are_refused_with_a_clear_message(tmp_path: Path, args: list[str],
                                                     message: str) -> None:

@@ -95,6 +95,35 @@ def test_a_slow_server_shows_queueing(data: ImageDataset) -> None:
     assert slow["simulated_seconds"] > fast["simulated_seconds"]
 
 
+def test_the_mlp_learns_and_is_deterministic(data: ImageDataset) -> None:
+    def run(seed: int) -> dict:
+        config = SimConfig(learners=4, policy="softsync:2", rule="sgd", lr=0.05, batch=16,
+                           epochs=3, seed=seed, model="mlp")
+        return Simulation(config, Workload(data, seed, model="mlp")).run()
+
+    first = run(0)
+    assert first["model"] == "mlp" and first["parameters"] < 60_000  # 784 * 64 + 64 * 10 + ...
+    assert first["test_accuracy"] > 0.4  # chance is 0.1
+    assert without_wall_time(first) == without_wall_time(run(0))
+    assert first["test_accuracy_all_live"] is not None
+
+
+def test_accuracy_with_all_learners_live_is_taken_before_the_tail(data: ImageDataset) -> None:
+    report = simulate(data, policy="softsync:1", epochs=2)
+    assert report["test_accuracy_all_live"] is not None
+    hardsync = simulate(data, policy="hardsync", epochs=2)
+    # hardsync's learners leave together, after the last update: nothing trains after the first
+    assert hardsync["test_accuracy_all_live"] == hardsync["test_accuracy"]
+
+
+def test_history_samples_use_the_evaluation_subset() -> None:
+    config = SimConfig(learners=2, rule="sgd", lr=0.05, batch=16, limit=64, eval_every_s=0.01,
+                       eval_subset=7, model="mlp")
+    report = Simulation(config).run()
+    accuracies = [row[2] for row in report["history"]]
+    assert accuracies and all(round(a * 7) == pytest.approx(a * 7) for a in accuracies)
+
+
 def test_a_diverging_rate_is_reported_not_raised(data: ImageDataset) -> None:
     report = simulate(data, lr=1e6, policy="async")
     assert report["diverged"] and report["failed_learners"] > 0
@@ -103,6 +132,7 @@ def test_a_diverging_rate_is_reported_not_raised(data: ImageDataset) -> None:
 @pytest.mark.parametrize(("kwargs", "match"), [
     ({"learners": 0}, "learners"), ({"policy": "softsync:0"}, "softsync"),
     ({"limit": 0}, "limit"), ({"eval_every_s": 0.0}, "eval_every_s"),
+    ({"model": "resnet"}, "model"),
 ])
 def test_bad_configs_are_config_errors(kwargs: dict, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
