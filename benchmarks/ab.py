@@ -38,7 +38,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="2 rounds")
     p.add_argument("--key", default="op,size_bytes,mode", help="fields that name a row")
-    p.add_argument("--value", default="ratio", help="the field compared")
+    p.add_argument("--value", default="ratio",
+                   help="the field compared (a comma list compares each: a 'value' column)")
+    p.add_argument("--rows", default="rows",
+                   help="where a benchmark writing a JSON map keeps its rows (default 'rows')")
     p.add_argument("--own-script", action="store_true",
                    help="each arm runs its own revision's copy of the benchmark script (when "
                         "the script changed with the library); compare an absolute field "
@@ -46,7 +49,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("bench", nargs="*", default=None,
                    help="benchmark script (in benchmarks/) and its arguments; it must take "
-                        "--json PATH and write a list of rows (default: pushpull.py --quick)")
+                        "--json PATH and write a list of rows, or a map with a 'rows' list "
+                        "(default: pushpull.py --quick)")
     args = p.parse_args(argv)
     args.bench = args.bench or ["pushpull.py", "--quick"]
     if args.quick:
@@ -71,18 +75,22 @@ def checkout(revision: str, where: Path) -> Path:
     return where
 
 
-def run_arm(tree: Path, source: Path, bench: list[str], out: Path) -> list[dict]:
+def run_arm(tree: Path, source: Path, bench: list[str], out: Path, rows: str = "rows"
+            ) -> list[dict]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(tree), *filter(None, [os.environ.get("PYTHONPATH")])])}
     script = source / "benchmarks" / bench[0]
     subprocess.run([sys.executable, str(script), *bench[1:], "--json", str(out)], env=env,
                    check=True, stdout=subprocess.DEVNULL, cwd=source / "benchmarks")
-    return json.loads(out.read_text())
+    data = json.loads(out.read_text())
+    return data[rows] if isinstance(data, dict) else data  # e.g. apply.py: {..., "rows": [...]}
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    keys = args.key.split(",")
+    fields = args.value.split(",")
+    row_keys = args.key.split(",")
+    keys = row_keys + (["value"] if len(fields) > 1 else [])
     with tempfile.TemporaryDirectory(prefix="hogshard-ab-") as tmp:
         work = Path(tmp)
         sources = {"base": checkout(args.base, work / "base-src")}
@@ -94,11 +102,13 @@ def main(argv: list[str] | None = None) -> int:
                 for arm in ("base", "head") if round_ % 2 == 0 else ("head", "base"):
                     source = sources[arm] if args.own_script else ROOT
                     rows = run_arm(trees[arm], source, args.bench,
-                                   work / f"{arm}-{round_}.json")
+                                   work / f"{arm}-{round_}.json", args.rows)
                     for row in rows:
-                        key = tuple(row.get(k) for k in keys)
-                        values.setdefault(key, {"base": [], "head": []})[arm].append(
-                            float(row[args.value]))
+                        for field in fields:
+                            key = tuple(row.get(k) for k in row_keys)
+                            key += (field,) if len(fields) > 1 else ()
+                            values.setdefault(key, {"base": [], "head": []})[arm].append(
+                                float(row[field]))
                     print(f"round {round_ + 1}/{args.rounds}: {arm} done", flush=True)
         finally:
             for src in sources.values():
