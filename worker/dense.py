@@ -35,15 +35,9 @@ if TYPE_CHECKING:
 _PULL_DECODERS = {name: make_codec(name) for name in PULL_CODECS}  # stateless decoders
 
 
-def push(
-    client: PSClient,
-    table: DenseTable,
-    grads: np.ndarray,
-    clock: int | None = None,
-    compressor: Compressor | None = None,
-    chunks: Sequence[Chunk] | None = None,
-    partial: bool = False,
-) -> Future:
+def push(client: PSClient, table: DenseTable, grads: np.ndarray, clock: int | None = None,
+         compressor: Compressor | None = None, chunks: Sequence[Chunk] | None = None,
+         partial: bool = False) -> Future:
     """Send ``grads`` to the servers of ``table``'s chunks (see :meth:`PSClient.push`)."""
     grads = check_flat(table, grads, "grads")
     acked = functools.partial(count_acked, client)
