@@ -29,7 +29,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from pushpull import _parse_size, _reap, _spawn, _wait_file  # noqa: E402
+from pushpull import _reap, _spawn, _wait_file  # noqa: E402
+from pushpull_args import _parse_size  # noqa: E402
 
 
 def serve_profiled(scheduler: str, out_path: str, ready_file: str) -> None:

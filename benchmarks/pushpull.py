@@ -40,6 +40,10 @@ which OpenBLAS runs multi-threaded; on a busy host that can stall a push for mil
 Each repeat is ``k`` sequential round trips (``k`` chosen so a repeat lasts a few ms), the two
 systems interleaved repeat by repeat; MB/s (1 MB = 10**6 bytes) is the median over repeats.
 
+Parts (this folder): ``pushpull_args.py`` the command line, ``pushpull_measure.py`` the runners
+and their interleaved timing, ``pushpull_raw.py`` the raw pyzmq server and runners (and memcpy),
+``pushpull_links.py`` ``--links``, ``pushpull_scale.py`` ``--workers/--servers`` and ``--big``.
+
 Usage::
 
     .venv/bin/python benchmarks/pushpull.py --quick
@@ -54,7 +58,6 @@ from __future__ import annotations
 import argparse
 import atexit
 import json
-import math
 import os
 import signal
 import statistics
@@ -62,26 +65,22 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import zmq
+from pushpull_args import parse_args  # this script's folder is on sys.path
+from pushpull_measure import KIB, MIB, Budget, fmt_size, hogshard_runners, measure
+from pushpull_raw import dealers, memcpy_runners, raw_runners, raw_server
 
-KIB, MIB = 1 << 10, 1 << 20
 SIZES = [4 * KIB, 64 * KIB, 1 * MIB, 16 * MIB, 64 * MIB]
 COLOCATED_SIZES = [1 * MIB, 4 * MIB, 16 * MIB, 64 * MIB, 256 * MIB]
 COLOCATED_TARGET = 2.0  # shared memory: >= 2x raw pyzmq over TCP
 TARGET_RATIO = 0.70  # from the issue: hogshard >= 70% of raw pyzmq from 1 MiB up
 NETNS_TARGET = 0.9  # across a veth pair between two network namespaces
 TARGET_FROM = 1 * MIB
-PUSH_HEADER, PULL_HEADER = b"P", b"G"
-#: A push or pull from a byte offset (``--links``): ``[b"P@", offset, *payload]``,
-#: ``[b"G@", offset and lengths]`` (little-endian u64s, in bytes).
-PUSH_AT, PULL_AT = b"P@", b"G@"
-REQUEST_TIMEOUT = 60.0  # seconds; a stuck server fails the run instead of hanging it
 BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 _children: list[subprocess.Popen] = []
@@ -165,227 +164,7 @@ def start_raw(workdir: Path, max_bytes: int, place: Place = Place(), io_threads:
     return _wait_file(address_file, proc, log_path)
 
 
-def raw_server(address_file: str, max_bytes: int, host: str = "127.0.0.1",
-               io_threads: int = 1) -> None:
-    """ROUTER loop: ``[id, b"P", *payload]`` -> the SGD update of the weights, frame by frame,
-    then ``[id, b"ok"]``; ``[id, b"G", lengths]`` -> ``[id, b"ok", *frames]``, one frame per
-    requested length, zero-copy slices of the weights (``P@``/``G@``: from an offset)."""
-    from hogshard.ps.rules import make_rule
-
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    weights = np.ones(max_bytes // 4, np.float32)  # touched, so no zero-page effects
-    rule = make_rule({"rule": "sgd", "lr": 1e-9})
-    state = rule.new_state(weights.size)
-    view = memoryview(weights.view(np.uint8))
-    ctx = zmq.Context(io_threads=io_threads)
-    sock = ctx.socket(zmq.ROUTER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.bind(f"tcp://{host}:*")
-    address = sock.getsockopt(zmq.LAST_ENDPOINT).decode()
-    Path(address_file + ".tmp").write_text(address)
-    os.replace(address_file + ".tmp", address_file)
-    while True:
-        frames = sock.recv_multipart(copy=False)
-        identity, head = frames[0], frames[1].bytes
-        if head in (PUSH_HEADER, PUSH_AT):
-            at = head == PUSH_AT
-            offset = int.from_bytes(frames[2].bytes, "little") // 4 if at else 0
-            for frame in frames[3 if at else 2:]:
-                grad = np.frombuffer(frame.buffer, np.float32)
-                rule.apply(weights[offset:offset + grad.size], grad, state, 1.0)
-                offset += grad.size
-            sock.send_multipart([identity, b"ok"])
-        else:
-            lengths = np.frombuffer(frames[2].bytes, "<u8").tolist()
-            start = lengths.pop(0) if head == PULL_AT else 0
-            offsets = np.cumsum([start, *lengths]).tolist()
-            parts = [view[o:o + n] for o, n in zip(offsets, lengths, strict=False)]
-            sock.send_multipart([identity, b"ok", *parts], copy=False)
-
-
-def dealers(ctx: zmq.Context, addresses: list[str]) -> list[zmq.Socket]:
-    """One raw DEALER (no linger) connected to each address."""
-    socks = []
-    for address in addresses:
-        sock = ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(address)
-        socks.append(sock)
-    return socks
-
-
-# ---- measurement ----------------------------------------------------------------------------
-
-
-@dataclass
-class Runner:
-    """One way to do one op: ``once()`` a single round trip, ``batch(k, depth)`` k of them with
-    up to ``depth`` in flight."""
-
-    name: str
-    once: Callable[[], None]
-    batch: Callable[[int, int], None]
-    server_pid: int | None = None  # whose CPU time is counted beside this process's
-
-
-def cpu_seconds(pid: int | None = None) -> float:
-    """User + system CPU seconds of process ``pid`` (all its threads; this process if None;
-    0.0 if it is gone). Robust to load where wall time is not: what a round trip costs."""
-    if pid is None:
-        times = os.times()
-        return times.user + times.system
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError):
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _pipelined(start: Callable[[], object], finish: Callable[[object], None]) -> Callable:
-    def batch(k: int, depth: int) -> None:
-        if depth <= 1:
-            for _ in range(k):
-                finish(start())
-            return
-        waiting: deque = deque()
-        for _ in range(k):
-            if len(waiting) >= depth:
-                finish(waiting.popleft())
-            waiting.append(start())
-        while waiting:
-            finish(waiting.popleft())
-
-    return batch
-
-
-def hogshard_runners(client, table, grads: np.ndarray, out: np.ndarray,
-                     name: str = "hogshard") -> dict[str, Runner]:
-    def push_start():
-        return client.push(table, grads)
-
-    def pull_start():
-        return client.pull(table, out)
-
-    def finish(future) -> None:
-        future.result(timeout=REQUEST_TIMEOUT)
-
-    return {
-        "push": Runner(name, lambda: finish(push_start()), _pipelined(push_start, finish)),
-        "pull": Runner(name, lambda: finish(pull_start()), _pipelined(pull_start, finish)),
-    }
-
-
-def memcpy_runners(grads: np.ndarray, out: np.ndarray) -> dict[str, list[Runner]]:
-    """One copy of the payload per op: what a one-copy path is bounded by."""
-    def copy() -> None:
-        np.copyto(out, grads)
-
-    def batch(k: int, depth: int) -> None:
-        for _ in range(k):
-            copy()
-
-    runner = Runner("memcpy", copy, batch)
-    return {"push": [runner], "pull": [runner]}
-
-
-def raw_runners(
-    sock: zmq.Socket, name: str, grads: np.ndarray, out: np.ndarray, bounds: list[tuple[int, int]]
-) -> dict[str, list[Runner]]:
-    """Raw DEALER runners moving ``grads``/``out`` as one frame per ``(offset, length)`` in
-    ``bounds`` (in elements): one frame for the plain baseline, the table's chunks for the
-    ``chunked`` one."""
-    parts = [grads[o:o + n] for o, n in bounds]
-    outs = [out[o:o + n] for o, n in bounds]
-    pull_req = np.array([n * 4 for _, n in bounds], "<u8").tobytes()
-    nbytes = grads.nbytes
-
-    def push_start() -> None:
-        sock.send_multipart([PUSH_HEADER, *parts], copy=False)
-
-    def push_finish(_: object) -> None:
-        sock.recv_multipart()
-
-    def pull_start() -> None:
-        sock.send_multipart([PULL_HEADER, pull_req], copy=False)
-
-    def pull_finish(_: object) -> None:
-        frames = sock.recv_multipart(copy=False)
-        if sum(len(f) for f in frames[1:]) != nbytes:
-            raise RuntimeError("raw pull: short reply")
-
-    def pull_copy_finish(_: object) -> None:
-        frames = sock.recv_multipart(copy=False)
-        for dst, frame in zip(outs, frames[1:], strict=True):
-            np.copyto(dst, np.frombuffer(frame.buffer, np.float32))
-
-    runners = {
-        "push": [Runner(name, lambda: push_finish(push_start()),
-                        _pipelined(push_start, push_finish))],
-        "pull": [Runner(name, lambda: pull_finish(pull_start()),
-                        _pipelined(pull_start, pull_finish))],
-    }
-    if name == "raw":
-        runners["pull"].append(Runner("raw_copy", lambda: pull_copy_finish(pull_start()),
-                                      _pipelined(pull_start, pull_copy_finish)))
-    return runners
-
-
-@dataclass
-class Budget:
-    warmup: int
-    min_repeats: int
-    max_repeats: int
-    seconds: float  # per (op, size, mode): stop after this once min_repeats are done
-    repeat_s: float  # target duration of one repeat (sets round trips per repeat)
-
-
-def measure(runners: list[Runner], nbytes: int, depth: int, budget: Budget) -> dict[str, dict]:
-    """Interleave the runners repeat by repeat; per runner: median MB/s and latency."""
-    probe = []
-    for runner in runners:
-        for _ in range(budget.warmup):
-            runner.once()
-        t0 = time.perf_counter()
-        runner.batch(max(1, depth), depth)
-        probe.append((time.perf_counter() - t0) / max(1, depth))
-    per_op = min(probe)
-    k = max(1, depth, math.ceil(budget.repeat_s / max(per_op, 1e-7)))
-    if depth > 1:
-        k = max(k, 2 * depth)
-    rates: dict[str, list[float]] = {r.name: [] for r in runners}
-    latencies: dict[str, list[float]] = {r.name: [] for r in runners}
-    cpu: dict[str, list[float]] = {r.name: [0.0, 0.0] for r in runners}  # client, server
-    start = time.perf_counter()
-    repeats = 0
-    while repeats < budget.max_repeats:
-        for runner in runners:
-            c0, s0 = cpu_seconds(), cpu_seconds(runner.server_pid)
-            t0 = time.perf_counter()
-            runner.batch(k, depth)
-            dt = time.perf_counter() - t0
-            cpu[runner.name][0] += cpu_seconds() - c0
-            cpu[runner.name][1] += cpu_seconds(runner.server_pid) - s0
-            rates[runner.name].append(k * nbytes / dt / 1e6)
-            latencies[runner.name].append(dt / k * 1e3)
-        repeats += 1
-        if repeats >= budget.min_repeats and time.perf_counter() - start >= budget.seconds:
-            break
-    return {
-        name: {
-            "MBps": statistics.median(rates[name]),
-            "median_ms": statistics.median(latencies[name]),
-            "MBps_p25": float(np.percentile(rates[name], 25)),
-            "MBps_p75": float(np.percentile(rates[name], 75)),
-            "repeats": repeats,
-            "ops_per_repeat": k,
-            "cpu_ms": [round(c / (k * repeats) * 1e3, 3) for c in cpu[name]],
-        }
-        for name in rates
-    }
-
-
-def fmt_size(nbytes: int) -> str:
-    return f"{nbytes // MIB} MiB" if nbytes >= MIB else f"{nbytes // KIB} KiB"
+# ---- the sweep ------------------------------------------------------------------------------
 
 
 def run(args: argparse.Namespace) -> list[dict]:
@@ -558,91 +337,11 @@ def _line(row: dict) -> str:
             f"{row['chunks']:>6} {row['repeats']:>5} {row['loadavg_1m']:5.1f}{flag}")
 
 
-def _parse_size(text: str) -> int:
-    text = text.strip().lower()
-    for suffix, mult in (("kib", KIB), ("k", KIB), ("mib", MIB), ("m", MIB)):
-        if text.endswith(suffix):
-            return int(text[: -len(suffix)]) * mult
-    return int(text)
-
-
-def _parse_env(text: str) -> tuple[str, str]:
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    return key, value
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="few repeats (well under a minute)")
-    parser.add_argument("--json", metavar="PATH", help="write one JSON row per measurement")
-    parser.add_argument("--sizes", type=_parse_size, nargs="+", metavar="SIZE",
-                        help="payload sizes, e.g. 4k 1m 64m (default: 4k 64k 1m 16m 64m)")
-    parser.add_argument("--colocated", action="store_true",
-                        help="measure the shared-memory path (sizes 1m-256m unless --sizes); "
-                             "ratios still against raw pyzmq over TCP, plus a memcpy column")
-    parser.add_argument("--peer", nargs=2, metavar=("pslite", "PATH"),
-                        help="also run this ps-lite benchmark binary (tests/test_benchmark of "
-                             "ps-lite, built beforehand) per size and op; adds its MB/s and ratio")
-    parser.add_argument("--pipeline", type=int, default=0, metavar="N",
-                        help="also measure with N requests in flight (default: off)")
-    parser.add_argument("--repeats", type=int, default=0,
-                        help="exact repeats per measurement (default: time-bounded)")
-    parser.add_argument("--server-blas-threads", type=int, default=0, metavar="N",
-                        help="cap the server's BLAS threads (OPENBLAS/OMP/MKL_NUM_THREADS=N); "
-                             "default: inherit this environment, as production does")
-    parser.add_argument("--server-env", type=_parse_env, action="append", metavar="KEY=VALUE",
-                        help="extra environment for the shard server only (repeatable), e.g. "
-                             "MALLOC_TRIM_THRESHOLD_=1073741824")
-    parser.add_argument("--workers", type=int, default=0, metavar="W",
-                        help="scale mode (pushpull_scale.py): W worker processes push+pull one "
-                             "shared table through --servers S at once, beside raw pyzmq with "
-                             "W clients and S ROUTERs; replaces the single-server sweep")
-    parser.add_argument("--servers", type=int, default=0, metavar="S",
-                        help="servers (and raw ROUTERs) for --workers (default 1)")
-    parser.add_argument("--table-size", type=_parse_size, default=16 * MIB, metavar="SIZE",
-                        help="table size for --workers (default 16m)")
-    parser.add_argument("--big", action="store_true",
-                        help="scale mode: step time of a 100 M-parameter (400 MB) table, 1 worker "
-                             "and 2 servers, against raw pyzmq (10 M with --quick)")
-    parser.add_argument("--big-params", type=int, default=0, help=argparse.SUPPRESS)
-    parser.add_argument("--netns", action="store_true",
-                        help="servers (hogshard's and raw's) in one network namespace, this "
-                             "client in another, joined by a veth pair (root only; skipped with "
-                             "the reason elsewhere); namespaces and processes are removed at exit")
-    parser.add_argument("--netns-rate", metavar="RATE",
-                        help="with --netns: shape both directions of the link to RATE with tc "
-                             "(e.g. 10gbit; default: unshaped)")
-    parser.add_argument("--netns-mtu", type=int, metavar="BYTES",
-                        help="with --netns: the veth MTU (default: the kernel's, 1500)")
-    parser.add_argument("--links", type=int, nargs="+", metavar="K",
-                        help="also move tables of several chunks with raw pyzmq over K TCP "
-                             "connections at once (io_threads=K on both sides; pulls include the "
-                             "copy into out), e.g. --links 1 2 4: what K connections per server "
-                             "could gain")
-    parser.add_argument("--netns-inner", metavar="SERVER_NS", help=argparse.SUPPRESS)
-    parser.add_argument("--raw-server", metavar="ADDRESS_FILE", help=argparse.SUPPRESS)
-    parser.add_argument("--raw-max-bytes", type=int, default=64 * MIB, help=argparse.SUPPRESS)
-    parser.add_argument("--raw-bind", default="127.0.0.1", help=argparse.SUPPRESS)
-    parser.add_argument("--raw-io-threads", type=int, default=1, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    args = parse_args(__doc__.split("\n\n")[0], argv)
     if args.raw_server:
         raw_server(args.raw_server, args.raw_max_bytes, args.raw_bind, args.raw_io_threads)
         return 0
-    if any(k < 1 for k in args.links or ()):
-        parser.error("--links: each K must be 1 or more")
-    if (args.netns_rate or args.netns_mtu) and not args.netns:
-        parser.error("--netns-rate and --netns-mtu need --netns")
-    if args.netns and (args.colocated or args.workers or args.servers or args.big):
-        parser.error("--netns measures the one-server TCP sweep: not with --colocated, "
-                     "--workers, --servers or --big")
-    if args.peer and (args.peer[0] != "pslite" or not os.access(args.peer[1], os.X_OK)):
-        parser.error(f"--peer: expected 'pslite' and an executable; got {' '.join(args.peer)}")
-    if any(s % 4 for s in args.sizes or ()):
-        parser.error("sizes must be multiples of 4 bytes (float32 tables)")
-    if args.table_size % 4 or min(args.workers, args.servers) < 0:
-        parser.error("--table-size must be a multiple of 4 bytes; --workers/--servers >= 1")
     if args.netns and not args.netns_inner:
         from netns import run_in_namespaces  # this script's folder
 

@@ -20,7 +20,8 @@ from collections.abc import Callable
 
 import numpy as np
 import zmq
-from pushpull import PULL_AT, PUSH_AT, Runner, _pipelined, dealers
+from pushpull_measure import Runner, _pipelined
+from pushpull_raw import PULL_AT, PUSH_AT, dealers
 
 
 def lanes(bounds: list[tuple[int, int]], k: int) -> list[list[tuple[int, int]]]:

@@ -8,7 +8,7 @@ processes:
 - hogshard: a scheduler with ``--servers S`` and S shard servers (subprocesses); each worker
   process is its own ``PSClient``; all share one dense table (rule sgd, lr 1e-9, default 4 MiB
   chunks, placed by the scheduler over the S servers).
-- raw: S ROUTER processes (pushpull's ``raw_server``); each worker has one DEALER per ROUTER and
+- raw: S ROUTER processes (pushpull_raw's ``raw_server``); each worker has one DEALER per ROUTER and
   sends every ROUTER the share of the table that hogshard's placement gives that server, in the
   same 4 MiB frames (``copy=False``); a pull asks each ROUTER for its share and copies the reply
   into the worker's ``out`` array (as ``client.pull`` must). The ROUTERs run with the glibc
@@ -30,15 +30,9 @@ from pathlib import Path
 
 import numpy as np
 import zmq
-from pushpull import (
-    PULL_HEADER,
-    PUSH_HEADER,
-    REQUEST_TIMEOUT,
-    _reap,
-    _spawn,
-    _wait_file,
-    dealers,
-)
+from pushpull import _reap, _spawn, _wait_file
+from pushpull_measure import REQUEST_TIMEOUT
+from pushpull_raw import PULL_HEADER, PUSH_HEADER, dealers
 
 LR_RULE = {"rule": "sgd", "lr": 1e-9}
 TABLE = "bench_scale"

@@ -1,1 +1,27 @@
-"""hogshard.worker."""
+"""hogshard.worker: a training process's side of the job, built from parts with small interfaces.
+
+============================  ==================================================================
+file                          classes
+============================  ==================================================================
+client.py                     PSClient: the sockets, requests in flight, membership, control
+dense.py                      push, pull: dense tables' requests and the landing of replies
+sparse.py                     EmbeddingHandle; create_table, pull_rows, push_rows (rows by id)
+tables.py                     DenseTable: chunks, owners, pulled versions (open_dense_table)
+control.py                    call_across_restarts, reregister, leave: scheduler restarts
+heartbeat.py                  Heartbeat: the thread sending clock and progress
+futures.py                    Future, PendingRequest, RequestBook: requests in flight
+rerouting.py                  Rerouter, Route: requests follow chunks that moved
+shm.py                        ShmLink: the shared-memory fast path with servers on this host
+traffic.py                    Traffic: frame bytes sent and received by op
+optimizer.py                  PSOptimizer: a torch-optimizer-shaped front
+overlap.py                    GradientBuckets: pushes while backward still runs
+device.py, cuda.py            HostMirror, CudaMirror: weights on the model's device
+embedding.py                  RemoteEmbeddingBag: a torch embedding bag on the servers
+row_cache.py                  RowCache: hot embedding rows with bounded staleness
+compression.py                Compressor, ErrorFeedback, DGC: compressed pushes
+compression_policy.py         CompressionPolicy, TableRule: which codec each table uses
+auto_codec.py                 ``auto``: a table's codec from the measured link and codec cost
+recipes.py                    Recipe: the server rule and lr each codec trains with
+export.py                     ExportedModel, ServingEmbeddingBag: serving from an export
+============================  ==================================================================
+"""

@@ -2,7 +2,10 @@
 per server for data. ``push`` and ``pull`` return futures, so many requests can be in flight.
 
 The client is not thread-safe (one training thread drives it); a background thread with its own
-socket sends heartbeats carrying the worker's clock and progress.
+socket sends heartbeats carrying the worker's clock and progress. The client owns the sockets,
+the requests in flight and the membership; what goes in a request and how its reply lands is
+worker/dense.py's (dense tables) and worker/sparse.py's (embedding rows), the calls that
+survive a scheduler restart worker/control.py's.
 
 Example::
 
@@ -27,17 +30,11 @@ from typing import Any
 import numpy as np
 import zmq
 
-from hogshard.proto.codecs import Encoded, make_codec
-from hogshard.proto.codecs.pull import PULL_CODECS
 from hogshard.proto.config import ClientSettings, ShmSettings
 from hogshard.proto.errors import (
-    ConfigError,
     ErrorCode,
-    HogshardError,
-    ProtocolError,
     RequestTimeoutError,
     ServerLostError,
-    UnknownMemberError,
 )
 from hogshard.proto.security import load_security
 from hogshard.proto.shm import host_identity
@@ -52,20 +49,16 @@ from hogshard.proto.transport import (
     send_frames,
 )
 from hogshard.proto.wire import decode, encode
-from hogshard.worker import sparse
-from hogshard.worker.compression import Compressor, message_seed
-from hogshard.worker.control import call_across_restarts
+from hogshard.worker import control, dense, sparse
+from hogshard.worker.compression import Compressor
 from hogshard.worker.futures import Future, PendingRequest, RequestBook
 from hogshard.worker.heartbeat import Heartbeat
 from hogshard.worker.rerouting import Rerouter, Route
 from hogshard.worker.shm import ShmLink
-from hogshard.worker.tables import FLOAT32, DenseTable, by_server, open_dense_table
+from hogshard.worker.tables import DenseTable, open_dense_table
 from hogshard.worker.traffic import Traffic
 
 log = logging.getLogger(__name__)
-
-_PULL_DECODERS = {name: make_codec(name) for name in PULL_CODECS}  # stateless decoders
-
 
 class PSClient:
     """A worker's client of the parameter servers.
@@ -195,19 +188,7 @@ class PSClient:
 
     def reregister(self, channel: RpcChannel) -> None:
         """Called by the heartbeat thread when the scheduler no longer knows this worker."""
-        try:
-            reply = channel.call(
-                "register", {"role": "worker", "rank_hint": self.rank, "clock": self.clock,
-                             "host": self.shm.host},
-                timeout=5.0,
-            )
-        except HogshardError as err:
-            log.warning("re-registration failed: %s", err.message)
-            return
-        self.node_id = reply.get("node_id")
-        self.rank = reply.get("rank")
-        self._control.sender = self.node_id
-        self.generation += 1
+        control.reregister(self, channel)
 
     # ---- tables -----------------------------------------------------------------------------
 
@@ -304,58 +285,7 @@ class PSClient:
         stay unchanged until the future completes (uncompressed slices leave without a copy).
         ``partial``: more pushes of this ``clock`` follow (the server does not count the step
         as completed on this one; the pull of the next clock does)."""
-        grads = self._check_flat(table, grads, "grads")
-        futures = []
-        for rank, chunks in by_server(table, chunks).items():  # noqa: B020 (computed first)
-            base: dict[str, Any] = {"table": table.name}
-            if clock is not None:
-                base["clock"] = clock
-            if partial:
-                base["partial"] = True
-            if table.replication > 1:  # the same id on every retry: applied once
-                base["push_id"] = self.new_push_id()
-            parts: dict[int, tuple[int, Any, list[np.ndarray]]] = {}
-            spans: dict[int, list[int] | None] = {}
-            staging = compressor is None and table.replication == 1 \
-                and self.shm.colocated(self._hosts.get(rank))
-            for chunk in chunks:
-                piece = grads[chunk.offset:chunk.offset + chunk.length]
-                version = table.pulled_versions[chunk.chunk_id]
-                if compressor is None:
-                    parts[chunk.chunk_id] = (version, None, [piece])
-                    if staging:
-                        spans[chunk.chunk_id] = self.shm.stage(table, chunk, piece)
-                    self.bytes_pushed += piece.nbytes
-                    continue
-                seed = message_seed(self.node_id, clock or 0, table.name, chunk.chunk_id)
-                codec, encoded = compressor.compress(table.name, chunk.chunk_id, piece, seed)
-                parts[chunk.chunk_id] = (version, [codec.spec(), encoded.meta,
-                                                   len(encoded.buffers)], encoded.buffers)
-                self.bytes_pushed += encoded.nbytes
-
-            def build(chunks: list[Chunk], base: dict[str, Any] = base,
-                      parts: dict[int, tuple[int, Any, list[np.ndarray]]] = parts,
-                      spans: dict[int, list[int] | None] = spans
-                      ) -> tuple[dict[str, Any], list[np.ndarray], Any]:
-                mine = [parts[c.chunk_id] for c in chunks]
-                fields = {**base, "chunks": [c.chunk_id for c in chunks],
-                          "versions": [version for version, _, _ in mine]}
-                if compressor is not None:
-                    fields["codecs"] = [codec for _, codec, _ in mine]
-                arrays = [a for _, _, arrays in mine for a in arrays]
-                staged = [spans.get(c.chunk_id) for c in chunks]
-                if any(staged) and self.shm.colocated(self._hosts.get(chunks[0].server)):
-                    fields["shm"] = self.shm.push_field(table, staged)
-                    arrays = [a for a, span in zip(arrays, staged, strict=True) if span is None]
-                return fields, arrays, self._count_acked
-
-            fields, arrays, on_reply = build(chunks)
-            future = self._request(rank, "push", fields, arrays, on_reply,
-                                   route=self._route(table, chunks, build))
-            if "shm" in fields:
-                self.shm.claim("push", table, [c.chunk_id for c in chunks], future.requests[0])
-            futures.append(future)
-        return Future.gather(futures, self._pump)
+        return dense.push(self, table, grads, clock, compressor, chunks, partial)
 
     def pull(self, table: DenseTable, out: np.ndarray, clock: int | None = None,
              chunks: Sequence[Chunk] | None = None,
@@ -366,53 +296,7 @@ class PSClient:
         back with pushes), or to ``versions`` for weights not in use yet (a prefetch).
         ``codec`` ``fp16`` or ``bf16`` asks the servers for the weights in half precision
         (half the bytes; rounded to ~3 significant digits, the servers keep float32)."""
-        record = table.pulled_versions if versions is None else versions
-        out = self._check_flat(table, out, "out")
-        if not out.flags.writeable:
-            raise ConfigError("pull: 'out' must be writable")
-        if codec not in PULL_CODECS:
-            raise ConfigError(f"pull codec must be one of {', '.join(PULL_CODECS)}; got {codec!r}")
-        decoder = _PULL_DECODERS[codec]
-
-        def build(chunks: list[Chunk]) -> tuple[dict[str, Any], list[np.ndarray], Any]:
-            fields: dict[str, Any] = {"table": table.name, "chunks": [c.chunk_id for c in chunks]}
-            if clock is not None:
-                fields["clock"] = clock
-            if codec != "none":
-                fields["codec"] = codec
-            elif self.shm.reaches(chunks) and \
-                    self.shm.colocated(self._hosts.get(chunks[0].server)) and \
-                    not self.shm.busy("pull", table, [c.chunk_id for c in chunks]):
-                fields["shm"] = self.shm.min_bytes
-
-            def land(message: Any) -> None:
-                if message.get("codec", "none") != codec:
-                    raise ProtocolError(f"pull of {table.name!r} asked for {codec} weights; the "
-                                        f"reply says {message.get('codec', 'none')!r}")
-                versions = message.get("versions")
-                read = [None] * len(chunks) if message.get("shm") is None else \
-                    self.shm.land(message.get("shm"), chunks, out, versions)
-                if len(message.arrays) != read.count(None):
-                    raise ProtocolError(f"pull reply carries {len(message.arrays)} frames for "
-                                        f"{read.count(None)} chunks")
-                frames = iter(message.arrays)
-                for chunk, version, shared in zip(chunks, versions, read, strict=True):
-                    if shared is None:
-                        target = out[chunk.offset:chunk.offset + chunk.length]
-                        decoder.decode_into(Encoded({}, [next(frames)]), target)
-                    record[chunk.chunk_id] = version if shared is None else shared
-
-            return fields, [], land
-
-        futures = []
-        for rank, chunks in by_server(table, chunks).items():  # noqa: B020 (computed first)
-            fields, _, land = build(chunks)
-            future = self._request(rank, "pull", fields, on_reply=land,
-                                   route=self._route(table, chunks, build))
-            if "shm" in fields:
-                self.shm.claim("pull", table, [c.chunk_id for c in chunks], future.requests[0])
-            futures.append(future)
-        return Future.gather(futures, self._pump)
+        return dense.pull(self, table, out, clock, chunks, versions, codec)
 
     def _wait_for_room(self) -> None:
         """Backpressure: settle replies until fewer than ``max_in_flight`` requests wait."""
@@ -429,31 +313,6 @@ class PSClient:
     def new_push_id(self) -> int:
         """An id unique to this process and push, sent again unchanged on a retry."""
         return (self._incarnation << 32) | next(self._push_ids)
-
-    def _count_acked(self, message: Any) -> None:
-        staleness = message.get("staleness")
-        if isinstance(staleness, list):  # None: dropped by +maxstale, or a duplicate
-            self.updates_acked += sum(1 for s in staleness if s is not None)
-        duplicates = message.get("duplicates")  # applied when first sent, acknowledged now
-        if isinstance(duplicates, list):
-            self.updates_acked += len(duplicates)
-
-    @staticmethod
-    def _route(table: DenseTable, chunks: list[Chunk], build: Any) -> Route:
-        """How to send a request again if its chunks move (a backup promoted) or their
-        server is replaced by a new process (restored from a checkpoint)."""
-        return Route(table, [c.chunk_id for c in chunks], build)
-
-    @staticmethod
-    def _check_flat(table: DenseTable, array: np.ndarray, what: str) -> np.ndarray:
-        if not isinstance(array, np.ndarray) or array.dtype != FLOAT32 or array.ndim != 1:
-            raise ConfigError(f"{what} must be a 1-D float32 numpy array")
-        if array.size != table.size:
-            raise ConfigError(f"{what} has {array.size} elements; table {table.name!r} has "
-                              f"{table.size}")
-        if not array.flags.c_contiguous:
-            raise ConfigError(f"{what} must be contiguous")
-        return array
 
     def _pump(self, timeout: float) -> None:
         """Wait up to ``timeout`` seconds for replies and settle the requests they answer
@@ -495,8 +354,9 @@ class PSClient:
         fields: dict[str, Any] = {"name": name}
         if ranks is not None:
             fields["ranks"] = ranks
-        call_across_restarts(self._control, "barrier", fields,
-                             timeout or self.settings.request_timeout, lambda: self.generation)
+        control.call_across_restarts(self._control, "barrier", fields,
+                                     timeout or self.settings.request_timeout,
+                                     lambda: self.generation)
 
     def set_progress(self, **fields: Any) -> None:
         """Progress shown by ``hogshard status`` and the launcher (e.g. done, total, loss)."""
@@ -513,19 +373,7 @@ class PSClient:
         self._heartbeat.stopped.set()
         self._heartbeat.join(timeout=10.0)  # no heartbeat may arrive after the leave
         if leave:
-            try:
-                try:
-                    self._control.call("leave", {"clock": self.clock}, timeout=5.0)
-                except UnknownMemberError:  # a restarted scheduler: rejoin to leave cleanly
-                    self.reregister(self._control)
-                    self._control.call("leave", {"clock": self.clock}, timeout=5.0)
-            except HogshardError as err:
-                log.warning("leave failed: %s", err.message)
-            try:  # so that no server waits for this worker until its next heartbeat
-                leaves = [self._request(rank, "leave", {}) for rank in self._servers]
-                Future.gather(leaves, self._pump).result(2.0)
-            except HogshardError as err:
-                log.debug("telling the servers of the leave: %s", err.message)
+            control.leave(self)
         for sock in self._servers.values():
             sock.close(0)
         self.shm.close()

@@ -1,4 +1,4 @@
-"""Control calls that survive a scheduler restart.
+"""Control calls that survive a scheduler restart: requests, re-registration, the leave.
 
 A request sent to a scheduler that then dies is lost, and a restarted scheduler does not know
 the worker until the heartbeat thread has registered it again (``UNKNOWN_MEMBER`` meanwhile).
@@ -9,19 +9,28 @@ Example::
 
     reply = call_across_restarts(channel, "barrier", {"name": "trained"}, 300.0,
                                  lambda: client.generation)
+    reregister(client, channel)   # the heartbeat thread, told UNKNOWN_MEMBER
+    leave(client)                 # PSClient.close: the scheduler, then every server
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
-from hogshard.proto.errors import ErrorCode, RequestTimeoutError
+from hogshard.proto.errors import ErrorCode, HogshardError, RequestTimeoutError, UnknownMemberError
 from hogshard.proto.transport import ERROR, RpcChannel, raise_if_error
 from hogshard.proto.wire import Message
+from hogshard.worker.futures import Future
+
+if TYPE_CHECKING:
+    from hogshard.worker.client import PSClient
+
+log = logging.getLogger(__name__)
 
 #: How often the wait looks at the generation (seconds).
 POLL_S = 0.2
@@ -50,3 +59,39 @@ def call_across_restarts(channel: RpcChannel, op: str, fields: dict[str, Any], t
         if reply.op == ERROR and reply.get("code") == ErrorCode.UNKNOWN_MEMBER.value:
             continue  # the scheduler restarted: sent again once the heartbeat re-registers
         return raise_if_error(reply)
+
+
+def reregister(client: PSClient, channel: RpcChannel) -> None:
+    """Register ``client`` again over ``channel`` (a restarted scheduler no longer knows it),
+    keeping its rank and clock; a failure is logged and left to the next heartbeat."""
+    try:
+        reply = channel.call(
+            "register", {"role": "worker", "rank_hint": client.rank, "clock": client.clock,
+                         "host": client.shm.host},
+            timeout=5.0,
+        )
+    except HogshardError as err:
+        log.warning("re-registration failed: %s", err.message)
+        return
+    client.node_id = reply.get("node_id")
+    client.rank = reply.get("rank")
+    client._control.sender = client.node_id
+    client.generation += 1
+
+
+def leave(client: PSClient) -> None:
+    """Tell the scheduler (registering again first if it restarted) and every server that
+    ``client`` leaves, so that no policy waits for it; failures are logged, not raised."""
+    try:
+        try:
+            client._control.call("leave", {"clock": client.clock}, timeout=5.0)
+        except UnknownMemberError:  # a restarted scheduler: rejoin to leave cleanly
+            reregister(client, client._control)
+            client._control.call("leave", {"clock": client.clock}, timeout=5.0)
+    except HogshardError as err:
+        log.warning("leave failed: %s", err.message)
+    try:  # so that no server waits for this worker until its next heartbeat
+        leaves = [client._request(rank, "leave", {}) for rank in client._servers]
+        Future.gather(leaves, client._pump).result(2.0)
+    except HogshardError as err:
+        log.debug("telling the servers of the leave: %s", err.message)
