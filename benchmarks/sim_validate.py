@@ -43,6 +43,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--real-from", type=Path, default=None,
                    help="take the real jobs from this earlier --json file (same recipe) and "
                    "run only the simulated twins, e.g. with another --jitter")
+    p.add_argument("--model", choices=["cnn", "mlp"], default="cnn",
+                   help="the simulated learners' model (cnn: the one the real jobs train)")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
     args.learners = [int(x) for x in (args.learners or ("4" if args.quick else "4,8")).split(",")]
