@@ -328,7 +328,8 @@ class PSClient:
                     self.bytes_pushed += piece.nbytes
                     continue
                 seed = message_seed(self.node_id, clock or 0, table.name, chunk.chunk_id)
-                codec, encoded = compressor.compress(table.name, chunk.chunk_id, piece, seed)
+                codec, encoded = compressor.compress(table.name, chunk.chunk_id, piece, seed,
+                                                     offset=chunk.offset)
                 parts[chunk.chunk_id] = (version, [codec.spec(), encoded.meta,
                                                    len(encoded.buffers)], encoded.buffers)
                 self.bytes_pushed += encoded.nbytes
