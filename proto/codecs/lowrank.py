@@ -153,7 +153,7 @@ class PowerSGDCodec(Codec):
         grad = check_grad(grad)
         seed = check_seed(seed)
         layers = state.get("layers") if state is not None else None
-        if layers is not None:
+        if state is not None and layers is not None:
             return self._encode_layers(grad, [(int(r), int(c)) for r, c in layers], state, seed)
         size = grad.size
         rows, cols = matrix_shape(size)
