@@ -32,6 +32,7 @@ import numpy as np
 
 from hogshard.proto.codecs import Codec, Encoded, RandomKCodec, TopKCodec
 from hogshard.proto.codecs.base import check_grad, check_seed
+from hogshard.proto.codecs.lowrank import Layers, PowerSGDCodec, slice_layers
 from hogshard.proto.errors import ConfigError, ShapeError
 from hogshard.worker.compression_policy import CompressionPolicy, TableRule
 
@@ -88,11 +89,13 @@ class ErrorFeedback:
         self._residuals: dict[Hashable, np.ndarray] = {}
         self._states: dict[Hashable, tuple[str, dict[str, Any]]] = {}
 
-    def compress(self, key: Hashable, grad: np.ndarray, codec: Codec, seed: int = 0) -> Encoded:
-        """Encode ``grad`` (plus ``key``'s residual) with ``codec``; update the residual."""
+    def compress(self, key: Hashable, grad: np.ndarray, codec: Codec, seed: int = 0,
+                 layers: Layers | None = None) -> Encoded:
+        """Encode ``grad`` (plus ``key``'s residual) with ``codec``; update the residual.
+        ``layers``: the slice's ``(rows, cols)`` layers, for codecs that compress per layer."""
         grad, seed = _clip(check_grad(grad), self.clip_norm), check_seed(seed)  # before any change
         residual = self._take(self._residuals, key, grad.size, "residual")
-        state = self._state(key, codec)
+        state = self._state(key, codec, layers)
         if residual is not None:
             residual += grad
         if codec.lossless or not self.feedback:
@@ -124,12 +127,14 @@ class ErrorFeedback:
             )
         return kept
 
-    def _state(self, key: Hashable, codec: Codec) -> dict[str, Any]:
+    def _state(self, key: Hashable, codec: Codec, layers: Layers | None = None) -> dict[str, Any]:
         spec = codec.spec()
         kept = self._states.get(key)
         if kept is None or kept[0] != spec:
             kept = (spec, {})
             self._states[key] = kept
+        if layers is not None and isinstance(codec, PowerSGDCodec):
+            kept[1]["layers"] = layers
         return kept[1]
 
     def residual(self, key: Hashable) -> np.ndarray | None:
@@ -188,7 +193,8 @@ class DGC(ErrorFeedback):
         self.momentum = float(momentum)
         self._momenta: dict[Hashable, np.ndarray] = {}
 
-    def compress(self, key: Hashable, grad: np.ndarray, codec: Codec, seed: int = 0) -> Encoded:
+    def compress(self, key: Hashable, grad: np.ndarray, codec: Codec, seed: int = 0,
+                 layers: Layers | None = None) -> Encoded:
         grad, seed = _clip(check_grad(grad), self.clip_norm), check_seed(seed)
         velocity = self._take(self._residuals, key, grad.size, "accumulated gradient")
         momentum = self._take(self._momenta, key, grad.size, "momentum")
@@ -202,7 +208,7 @@ class DGC(ErrorFeedback):
             velocity = momentum.copy()
         else:
             velocity += momentum
-        encoded = codec.encode(velocity, self._state(key, codec), seed)
+        encoded = codec.encode(velocity, self._state(key, codec, layers), seed)
         if codec.lossless:
             return encoded
         if isinstance(codec, TopKCodec):
@@ -231,7 +237,9 @@ class Compressor:
     Each slice's pushes are counted, so a rule with ``warmup`` sends its warm-up densities on
     the slice's first steps. A table whose rule is ``auto`` must be resolved first
     (:meth:`resolve`, which :class:`~hogshard.worker.optimizer.PSOptimizer` calls from the
-    measured link).
+    measured link). :meth:`set_layers` tells it how a table's flat buffer splits into layers
+    (the optimizer passes its parameters' shapes), so ``powersgd`` compresses layer by layer;
+    without it a slice is one flat matrix.
 
     Example::
 
@@ -246,6 +254,24 @@ class Compressor:
         self.policy = policy if isinstance(policy, CompressionPolicy) else CompressionPolicy.parse(policy)
         self._feedback: dict[str, ErrorFeedback] = {}
         self._steps: dict[Hashable, int] = {}
+        self._layers: dict[str, list[tuple[int, int]]] = {}
+        self._slices: dict[tuple[str, int, int], list[tuple[int, int]]] = {}
+
+    def set_layers(self, table: str, layers: Layers) -> None:
+        """``table``'s flat buffer holds these ``(rows, cols)`` layers end to end
+        (:func:`~hogshard.proto.codecs.lowrank.layer_matrix` of each parameter's shape)."""
+        self._layers[table] = [(int(r), int(c)) for r, c in layers]
+        self._slices = {k: v for k, v in self._slices.items() if k[0] != table}
+
+    def _layers_of(self, table: str, offset: int | None, size: int) -> list[tuple[int, int]] | None:
+        layers = self._layers.get(table)
+        if layers is None or offset is None:
+            return None
+        key = (table, offset, size)
+        cut = self._slices.get(key)
+        if cut is None:
+            cut = self._slices[key] = slice_layers(layers, offset, size)
+        return cut
 
     def resolve(self, table: str, rule: TableRule) -> None:
         """Give ``table`` its own ``rule`` (what ``auto`` chose); its state starts afresh."""
@@ -264,12 +290,15 @@ class Compressor:
             self._feedback[table] = feedback
         return feedback
 
-    def compress(self, table: str, chunk: Hashable, grad: np.ndarray, seed: int = 0) -> tuple[Codec, Encoded]:
-        """The codec used and the payload for one slice (key ``(table, chunk)``)."""
+    def compress(self, table: str, chunk: Hashable, grad: np.ndarray, seed: int = 0,
+                 offset: int | None = None) -> tuple[Codec, Encoded]:
+        """The codec used and the payload for one slice (key ``(table, chunk)``) that starts
+        at element ``offset`` of the table (needed for per-layer compression)."""
         key = (table, chunk)
         step = self._steps.get(key, 0)
         codec = self.policy.codec_for(table, grad.size, step)
-        encoded = self.feedback_for(table).compress(key, grad, codec, seed)
+        layers = self._layers_of(table, offset, grad.size) if isinstance(codec, PowerSGDCodec) else None
+        encoded = self.feedback_for(table).compress(key, grad, codec, seed, layers)
         self._steps[key] = step + 1
         return codec, encoded
 

@@ -64,7 +64,8 @@ def push(client: PSClient, table: DenseTable, grads: np.ndarray, clock: int | No
                 client.bytes_pushed += piece.nbytes
                 continue
             seed = message_seed(client.node_id, clock or 0, table.name, chunk.chunk_id)
-            codec, encoded = compressor.compress(table.name, chunk.chunk_id, piece, seed)
+            codec, encoded = compressor.compress(table.name, chunk.chunk_id, piece, seed,
+                                                 offset=chunk.offset)
             parts[chunk.chunk_id] = (version, [codec.spec(), encoded.meta,
                                                len(encoded.buffers)], encoded.buffers)
             client.bytes_pushed += encoded.nbytes

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from hogshard.proto.codecs.lowrank import layer_matrix
 from hogshard.proto.errors import ConfigError
 from hogshard.proto.policy import promises_fresh_reads
 from hogshard.proto.tables import DEFAULT_CHUNK_ELEMS
@@ -102,7 +103,8 @@ class PSOptimizer:
             client.settings.request_timeout
         )
         self._mirror.upload(self._mirror.weights)
-        if self.compressor is not None:
+        if self.compressor is not None:  # powersgd compresses each parameter on its own
+            self.compressor.set_layers(table, [layer_matrix(p.shape) for p in self.params])
             self._pull_codec = prepare_compression(client, self.compressor, self.table, rule)
         self.steps = 0
         self.embeddings = list(embeddings)  # RemoteEmbeddingBags pushed with every step
