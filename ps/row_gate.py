@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from hogshard.proto.errors import TooLargeError
+from hogshard.proto.policy import SSPPolicy
 from hogshard.proto.wire import Message
 from hogshard.ps.dense_ops import MAX_DEFERRED as MAX_HELD
 from hogshard.ps.dense_ops import MAX_DEFERRED_PER_PEER as MAX_HELD_PER_PEER
@@ -57,8 +58,9 @@ class RowGate:
     def may_pull(self, bound: int, sender: str, clock: int) -> bool:
         """Whether every live worker has reached ``clock - bound`` (``sender`` counts as at
         ``clock``)."""
-        clocks = self._view.clocks(sender, clock)
-        return all(max(c, self._pushed.get(w, 0)) >= clock - bound for w, c in clocks.items())
+        clocks = {w: max(c, self._pushed.get(w, 0))
+                  for w, c in self._view.clocks(sender, clock).items()}
+        return SSPPolicy(staleness=bound).may_pull(clock, clocks)
 
     def hold(self, identity: bytes, message: Message, bound: int) -> None:
         """Keep a pull until :meth:`release` finds it allowed; TooLargeError beyond the caps
