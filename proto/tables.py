@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from functools import cached_property
 from typing import Any
 
 from hogshard.proto.errors import HogshardError, ProtocolError
@@ -126,9 +127,9 @@ class EmbeddingSpec:
                                 f"{', '.join(ROW_STORAGE)}; got {self.storage!r}")
         row_staleness_bound(self.policy, self.name)
 
-    @property
+    @cached_property
     def staleness_bound(self) -> int | None:
-        """S of an ``ssp:S`` table, None for ``async``."""
+        """S of an ``ssp:S`` table, None for ``async`` (parsed once: every row request asks)."""
         return row_staleness_bound(self.policy, self.name)
 
     @property
