@@ -39,18 +39,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from procs import wait_file  # this script's folder is on sys.path
 
 REPO = Path(__file__).resolve().parents[1]
 BATCH, FEATURES = 4096, 26
-
-
-def _wait_file(path: Path, proc: subprocess.Popen, timeout: float = 60.0) -> str:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"{proc.args} did not start")
-        time.sleep(0.05)
-    return path.read_text().strip()
 
 
 def start_cluster(workdir: Path, children: list[subprocess.Popen]) -> str:
@@ -60,7 +52,7 @@ def start_cluster(workdir: Path, children: list[subprocess.Popen]) -> str:
     children.append(subprocess.Popen(
         [*hog, "scheduler", "--bind", "tcp://127.0.0.1:0", "--address-file", str(address_file),
          "--servers", "1"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-    address = _wait_file(address_file, children[-1])
+    address = wait_file(address_file, children[-1])
     children.append(subprocess.Popen([*hog, "server", "--scheduler", address], env=env,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     return address

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from pushpull import _reap, _spawn, _wait_file  # noqa: E402
+from procs import reap, spawn, wait_file  # noqa: E402
 from pushpull_args import _parse_size  # noqa: E402
 
 
@@ -166,12 +166,12 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="hogshard-profile-") as tmp:
         work = Path(tmp)
         base = [sys.executable, "-m", "hogshard", "--log-level", "WARNING"]
-        sched = _spawn([*base, "scheduler", "--bind", "tcp://127.0.0.1:0", "--address-file",
+        sched = spawn([*base, "scheduler", "--bind", "tcp://127.0.0.1:0", "--address-file",
                         str(work / "sched.addr"), "--servers", "1"], work / "sched.log")
-        address = _wait_file(work / "sched.addr", sched, work / "sched.log")
-        server = _spawn([sys.executable, os.path.abspath(__file__), "--serve", address,
+        address = wait_file(work / "sched.addr", sched, work / "sched.log")
+        server = spawn([sys.executable, os.path.abspath(__file__), "--serve", address,
                          str(work / "server.prof"), str(work / "ready")], work / "server.log")
-        _wait_file(work / "ready", server, work / "server.log")
+        wait_file(work / "ready", server, work / "server.log")
         client = PSClient(ClientSettings(scheduler=address, connect_timeout=60.0))
         try:
             elems = args.size // 4
@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         requests = 2 * args.n
         result["client"] = top(profiler, requests, args.limit)
         result["server"] = top(str(work / "server.prof"), requests, args.limit)
-        _reap()
+        reap()
     print(f"{args.n} push + {args.n} pull of {args.size} bytes, load {result['load']:.1f}: "
           f"{result['wall_us_per_request']:.0f} us per request unprofiled (median of 5)")
     _print("worker (this process), per request (push or pull):", result["client"])

@@ -56,12 +56,10 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import atexit
 import json
 import os
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -71,6 +69,7 @@ from pathlib import Path
 
 import numpy as np
 import zmq
+from procs import newest, reap, spawn, wait_file
 from pushpull_args import parse_args  # this script's folder is on sys.path
 from pushpull_measure import KIB, MIB, Budget, fmt_size, hogshard_runners, measure
 from pushpull_raw import dealers, memcpy_runners, raw_runners, raw_server
@@ -82,47 +81,6 @@ TARGET_RATIO = 0.70  # from the issue: hogshard >= 70% of raw pyzmq from 1 MiB u
 NETNS_TARGET = 0.9  # across a veth pair between two network namespaces
 TARGET_FROM = 1 * MIB
 BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
-
-_children: list[subprocess.Popen] = []
-
-
-# ---- subprocesses ---------------------------------------------------------------------------
-
-
-def _reap() -> None:
-    """Stop every child this process started (SIGTERM, then SIGKILL)."""
-    while _children:
-        proc = _children.pop()
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=5)
-
-
-atexit.register(_reap)
-
-
-def _spawn(argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
-    log = open(log_path, "wb")  # noqa: SIM115 - closed when the child is reaped (at exit)
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            env=env)
-    _children.append(proc)
-    return proc
-
-
-def _wait_file(path: Path, proc: subprocess.Popen, log_path: Path, timeout: float = 60.0) -> str:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args} exited with {proc.returncode}:\n{log_path.read_text()}")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{proc.args} wrote no address within {timeout} s")
-        time.sleep(0.02)
-    return path.read_text().strip()
-
 
 @dataclass(frozen=True)
 class Place:
@@ -144,10 +102,10 @@ def start_hogshard(workdir: Path, server_env: dict[str, str] | None = None,
     address_file = workdir / "scheduler.addr"
     base = [*place.prefix, sys.executable, "-m", "hogshard", "--log-level", "WARNING"]
     sched_log = workdir / "scheduler.log"
-    sched = _spawn([*base, "scheduler", *place.bind_args(), "--address-file",
+    sched = spawn([*base, "scheduler", *place.bind_args(), "--address-file",
                     str(address_file), "--servers", "1"], sched_log)
-    address = _wait_file(address_file, sched, sched_log)
-    _spawn([*base, "server", "--scheduler", address, *place.bind_args()],
+    address = wait_file(address_file, sched, sched_log)
+    spawn([*base, "server", "--scheduler", address, *place.bind_args()],
            workdir / "server.log", {**os.environ, **(server_env or {})})
     return address
 
@@ -158,10 +116,10 @@ def start_raw(workdir: Path, max_bytes: int, place: Place = Place(), io_threads:
     log_path = workdir / "raw.log"
     # BLAS threads capped as `hogshard server` caps them (unless this environment says)
     env = {**os.environ, **{v: os.environ.get(v, "1") for v in BLAS_THREAD_VARS}}
-    proc = _spawn([*place.prefix, sys.executable, os.path.abspath(__file__), "--raw-server",
+    proc = spawn([*place.prefix, sys.executable, os.path.abspath(__file__), "--raw-server",
                    str(address_file), "--raw-max-bytes", str(max_bytes), "--raw-bind",
                    place.host, "--raw-io-threads", str(io_threads)], log_path, env)
-    return _wait_file(address_file, proc, log_path)
+    return wait_file(address_file, proc, log_path)
 
 
 # ---- the sweep ------------------------------------------------------------------------------
@@ -195,9 +153,9 @@ def run(args: argparse.Namespace) -> list[dict]:
 
                 place = Place(SERVER_IP, tuple(NamespacePair.exec_in(args.netns_inner)))
             scheduler = start_hogshard(workdir, server_env, place)
-            hog_pid = _children[-1].pid  # the server (`ip netns exec` execs it: same pid)
+            hog_pid = newest().pid  # the server (`ip netns exec` execs it: same pid)
             raw_address = start_raw(workdir, max(sizes), place, io_threads)
-            raw_pid = _children[-1].pid
+            raw_pid = newest().pid
             client = PSClient(ClientSettings(scheduler=scheduler, connect_timeout=60.0),
                               shm=ShmSettings(shm=1 if args.colocated else 0))
             (raw_sock,) = dealers(ctx, [raw_address])
@@ -303,7 +261,7 @@ def run(args: argparse.Namespace) -> list[dict]:
             for close in closers:
                 close()
             ctx.term()
-            _reap()
+            reap()
     return rows
 
 

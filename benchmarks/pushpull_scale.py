@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 import zmq
-from pushpull import _reap, _spawn, _wait_file
+from procs import reap, spawn, wait_file
 from pushpull_measure import REQUEST_TIMEOUT
 from pushpull_raw import PULL_HEADER, PUSH_HEADER, dealers
 
@@ -46,11 +46,11 @@ def start_servers(workdir: Path, servers: int) -> str:
     address_file = workdir / "scale-scheduler.addr"
     base = [sys.executable, "-m", "hogshard", "--log-level", "WARNING"]
     log = workdir / "scale-scheduler.log"
-    sched = _spawn([*base, "scheduler", "--bind", "tcp://127.0.0.1:0", "--address-file",
+    sched = spawn([*base, "scheduler", "--bind", "tcp://127.0.0.1:0", "--address-file",
                     str(address_file), "--servers", str(servers)], log)
-    address = _wait_file(address_file, sched, log)
+    address = wait_file(address_file, sched, log)
     for i in range(servers):
-        _spawn([*base, "server", "--scheduler", address], workdir / f"scale-server{i}.log")
+        spawn([*base, "server", "--scheduler", address], workdir / f"scale-server{i}.log")
     return address
 
 
@@ -60,10 +60,10 @@ def start_routers(workdir: Path, max_bytes: list[int]) -> list[str]:
     for i, nbytes in enumerate(max_bytes):
         address_file = workdir / f"raw{i}.addr"
         log = workdir / f"raw{i}.log"
-        proc = _spawn([sys.executable, str(Path(__file__).with_name("pushpull.py")),
+        proc = spawn([sys.executable, str(Path(__file__).with_name("pushpull.py")),
                        "--raw-server", str(address_file), "--raw-max-bytes",
                        str(max(nbytes, 4))], log, {**os.environ, **RAW_MALLOC_ENV})
-        addresses.append(_wait_file(address_file, proc, log))
+        addresses.append(wait_file(address_file, proc, log))
     return addresses
 
 
@@ -198,7 +198,7 @@ def measure_scale(workdir: Path, mode: str, workers: int, servers: int, elems: i
                                 workers, timeout)
         raw_steps += times
         raw_rates.append(moved / wall / 1e6)
-    _reap()
+    reap()
     hog_s, raw_s = statistics.median(hog_steps), statistics.median(raw_steps)
     return {
         "mode": mode, "op": "push+pull", "workers": workers, "servers": servers,

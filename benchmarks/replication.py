@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from pushpull import _reap, _spawn, _wait_file  # this script's folder is on sys.path
+from procs import reap, spawn, wait_file  # this script's folder is on sys.path
 
 from hogshard.proto.config import ClientSettings
 from hogshard.proto.transport import RpcChannel
@@ -44,12 +44,12 @@ def start_cluster(workdir: Path, name: str, replication: int,
     base = [sys.executable, "-m", "hogshard", "--log-level", "WARNING"]
     address_file = workdir / f"{name}.addr"
     log = workdir / f"{name}-scheduler.log"
-    sched = _spawn([*base, "scheduler", "--bind", "tcp://127.0.0.1:0", "--address-file",
+    sched = spawn([*base, "scheduler", "--bind", "tcp://127.0.0.1:0", "--address-file",
                     str(address_file), "--servers", "2", "--replication", str(replication),
                     "--heartbeat-interval", str(timing[0]),
                     "--heartbeat-timeout", str(timing[1])], log)
-    address = _wait_file(address_file, sched, log)
-    servers = [_spawn([*base, "server", "--scheduler", address, "--rank", str(rank)],
+    address = wait_file(address_file, sched, log)
+    servers = [spawn([*base, "server", "--scheduler", address, "--rank", str(rank)],
                       workdir / f"{name}-server{rank}.log") for rank in range(2)]
     return address, servers
 
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
             rows = measure_cost(Path(tmp), sizes, blocks, steps)
             rows.append(measure_failover(Path(tmp), 1 * MIB, 6.0 if args.quick else 12.0))
     finally:
-        _reap()
+        reap()
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
         print(f"wrote {len(rows)} rows to {args.json}")
