@@ -109,3 +109,16 @@ def test_binding_a_taken_address_is_a_config_error() -> None:
         first.close()
     finally:
         context.term()
+
+
+def test_every_variable_readme_names_is_read() -> None:
+    from dataclasses import fields
+
+    from hogshard.proto.config import ClientSettings, ShmSettings
+
+    read = {env_name(f.name) for cls in (ClientSettings, ShmSettings) for f in fields(cls)}
+    read |= {option.envvar for command in [main, *_commands().values()]
+             for option in _options(command) if isinstance(option.envvar, str)}
+    read |= {"HOGSHARD_DATA", "HOGSHARD_SYSTEM_TESTS"}  # docker compose, tests/system
+    named = set(re.findall(r"\bHOGSHARD_[A-Z_]*[A-Z]\b", README))
+    assert named - read == set(), "README names variables nothing reads"
