@@ -264,6 +264,8 @@ def worker(scheduler: str, rank: int | None, num_workers: int | None, codec: str
     and HOGSHARD_KEYS set from the flags, and its exit status is the command's."""
     from hogshard.launcher import worker_environment
 
+    _check_command(command)
+
     _security(keys, role="worker")  # refuse a bad keys folder here, before the command starts
     env = worker_environment(scheduler, rank, num_workers, codec=codec, keys=keys)
     try:
@@ -300,6 +302,7 @@ def launch(servers: int, workers: int, policy: str, heartbeat_timeout: float, re
     instead), 130 on Ctrl-C or SIGTERM."""
     from hogshard.launcher import LocalCluster
 
+    _check_command(command)
     cluster = _or_exit(lambda: LocalCluster(servers, workers, policy, list(command),
                                             heartbeat_timeout=heartbeat_timeout,
                                             replication=replication, progress=progress, codec=codec,
@@ -475,6 +478,17 @@ def keys_generate(clients: tuple[str, ...], if_missing: bool, directory: str) ->
         click.echo(str(path))
     if not written:
         click.echo(f"{directory} already holds keys: kept", err=True)
+
+
+def _check_command(command: tuple[str, ...]) -> None:
+    """Refuse a COMMAND that is a misspelt flag or names no program, before anything starts."""
+    import shutil
+
+    if command[0].startswith("-"):
+        raise click.UsageError(f"no such option: {command[0]} (the worker command goes after "
+                               "'--', e.g. -- python train.py)")
+    if shutil.which(command[0]) is None:
+        raise click.UsageError(f"cannot run {command[0]!r}: no such program")
 
 
 def _or_exit(build):

@@ -276,10 +276,13 @@ def slurm(servers: int, port: int, policy: str, heartbeat_timeout: float, join_t
     from hogshard.proto.security import load_security
     from hogshard.worker.compression import CompressionPolicy
 
+    for flag, check in (("--policy", lambda: parse_policy(policy)),
+                        ("--codec", lambda: codec and CompressionPolicy.parse(codec))):
+        try:
+            check()
+        except HogshardError as err:
+            raise click.BadParameter(err.message, param_hint=flag) from None
     try:
-        parse_policy(policy)
-        if codec:
-            CompressionPolicy.parse(codec)
         task = SlurmTask.from_env()
         plan = plan_task(task, servers, port)
         load_security(os.environ.get(env_name("keys")) or None, Role.ADMIN)  # a bad folder fails here

@@ -95,9 +95,14 @@ def test_config_refuses_what_names_no_command_or_flag(tmp_path: Path, text: str,
     assert not (tmp_path / "keys").exists()
 
 
-def test_slurm_refuses_a_bad_policy_before_it_starts() -> None:
-    result = CliRunner().invoke(main, ["slurm", "--policy", "sp:2", "--", "true"])
-    assert result.exit_code == 1 and "policy" in result.output, result.output
+@pytest.mark.parametrize("args", [["slurm", "--policy", "sp:2", "--", "true"],
+                                  ["slurm", "--codec", "topk:0", "--", "true"],
+                                  ["launch", "--srvers", "2", "--", "true"],
+                                  ["launch", "--", "no-such-program-here"],
+                                  ["worker", "--bogus", "--", "true"]])
+def test_bad_flags_and_commands_are_usage_errors(args: list[str]) -> None:
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2 and "Error:" in result.output, result.output
 
 
 def test_binding_a_taken_address_is_a_config_error() -> None:
