@@ -214,8 +214,13 @@ def scheduler(bind: str, policy: str, servers: int, heartbeat_interval: float,
 @main.command()
 @_option("scheduler", default=DEFAULT_SCHEDULER, help="the scheduler's address")
 @_option("bind", default="tcp://127.0.0.1:0", help="data-plane address to bind")
-@_option("advertise", default=None, help="address workers should use (default: the bound one)")
-@_option("rank", default=None, type=click.IntRange(min=0), help="rank to ask for")
+@_option("advertise", default=None,
+         help="address workers should use (default: the bound one, where a wildcard "
+         "tcp://*:PORT or tcp://0.0.0.0:PORT becomes tcp://127.0.0.1:PORT: give it on a "
+         "multi-host job)")
+@_option("rank", default=None, type=click.IntRange(min=0),
+         help="rank to ask for (unset: the lowest free one); a server restarted under its "
+         "rank takes its chunks back")
 @_option("max-message-bytes", default=1 << 31, type=click.IntRange(min=1024),
          help="largest frame a peer may send (ZMQ_MAXMSGSIZE); libzmq disconnects a peer "
          "that sends a larger one, with no reply")
@@ -251,9 +256,10 @@ def server(scheduler: str, bind: str, advertise: str | None, rank: int | None,
 
 @main.command(context_settings={"ignore_unknown_options": True})
 @_option("scheduler", default=DEFAULT_SCHEDULER, help="the scheduler's address")
-@_option("rank", default=None, type=click.IntRange(min=0), help="rank to ask for")
+@_option("rank", default=None, type=click.IntRange(min=0),
+         help="rank to ask for (unset: the lowest free one)")
 @_option("num-workers", default=None, type=click.IntRange(min=1),
-         help="workers in the job, for sharding data")
+         help="workers in the job, for sharding data (unset: the client takes 1)")
 @_codec_option()
 @_keys_option
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
