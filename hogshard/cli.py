@@ -153,7 +153,13 @@ def _start_metrics(service, role: str, port: int | None, host: str) -> None:
 @click.version_option(package_name="hogshard")
 @click.pass_context
 def main(ctx: click.Context, config_file: str | None, log_level: str, log_format: str) -> None:
-    """hogshard: a parameter server for asynchronous SGD over ZeroMQ."""
+    """hogshard: a parameter server for asynchronous SGD over ZeroMQ.
+
+    A flag can also be set by the HOGSHARD_<FLAG> variable its --help shows as [env var], or
+    in the --config file's table for its command; the command line wins, then the variable,
+    then the file. Exit status: 0 on success, 1 on an error (one 'Error: ...' line), 2 on a
+    bad flag or value. Options of hogshard itself (--config, --log-level, --log-format) go
+    before the command."""
     from hogshard.logs import configure_logging
 
     ctx.meta["hogshard.log_context"] = configure_logging(
@@ -354,7 +360,8 @@ def checkpoint(scheduler: str, timeout: float, keys: str | None, directory: str)
 
 @main.command("export")
 @_option("out", required=True, type=click.Path(file_okay=False),
-         help="directory to write the export into (created)")
+         help="directory to write the export into (created; an export already there is "
+         "replaced)")
 @_option("since", default=None, type=click.Path(exists=True, file_okay=False),
          help="an older checkpoint of the same job: export only the embedding rows that "
          "appeared or changed after it (incremental; dense tables are always whole)")
@@ -370,7 +377,8 @@ def export(out: str, since: str | None, scheduler: str | None, timeout: float,
     """Export a checkpoint for serving: the dense weights and every embedding row as plain
     .npz files with a manifest.json (format: hogshard.proto.export_format), loaded with no
     servers by hogshard.worker.export.load_exported. SOURCE is a checkpoint (ckpt-N) or the
-    directory whose LATEST names one. Prints the export's path and what it holds."""
+    directory whose LATEST names one. Prints the export's path and what it holds; exits 1
+    for a missing, partial or corrupt checkpoint."""
     from hogshard.ps.export import export_checkpoint
 
     if scheduler is not None:
