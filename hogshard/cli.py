@@ -296,7 +296,8 @@ def worker(scheduler: str, rank: int | None, num_workers: int | None, codec: str
 @_option("replication", default=1, type=click.IntRange(min=1, max=2),
          help="copies of each dense chunk: 2 keeps a backup on another server")
 @_codec_option()
-@click.option("--progress/--no-progress", default=True, help="show a progress bar")
+@click.option("--progress/--no-progress", default=True, show_default=True,
+              help="show a progress bar")
 @click.option("--verbose", is_flag=True, help="show the scheduler's and servers' INFO logs")
 @_checkpoint_options
 @_restore_option
