@@ -62,7 +62,8 @@ def _codec_option():
 def _checkpoint_options(command):
     """``--checkpoint-every SECONDS`` with ``--checkpoint-dir DIR`` (both or neither)."""
     command = _option("checkpoint-dir", default=None, type=click.Path(file_okay=False),
-                      help="directory for periodic checkpoints (ckpt-N folders, LATEST)")(command)
+                      help="directory for periodic checkpoints (ckpt-N folders, LATEST); "
+                      "alone, without --checkpoint-every, it takes none")(command)
     return _option("checkpoint-every", default=None, type=click.FloatRange(min=0.1),
                    help="seconds between checkpoints of every shard (needs --checkpoint-dir)"
                    )(command)
@@ -71,7 +72,8 @@ def _checkpoint_options(command):
 def _restore_option(command):
     return _option("restore", default=None, type=click.Path(exists=True, file_okay=False),
                    help="resume from this checkpoint (a ckpt-N folder, or its parent: LATEST); "
-                   "the number of servers and their ranks must match")(command)
+                   "the number of servers and their ranks must match; the scheduler takes "
+                   "the checkpoint's policy, not --policy")(command)
 
 
 def _keys_option(command):
@@ -140,7 +142,10 @@ def _start_metrics(service, role: str, port: int | None, host: str) -> None:
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
-              envvar=env_name("config"), help="TOML file with a table of defaults per command")
+              envvar=env_name("config"), show_envvar=True,
+              help="TOML file with a table of defaults per command ([scheduler], [launch], "
+              "[policy.set], ...), keys spelt as the flags (heartbeat-timeout = 10); a flag or "
+              "HOGSHARD_<FLAG> overrides it; an unknown table or key is refused")
 @_option("log-level", default="INFO",
          type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 @_option("log-format", default="text", type=click.Choice(["text", "logfmt", "json"]),
@@ -148,17 +153,28 @@ def _start_metrics(service, role: str, port: int | None, host: str) -> None:
 @click.version_option(package_name="hogshard")
 @click.pass_context
 def main(ctx: click.Context, config_file: str | None, log_level: str, log_format: str) -> None:
-    """hogshard: a parameter server for asynchronous SGD over ZeroMQ."""
+    """hogshard: a parameter server for asynchronous SGD over ZeroMQ.
+
+    A flag can also be set by the HOGSHARD_<FLAG> variable its --help shows as [env var], or
+    in the --config file's table for its command; the command line wins, then the variable,
+    then the file. Exit status: 0 on success, 1 on an error (one 'Error: ...' line), 2 on a
+    bad flag or value. Options of hogshard itself (--config, --log-level, --log-format) go
+    before the command."""
     from hogshard.logs import configure_logging
 
     ctx.meta["hogshard.log_context"] = configure_logging(
         log_level, log_format, role=ctx.invoked_subcommand or "cli")
     os.environ[env_name("log-format")] = log_format  # processes it starts log alike
     if config_file:
+        from hogshard.config_file import config_defaults
+
         try:
-            ctx.default_map = tomllib.loads(Path(config_file).read_text())
+            ctx.default_map = config_defaults(tomllib.loads(Path(config_file).read_text()), main)
         except tomllib.TOMLDecodeError as err:
             raise click.BadParameter(f"{config_file} is not valid TOML: {err}",
+                                     param_hint="--config") from None
+        except HogshardError as err:
+            raise click.BadParameter(f"{config_file}: {err.message}",
                                      param_hint="--config") from None
 
 
@@ -167,7 +183,8 @@ def main(ctx: click.Context, config_file: str | None, log_level: str, log_format
 @_policy_option()
 @_option("servers", default=1, type=click.IntRange(min=1),
          help="servers to wait for before placing tables")
-@_option("heartbeat-interval", default=DEFAULT_HEARTBEAT_INTERVAL, type=click.FloatRange(min=0.01))
+@_option("heartbeat-interval", default=DEFAULT_HEARTBEAT_INTERVAL, type=click.FloatRange(min=0.01),
+         help="seconds between the heartbeats of every member (sent to them at register)")
 @_option("heartbeat-timeout", default=DEFAULT_HEARTBEAT_TIMEOUT, type=click.FloatRange(min=0.05),
          help="seconds of silence after which a member is declared dead")
 @_option("replication", default=1, type=click.IntRange(min=1, max=2),
@@ -203,9 +220,16 @@ def scheduler(bind: str, policy: str, servers: int, heartbeat_interval: float,
 @main.command()
 @_option("scheduler", default=DEFAULT_SCHEDULER, help="the scheduler's address")
 @_option("bind", default="tcp://127.0.0.1:0", help="data-plane address to bind")
-@_option("advertise", default=None, help="address workers should use (default: the bound one)")
-@_option("rank", default=None, type=click.IntRange(min=0), help="rank to ask for")
-@_option("max-message-bytes", default=1 << 31, type=click.IntRange(min=1024))
+@_option("advertise", default=None,
+         help="address workers should use (default: the bound one, where a wildcard "
+         "tcp://*:PORT or tcp://0.0.0.0:PORT becomes tcp://127.0.0.1:PORT: give it on a "
+         "multi-host job)")
+@_option("rank", default=None, type=click.IntRange(min=0),
+         help="rank to ask for (unset: the lowest free one); a server restarted under its "
+         "rank takes its chunks back")
+@_option("max-message-bytes", default=1 << 31, type=click.IntRange(min=1024),
+         help="largest frame a peer may send (ZMQ_MAXMSGSIZE); libzmq disconnects a peer "
+         "that sends a larger one, with no reply")
 @click.option("--check-finite/--no-check-finite", default=True, show_default=True,
               envvar=env_name("check-finite"), show_envvar=True,
               help="refuse pushes whose gradients hold NaN or Inf (one read of each gradient)")
@@ -238,16 +262,21 @@ def server(scheduler: str, bind: str, advertise: str | None, rank: int | None,
 
 @main.command(context_settings={"ignore_unknown_options": True})
 @_option("scheduler", default=DEFAULT_SCHEDULER, help="the scheduler's address")
-@_option("rank", default=None, type=click.IntRange(min=0), help="rank to ask for")
+@_option("rank", default=None, type=click.IntRange(min=0),
+         help="rank to ask for (unset: the lowest free one)")
 @_option("num-workers", default=None, type=click.IntRange(min=1),
-         help="workers in the job, for sharding data")
+         help="workers in the job, for sharding data (unset: the client takes 1)")
 @_codec_option()
 @_keys_option
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def worker(scheduler: str, rank: int | None, num_workers: int | None, codec: str | None,
            keys: str | None, command: tuple[str, ...]) -> None:
-    """Run COMMAND as a worker of the job (it calls PSClient.from_env())."""
+    """Run COMMAND as a worker of the job (it calls PSClient.from_env()): COMMAND replaces
+    this process with HOGSHARD_SCHEDULER, HOGSHARD_RANK, HOGSHARD_NUM_WORKERS, HOGSHARD_CODEC
+    and HOGSHARD_KEYS set from the flags, and its exit status is the command's."""
     from hogshard.launcher import worker_environment
+
+    _check_command(command)
 
     _security(keys, role="worker")  # refuse a bad keys folder here, before the command starts
     env = worker_environment(scheduler, rank, num_workers, codec=codec, keys=keys)
@@ -258,14 +287,17 @@ def worker(scheduler: str, rank: int | None, num_workers: int | None, codec: str
 
 
 @main.command(context_settings={"ignore_unknown_options": True})
-@_option("servers", default=2, type=click.IntRange(min=1))
-@_option("workers", default=2, type=click.IntRange(min=1))
+@_option("servers", default=2, type=click.IntRange(min=1), help="server processes to start")
+@_option("workers", default=2, type=click.IntRange(min=1),
+         help="copies of COMMAND to start (ranks 0..WORKERS-1)")
 @_policy_option()
-@_option("heartbeat-timeout", default=DEFAULT_HEARTBEAT_TIMEOUT, type=click.FloatRange(min=0.05))
+@_option("heartbeat-timeout", default=DEFAULT_HEARTBEAT_TIMEOUT, type=click.FloatRange(min=0.05),
+         help="seconds of silence after which a member is declared dead")
 @_option("replication", default=1, type=click.IntRange(min=1, max=2),
          help="copies of each dense chunk: 2 keeps a backup on another server")
 @_codec_option()
-@click.option("--progress/--no-progress", default=True, help="show a progress bar")
+@click.option("--progress/--no-progress", default=True, show_default=True,
+              help="show a progress bar")
 @click.option("--verbose", is_flag=True, help="show the scheduler's and servers' INFO logs")
 @_checkpoint_options
 @_restore_option
@@ -276,9 +308,14 @@ def launch(servers: int, workers: int, policy: str, heartbeat_timeout: float, re
            progress: bool, verbose: bool, checkpoint_every: float | None,
            checkpoint_dir: str | None, restore: str | None, keys: str | None,
            command: tuple[str, ...]) -> None:
-    """Run a whole job on this host: a scheduler, SERVERS servers and WORKERS copies of COMMAND."""
+    """Run a whole job on this host: a scheduler, SERVERS servers and WORKERS copies of COMMAND.
+
+    Binds 127.0.0.1 only. Exits 0 when every worker exited 0, 1 when a worker failed or the
+    scheduler or a server exited (with --replication 2 an exited server is replaced
+    instead), 130 on Ctrl-C or SIGTERM."""
     from hogshard.launcher import LocalCluster
 
+    _check_command(command)
     cluster = _or_exit(lambda: LocalCluster(servers, workers, policy, list(command),
                                             heartbeat_timeout=heartbeat_timeout,
                                             replication=replication, progress=progress, codec=codec,
@@ -308,12 +345,14 @@ def _call_scheduler(scheduler: str, op: str, fields: dict | None, timeout: float
 
 @main.command()
 @_option("scheduler", default=DEFAULT_SCHEDULER, help="the scheduler's address")
-@_option("timeout", default=300.0, type=click.FloatRange(min=0.1))
+@_option("timeout", default=300.0, type=click.FloatRange(min=0.1),
+         help="seconds to wait for the checkpoint round to end")
 @_keys_option
 @click.argument("directory", type=click.Path(file_okay=False))
 def checkpoint(scheduler: str, timeout: float, keys: str | None, directory: str) -> None:
     """Checkpoint every shard of a running job into DIRECTORY/ckpt-N (atomically; LATEST is
-    moved once the manifest is written). Prints the checkpoint's path."""
+    moved once the manifest is written). Prints the checkpoint's path; exits 1 when the round
+    fails or no reply comes within --timeout."""
     reply = _call_scheduler(scheduler, "checkpoint", {"dir": str(Path(directory).resolve())},
                             timeout, keys)
     total = sum(f["bytes"] for f in reply["files"])
@@ -322,14 +361,16 @@ def checkpoint(scheduler: str, timeout: float, keys: str | None, directory: str)
 
 @main.command("export")
 @_option("out", required=True, type=click.Path(file_okay=False),
-         help="directory to write the export into (created)")
+         help="directory to write the export into (created; an export already there is "
+         "replaced)")
 @_option("since", default=None, type=click.Path(exists=True, file_okay=False),
          help="an older checkpoint of the same job: export only the embedding rows that "
          "appeared or changed after it (incremental; dense tables are always whole)")
 @click.option("--scheduler", default=None,  # no HOGSHARD_SCHEDULER: it changes what is read
               help="first checkpoint the running job at this scheduler address into SOURCE, "
               "then export that checkpoint")
-@_option("timeout", default=300.0, type=click.FloatRange(min=0.1))
+@_option("timeout", default=300.0, type=click.FloatRange(min=0.1),
+         help="seconds to wait for the checkpoint round to end")
 @_keys_option
 @click.argument("source", type=click.Path(file_okay=False))
 def export(out: str, since: str | None, scheduler: str | None, timeout: float,
@@ -337,7 +378,8 @@ def export(out: str, since: str | None, scheduler: str | None, timeout: float,
     """Export a checkpoint for serving: the dense weights and every embedding row as plain
     .npz files with a manifest.json (format: hogshard.proto.export_format), loaded with no
     servers by hogshard.worker.export.load_exported. SOURCE is a checkpoint (ckpt-N) or the
-    directory whose LATEST names one. Prints the export's path and what it holds."""
+    directory whose LATEST names one. Prints the export's path and what it holds; exits 1
+    for a missing, partial or corrupt checkpoint."""
     from hogshard.ps.export import export_checkpoint
 
     if scheduler is not None:
@@ -359,7 +401,8 @@ def policy() -> None:
 
 @policy.command("set")
 @_option("scheduler", default=DEFAULT_SCHEDULER, help="the scheduler's address")
-@_option("timeout", default=5.0, type=click.FloatRange(min=0.1))
+@_option("timeout", default=5.0, type=click.FloatRange(min=0.1),
+         help="seconds to wait for the scheduler's reply")
 @_keys_option
 @click.argument("spec", callback=_check_policy)
 def policy_set(scheduler: str, timeout: float, keys: str | None, spec: str) -> None:
@@ -370,7 +413,8 @@ def policy_set(scheduler: str, timeout: float, keys: str | None, spec: str) -> N
 
 @policy.command("show")
 @_option("scheduler", default=DEFAULT_SCHEDULER, help="the scheduler's address")
-@_option("timeout", default=5.0, type=click.FloatRange(min=0.1))
+@_option("timeout", default=5.0, type=click.FloatRange(min=0.1),
+         help="seconds to wait for the scheduler's reply")
 @_keys_option
 def policy_show(scheduler: str, timeout: float, keys: str | None) -> None:
     """Print the job's current policy."""
@@ -380,7 +424,8 @@ def policy_show(scheduler: str, timeout: float, keys: str | None) -> None:
 @main.command()
 @_option("scheduler", default=DEFAULT_SCHEDULER, help="the scheduler's address")
 @click.option("--json", "as_json", is_flag=True, help="print the raw status as JSON")
-@_option("timeout", default=5.0, type=click.FloatRange(min=0.1))
+@_option("timeout", default=5.0, type=click.FloatRange(min=0.1),
+         help="seconds to wait for the scheduler's reply")
 @click.option("--watch", "watch_every", default=None, type=click.FloatRange(min=0.1),
               metavar="SECONDS", help="redraw the table every SECONDS until interrupted")
 @click.option("--count", default=None, type=click.IntRange(min=1),
@@ -389,7 +434,8 @@ def policy_show(scheduler: str, timeout: float, keys: str | None) -> None:
 def status(scheduler: str, as_json: bool, timeout: float, watch_every: float | None,
            count: int | None, keys: str | None) -> None:
     """Show members, clocks, the shard map, updates per second, bytes per second and
-    staleness percentiles (a live table with --watch)."""
+    staleness percentiles (a live table with --watch). Exits 1 when the scheduler does not
+    answer within --timeout."""
     if as_json:
         reply = _call_scheduler(scheduler, "status", None, timeout, keys)
         click.echo(json.dumps(reply, indent=2, sort_keys=True))
@@ -427,9 +473,10 @@ def keys() -> None:
 def keys_generate(clients: tuple[str, ...], if_missing: bool, directory: str) -> None:
     """Write a cluster's server keypair and one client keypair per role into DIRECTORY
     (mode 0600): worker.key_secret for workers, shard.key_secret for shard servers,
-    admin.key_secret for the CLI (status, set-policy, checkpoint) and launchers. Every op
-    checks the role of the key that sent it: a worker's key cannot end the job, change the
-    policy or act as a server.
+    admin.key_secret for the CLI (status, policy set, policy show, checkpoint, export) and
+    launchers. Every op checks the role of the key that sent it: a worker's key cannot end the
+    job, change the policy or act as a server. Exits 1, changing nothing, when DIRECTORY
+    already holds a server key (unless --if-missing).
 
     \b
     What each process needs (--keys DIR, HOGSHARD_KEYS):
@@ -446,6 +493,17 @@ def keys_generate(clients: tuple[str, ...], if_missing: bool, directory: str) ->
         click.echo(str(path))
     if not written:
         click.echo(f"{directory} already holds keys: kept", err=True)
+
+
+def _check_command(command: tuple[str, ...]) -> None:
+    """Refuse a COMMAND that is a misspelt flag or names no program, before anything starts."""
+    import shutil
+
+    if command[0].startswith("-"):
+        raise click.UsageError(f"no such option: {command[0]} (the worker command goes after "
+                               "'--', e.g. -- python train.py)")
+    if shutil.which(command[0]) is None:
+        raise click.UsageError(f"cannot run {command[0]!r}: no such program")
 
 
 def _or_exit(build):

@@ -59,7 +59,8 @@ def _positive(**kwargs: Any) -> click.FloatRange:
               help="with --rule momentum")
 @click.option("--batch", default=64, show_default=True, type=click.IntRange(min=1),
               help="per-learner batch (mu)")
-@click.option("--epochs", default=1, show_default=True, type=click.IntRange(min=1))
+@click.option("--epochs", default=1, show_default=True, type=click.IntRange(min=1),
+              help="passes of each learner over its share of the training data")
 @click.option("--limit", default=None, type=click.IntRange(min=1),
               help="use only the first N training images")
 @click.option("--compute-ms", default=DEFAULT_COMPUTE_MS, show_default=True, type=_positive(),
@@ -86,7 +87,8 @@ def _positive(**kwargs: Any) -> click.FloatRange:
               "history)")
 @click.option("--eval-subset", default=1000, show_default=True, type=click.IntRange(min=1),
               help="test images per history sample (the final accuracy uses all)")
-@click.option("--torch-threads", default=1, show_default=True, type=click.IntRange(min=1))
+@click.option("--torch-threads", default=1, show_default=True, type=click.IntRange(min=1),
+              help="torch threads of this process (the real compute of the gradients)")
 @click.option("--parameters", default=None, type=click.IntRange(min=1),
               help="timing only: a synthetic model of this many float32 parameters whose "
               "gradients cost nothing to compute (no data, no accuracy: test_accuracy is null); "

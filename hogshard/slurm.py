@@ -255,17 +255,33 @@ def run_task(plan: TaskPlan, command: Sequence[str], policy: str, heartbeat_time
 @click.option("--policy", default="async", envvar=env_name("policy"), show_default=True,
               show_envvar=True, help="consistency policy")
 @click.option("--heartbeat-timeout", default=DEFAULT_HEARTBEAT_TIMEOUT, show_default=True,
-              type=click.FloatRange(min=0.05), envvar=env_name("heartbeat-timeout"))
+              type=click.FloatRange(min=0.05), envvar=env_name("heartbeat-timeout"),
+              show_envvar=True, help="seconds of silence after which a member is declared dead")
 @click.option("--join-timeout", default=300.0, show_default=True, type=click.FloatRange(min=1),
-              envvar=env_name("join-timeout"), help="seconds for every worker to register")
-@click.option("--codec", default=None, envvar=env_name("codec"), help="gradient compression")
+              envvar=env_name("join-timeout"), show_envvar=True,
+              help="seconds for every worker to register")
+@click.option("--codec", default=None, envvar=env_name("codec"), show_envvar=True,
+              help="gradient compression, as for `hogshard worker --codec`")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def slurm(servers: int, port: int, policy: str, heartbeat_timeout: float, join_timeout: float,
           codec: str | None, command: tuple[str, ...]) -> None:
-    """Run this SLURM task's part of a job: ``srun hogshard slurm --servers 2 -- CMD``."""
+    """Run this SLURM task's part of a job: ``srun hogshard slurm --servers 2 -- CMD``.
+
+    Task 0 runs the scheduler and server 0, tasks 1..SERVERS-1 a server each, the others
+    COMMAND as workers. CURVE keys come from HOGSHARD_KEYS (plain TCP needs
+    HOGSHARD_INSECURE=1). Task 0 exits 0 once every worker has finished, 1 if a worker died
+    or not every worker registered within --join-timeout."""
+    from hogshard.proto.policy import parse_policy
     from hogshard.proto.roles import Role
     from hogshard.proto.security import load_security
+    from hogshard.worker.compression import CompressionPolicy
 
+    for flag, check in (("--policy", lambda: parse_policy(policy)),
+                        ("--codec", lambda: codec and CompressionPolicy.parse(codec))):
+        try:
+            check()
+        except HogshardError as err:
+            raise click.BadParameter(err.message, param_hint=flag) from None
     try:
         task = SlurmTask.from_env()
         plan = plan_task(task, servers, port)

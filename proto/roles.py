@@ -7,7 +7,7 @@ keys folder's ``authorized/`` directory::
     worker.key, worker-*.key     WORKER   training processes
     shard.key, shard-*.key       SERVER   shard servers (their links to the scheduler and to
                                           each other); also server.key in a flattened folder
-    admin.key, admin-*.key       ADMIN    the CLI (status, set-policy, checkpoint) and launchers
+    admin.key, admin-*.key       ADMIN    the CLI (status, policy, checkpoint) and launchers
     client.key                   LEGACY   the single shared key of older folders: every role
 
 Any other file name is admitted as a worker. Without CURVE (loopback only) no role is known

@@ -4,7 +4,7 @@ and the role of each client key.
 A cluster has one **server keypair**, shared by every socket that binds (the scheduler's and
 the servers' ROUTERs), and one **client keypair per role** for the sockets that connect:
 ``worker`` (training processes), ``shard`` (the servers' links to the scheduler and to each
-other) and ``admin`` (the CLI's status/set-policy/checkpoint calls, launchers). A binding
+other) and ``admin`` (the CLI's status/policy/checkpoint calls, launchers). A binding
 ROUTER is a CURVE server whose ZAP handler (a ``zmq.auth.thread.ThreadAuthenticator`` on its
 context) admits only the public keys found in the keys folder's ``authorized/`` directory and
 names each connection by its key's role (proto/roles.py), which every op checks; a peer

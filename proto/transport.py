@@ -23,6 +23,7 @@ import numpy as np
 import zmq
 
 from hogshard.proto.errors import (
+    ConfigError,
     HogshardError,
     ProtocolError,
     RequestTimeoutError,
@@ -70,7 +71,14 @@ def bind_router(context: zmq.Context, address: str, hwm: int = 10_000,
     sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
     sock.setsockopt(zmq.SNDHWM, hwm)
     sock.setsockopt(zmq.RCVHWM, hwm)
-    sock.bind(normalise_endpoint(address))
+    try:
+        sock.bind(normalise_endpoint(address))
+    except zmq.ZMQError as err:
+        sock.close()
+        reason = zmq.strerror(err.errno) if err.errno is not None else str(err)
+        raise ConfigError(f"cannot bind {address}: {reason}; expected an address of this host "
+                          "that no other process holds, e.g. tcp://127.0.0.1:0 (any free port)"
+                          ) from None
     endpoint = sock.getsockopt(zmq.LAST_ENDPOINT).decode()
     return sock, endpoint.replace("tcp://0.0.0.0:", "tcp://127.0.0.1:")
 

@@ -57,5 +57,5 @@ class SyntheticWorkload:
         return None
 
     def describe(self) -> dict[str, Any]:
-        return {"dataset": "synthetic (timing only)", "train_images": None,
+        return {"dataset": "synthetic (timing only)", "model": "synthetic", "train_images": None,
                 "parameters": self.parameters}

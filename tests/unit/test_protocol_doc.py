@@ -4,7 +4,8 @@ that may send them and the header fields they declare, and every error code.
 The markup parsed: section ``## 6.`` holds the scheduler's ops and ``## 7.`` the server's, each
 under a heading ``#### `op` `` (an optional ``(scheduler)``/``(server)`` after it), followed by a
 line ``**Sent by:** role, role.``; section ``## 5.`` has a table ``| ops | to | roles |``;
-section ``## 4.`` has one table row per error code, starting ``| `CODE` |``.
+section ``## 4.`` has one table row per error code, starting ``| `CODE` |``; an op's request table
+has one row ``| `field` | type | yes/no | ... |`` per declared field.
 """
 
 from __future__ import annotations
@@ -126,3 +127,39 @@ def test_the_role_summary_table_matches_the_op_tables(text: str) -> None:
 def test_every_error_code_is_documented(text: str) -> None:
     documented = set(re.findall(r"(?m)^\| `([A-Z_]+)` \|", _section(text, 4)))
     assert documented == {code.value for code in ErrorCode}
+
+
+#: How PROTOCOL.md's request tables spell each field kind (section "Notation").
+_KIND_NAMES = {int: "int", float: "float", str: "str", bool: "bool", list: "list", dict: "map"}
+_FIELD_ROW = re.compile(r"^\| ((?:`[a-z_]+`(?:, )?)+) \| ([^|]+) \| ([^|]+) \|")
+
+
+def _request_rows(block: str) -> dict[str, tuple[str, str]]:
+    """{field: (type, required)} from the first row naming each field in an op's block."""
+    rows: dict[str, tuple[str, str]] = {}
+    for line in block.splitlines():
+        if match := _FIELD_ROW.match(line):
+            for name in re.findall(r"`([a-z_]+)`", match.group(1)):
+                rows.setdefault(name, (match.group(2).strip(), match.group(3).strip()))
+    return rows
+
+
+@pytest.mark.parametrize(("service", "number"), SERVICES)
+def test_each_documented_field_has_the_declared_type_and_requiredness(
+        text: str, service: type, number: int) -> None:
+    """A row ``| `field` | type | yes/no |`` states the op table's kind and whether the field is
+    required; "yes (else `CODE`)" is a field the handler requires itself, with that code."""
+    documented = _documented_ops(_section(text, number))
+    for name, spec in _op_table(service).items():
+        rows = _request_rows(documented.get(name, ""))
+        for field in spec.fields:
+            if field.name not in rows:
+                assert field.name in COMMON_FIELDS, f"{name!r}: no row for {field.name!r}"
+                continue
+            kind, required = rows[field.name]
+            assert kind.split()[0] == _KIND_NAMES[field.kind], (name, field.name, kind)
+            assert required.startswith(("yes", "no")), (name, field.name, required)
+            if field.required:
+                assert required.startswith("yes"), (name, field.name, required)
+            elif required.startswith("yes"):
+                assert "(else `" in required, f"{name!r}: {field.name!r} is optional in code"

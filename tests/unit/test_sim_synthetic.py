@@ -26,6 +26,7 @@ def steps_per_second(report: dict) -> float:
 def test_a_synthetic_run_reports_timing_and_no_accuracy() -> None:
     report = run(learners=8, servers=2)
     assert report["test_accuracy"] is None and report["dataset"].startswith("synthetic")
+    assert report["model"] == "synthetic"
     assert report["parameters"] == MODEL_BYTES // 4 and report["gradients"] == 8 * 6
     detail = report["servers_detail"][0]
     assert detail["bytes_in"] == detail["pushes"] * MODEL_BYTES // 2  # the declared model's share
