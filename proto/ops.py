@@ -126,7 +126,7 @@ def check_role(spec: OpSpec, roles: frozenset[Role] | None, service: str) -> Non
     (``None``: no CURVE, every role unknown and every op open)."""
     if roles is not None and not roles & spec.roles:
         raise ForbiddenError(
-            f"{service} refuses {spec.name!r} from a {'/'.join(sorted(roles))} key; it is "
+            f"{service} refuses {spec.name!r} from a key of role {'/'.join(sorted(roles))}; it is "
             f"sent by {'/'.join(sorted(spec.roles))} only")
 
 

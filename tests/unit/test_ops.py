@@ -52,7 +52,7 @@ def test_roles_are_enforced_only_when_known() -> None:
     check_role(PULL, None, "a server")  # no CURVE: open
     check_role(PULL, frozenset({Role.WORKER}), "a server")
     check_role(PULL, LEGACY_ROLES, "a server")
-    with pytest.raises(ForbiddenError, match="'pull' from a admin key"):
+    with pytest.raises(ForbiddenError, match="'pull' from a key of role admin"):
         check_role(PULL, ADMINS, "a server")
 
 
