@@ -19,6 +19,21 @@ from pathlib import Path
 
 import click
 
+from hogshard.cli_options import (
+    check_command,
+    check_policy,
+    checkpoint_options,
+    codec_option,
+    insecure_option,
+    keys_option,
+    metrics_options,
+    option,
+    or_exit,
+    policy_option,
+    process_security,
+    restore_option,
+    start_metrics,
+)
 from hogshard.proto.config import (
     DEFAULT_HEARTBEAT_INTERVAL,
     DEFAULT_HEARTBEAT_TIMEOUT,
@@ -30,125 +45,15 @@ from hogshard.proto.errors import HogshardError
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
-def _option(name: str, **kwargs):
-    """A click option that also reads ``HOGSHARD_<NAME>``."""
-    flag = "--" + name
-    return click.option(flag, envvar=env_name(name), show_envvar=True, show_default=True,
-                        **kwargs)
-
-
-def _check_codec(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    if not value:
-        return None
-    from hogshard.worker.compression import CompressionPolicy
-
-    try:
-        CompressionPolicy.parse(value)
-    except HogshardError as err:
-        raise click.BadParameter(err.message) from None
-    return value
-
-
-def _codec_option():
-    return _option("codec", default=None, callback=_check_codec,
-                   help="gradient compression, e.g. dgc, topk:0.01, sign:256, fp16, "
-                   "powersgd:2, qsgd:16, randomk:0.1, or auto (chosen from the measured link); "
-                   "options ,min_size=N ,ef=0 ,momentum=M ,clip=C ,warmup=STEPS ,pull=fp16|bf16 "
-                   "(weights pulled in half precision); per table: 'topk:0.01;emb=fp16'. "
-                   "The example picks the codec's server rule and lr when --rule/--lr are "
-                   "not given")
-
-
-def _checkpoint_options(command):
-    """``--checkpoint-every SECONDS`` with ``--checkpoint-dir DIR`` (both or neither)."""
-    command = _option("checkpoint-dir", default=None, type=click.Path(file_okay=False),
-                      help="directory for periodic checkpoints (ckpt-N folders, LATEST); "
-                      "alone, without --checkpoint-every, it takes none")(command)
-    return _option("checkpoint-every", default=None, type=click.FloatRange(min=0.1),
-                   help="seconds between checkpoints of every shard (needs --checkpoint-dir)"
-                   )(command)
-
-
-def _restore_option(command):
-    return _option("restore", default=None, type=click.Path(exists=True, file_okay=False),
-                   help="resume from this checkpoint (a ckpt-N folder, or its parent: LATEST); "
-                   "the number of servers and their ranks must match; the scheduler takes "
-                   "the checkpoint's policy, not --policy")(command)
-
-
-def _keys_option(command):
-    """``--keys DIR``: CURVE-encrypt and authenticate every socket (PROTOCOL.md section 5)."""
-    return _option("keys", default=None, type=click.Path(exists=True, file_okay=False),
-                   help="CURVE keys folder (`hogshard keys generate DIR`): every socket is "
-                   "encrypted and only authorised clients connect")(command)
-
-
-def _insecure_option(command):
-    return _option("insecure", is_flag=True, default=False,
-                   help="allow plain TCP (no --keys) on an address other hosts can reach")(command)
-
-
-def _security(keys: str | None, bind: str | None = None, insecure: bool = False,
-              role: str | None = "admin"):
-    """The process's CURVE keys, with the client keypair of ``role`` (None: the process
-    only binds); None for plain TCP. Refuses a plain non-loopback bind."""
-    from hogshard.proto.roles import Role
-    from hogshard.proto.security import check_plain_bind, load_security
-
-    security = _or_exit(lambda: load_security(keys, Role(role) if role else None))
-    if bind is not None:
-        _or_exit(lambda: check_plain_bind(bind, security, insecure))
-    return security
-
-
-def _check_policy(ctx: click.Context, param: click.Parameter, value: str) -> str:
-    from hogshard.proto.policy import parse_policy
-
-    try:
-        parse_policy(value)
-    except HogshardError as err:
-        raise click.BadParameter(err.message) from None
-    return value
-
-
-def _policy_option(default: str = "async"):
-    return _option("policy", default=default, callback=_check_policy,
-                   help="consistency policy: async, hardsync, softsync:N or ssp:S, with optional "
-                   "+lr=staleness or +lr=mean, +dc=LAMBDA, +maxstale=K")
-
-
-def _metrics_options(command):
-    """``--metrics-port`` (off unless given; 0 picks a free port) and ``--metrics-host``."""
-    command = _option("metrics-host", default="0.0.0.0",
-                      help="interface for the Prometheus /metrics endpoint")(command)
-    return _option("metrics-port", default=None, type=click.IntRange(0, 65535),
-                   help="serve Prometheus metrics on this port (0: any free port; "
-                   "off when unset)")(command)
-
-
-def _start_metrics(service, role: str, port: int | None, host: str) -> None:
-    """Serve the service's metrics from a daemon thread when a port was given."""
-    if port is None:
-        return
-    from hogshard.proto.metrics import MetricsServer
-
-    if role == "scheduler":
-        from hogshard.scheduler.metrics import SchedulerCollector as collector
-    else:
-        from hogshard.ps.metrics import ServerCollector as collector
-    metrics = _or_exit(lambda: MetricsServer(collector(service), port, host))
-    click.echo(f"{role} metrics on {metrics.url}", err=True)
-
-
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
               envvar=env_name("config"), show_envvar=True,
               help="TOML file with a table of defaults per command ([scheduler], [launch], "
               "[policy.set], ...), keys spelt as the flags (heartbeat-timeout = 10); a flag or "
               "HOGSHARD_<FLAG> overrides it; an unknown table or key is refused")
-@_option("log-level", default="INFO",
+@option("log-level", default="INFO",
          type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
-@_option("log-format", default="text", type=click.Choice(["text", "logfmt", "json"]),
+@option("log-format", default="text", type=click.Choice(["text", "logfmt", "json"]),
          help="one line per event with role and rank: text, logfmt (key=value) or json")
 @click.version_option(package_name="hogshard")
 @click.pass_context
@@ -179,23 +84,23 @@ def main(ctx: click.Context, config_file: str | None, log_level: str, log_format
 
 
 @main.command()
-@_option("bind", default=DEFAULT_SCHEDULER, help="address to bind (tcp://HOST:0 picks a port)")
-@_policy_option()
-@_option("servers", default=1, type=click.IntRange(min=1),
+@option("bind", default=DEFAULT_SCHEDULER, help="address to bind (tcp://HOST:0 picks a port)")
+@policy_option()
+@option("servers", default=1, type=click.IntRange(min=1),
          help="servers to wait for before placing tables")
-@_option("heartbeat-interval", default=DEFAULT_HEARTBEAT_INTERVAL, type=click.FloatRange(min=0.01),
+@option("heartbeat-interval", default=DEFAULT_HEARTBEAT_INTERVAL, type=click.FloatRange(min=0.01),
          help="seconds between the heartbeats of every member (sent to them at register)")
-@_option("heartbeat-timeout", default=DEFAULT_HEARTBEAT_TIMEOUT, type=click.FloatRange(min=0.05),
+@option("heartbeat-timeout", default=DEFAULT_HEARTBEAT_TIMEOUT, type=click.FloatRange(min=0.05),
          help="seconds of silence after which a member is declared dead")
-@_option("replication", default=1, type=click.IntRange(min=1, max=2),
+@option("replication", default=1, type=click.IntRange(min=1, max=2),
          help="copies of each dense chunk: 2 keeps a backup on another server")
-@_option("address-file", default=None, type=click.Path(dir_okay=False),
+@option("address-file", default=None, type=click.Path(dir_okay=False),
          help="write the bound address here once listening")
-@_metrics_options
-@_checkpoint_options
-@_restore_option
-@_keys_option
-@_insecure_option
+@metrics_options
+@checkpoint_options
+@restore_option
+@keys_option
+@insecure_option
 def scheduler(bind: str, policy: str, servers: int, heartbeat_interval: float,
               heartbeat_timeout: float, replication: int, address_file: str | None, metrics_port: int | None,
               metrics_host: str, checkpoint_every: float | None, checkpoint_dir: str | None,
@@ -203,12 +108,12 @@ def scheduler(bind: str, policy: str, servers: int, heartbeat_interval: float,
     """Run the scheduler: membership, heartbeats, shard map, consistency policy."""
     from hogshard.scheduler.service import Scheduler
 
-    security = _security(keys, bind, insecure, role=None)
-    service = _or_exit(lambda: Scheduler(bind, policy, servers, heartbeat_interval,
+    security = process_security(keys, bind, insecure, role=None)
+    service = or_exit(lambda: Scheduler(bind, policy, servers, heartbeat_interval,
                                          heartbeat_timeout, checkpoint_every=checkpoint_every,
                                          checkpoint_dir=checkpoint_dir, restore=restore,
                                          security=security, replication=replication))
-    _start_metrics(service, "scheduler", metrics_port, metrics_host)
+    start_metrics(service, "scheduler", metrics_port, metrics_host)
     if address_file:
         tmp = Path(address_file + ".tmp")
         tmp.write_text(service.address)
@@ -218,28 +123,28 @@ def scheduler(bind: str, policy: str, servers: int, heartbeat_interval: float,
 
 
 @main.command()
-@_option("scheduler", default=DEFAULT_SCHEDULER, help="the scheduler's address")
-@_option("bind", default="tcp://127.0.0.1:0", help="data-plane address to bind")
-@_option("advertise", default=None,
+@option("scheduler", default=DEFAULT_SCHEDULER, help="the scheduler's address")
+@option("bind", default="tcp://127.0.0.1:0", help="data-plane address to bind")
+@option("advertise", default=None,
          help="address workers should use (default: the bound one, where a wildcard "
          "tcp://*:PORT or tcp://0.0.0.0:PORT becomes tcp://127.0.0.1:PORT: give it on a "
          "multi-host job)")
-@_option("rank", default=None, type=click.IntRange(min=0),
+@option("rank", default=None, type=click.IntRange(min=0),
          help="rank to ask for (unset: the lowest free one); a server restarted under its "
          "rank takes its chunks back")
-@_option("max-message-bytes", default=1 << 31, type=click.IntRange(min=1024),
+@option("max-message-bytes", default=1 << 31, type=click.IntRange(min=1024),
          help="largest frame a peer may send (ZMQ_MAXMSGSIZE); libzmq disconnects a peer "
          "that sends a larger one, with no reply")
 @click.option("--check-finite/--no-check-finite", default=True, show_default=True,
               envvar=env_name("check-finite"), show_envvar=True,
               help="refuse pushes whose gradients hold NaN or Inf (one read of each gradient)")
-@_option("update-threads", default=0, type=click.IntRange(min=0),
+@option("update-threads", default=0, type=click.IntRange(min=0),
          help="threads that apply update rules off the socket loop (0: on the loop; see "
               "docs/TUNING.md)")
-@_metrics_options
-@_restore_option
-@_keys_option
-@_insecure_option
+@metrics_options
+@restore_option
+@keys_option
+@insecure_option
 def server(scheduler: str, bind: str, advertise: str | None, rank: int | None,
            max_message_bytes: int, check_finite: bool, update_threads: int,
            metrics_port: int | None, metrics_host: str, restore: str | None, keys: str | None,
@@ -250,24 +155,24 @@ def server(scheduler: str, bind: str, advertise: str | None, rank: int | None,
     tune_server_process()
     from hogshard.ps.server import ShardServer
 
-    security = _security(keys, bind, insecure, role="server")
-    service = _or_exit(lambda: ShardServer(scheduler, bind, advertise, rank,
+    security = process_security(keys, bind, insecure, role="server")
+    service = or_exit(lambda: ShardServer(scheduler, bind, advertise, rank,
                                            max_message_bytes=max_message_bytes,
                                            restore=restore, security=security,
                                            check_finite=check_finite,
                                            update_threads=update_threads))
-    _start_metrics(service, "server", metrics_port, metrics_host)
+    start_metrics(service, "server", metrics_port, metrics_host)
     _serve(service)
 
 
 @main.command(context_settings={"ignore_unknown_options": True})
-@_option("scheduler", default=DEFAULT_SCHEDULER, help="the scheduler's address")
-@_option("rank", default=None, type=click.IntRange(min=0),
+@option("scheduler", default=DEFAULT_SCHEDULER, help="the scheduler's address")
+@option("rank", default=None, type=click.IntRange(min=0),
          help="rank to ask for (unset: the lowest free one)")
-@_option("num-workers", default=None, type=click.IntRange(min=1),
+@option("num-workers", default=None, type=click.IntRange(min=1),
          help="workers in the job, for sharding data (unset: the client takes 1)")
-@_codec_option()
-@_keys_option
+@codec_option()
+@keys_option
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def worker(scheduler: str, rank: int | None, num_workers: int | None, codec: str | None,
            keys: str | None, command: tuple[str, ...]) -> None:
@@ -276,9 +181,9 @@ def worker(scheduler: str, rank: int | None, num_workers: int | None, codec: str
     and HOGSHARD_KEYS set from the flags, and its exit status is the command's."""
     from hogshard.launcher import worker_environment
 
-    _check_command(command)
+    check_command(command)
 
-    _security(keys, role="worker")  # refuse a bad keys folder here, before the command starts
+    process_security(keys, role="worker")  # refuse a bad keys folder here, before the command starts
     env = worker_environment(scheduler, rank, num_workers, codec=codec, keys=keys)
     try:
         os.execvpe(command[0], list(command), env)
@@ -287,21 +192,21 @@ def worker(scheduler: str, rank: int | None, num_workers: int | None, codec: str
 
 
 @main.command(context_settings={"ignore_unknown_options": True})
-@_option("servers", default=2, type=click.IntRange(min=1), help="server processes to start")
-@_option("workers", default=2, type=click.IntRange(min=1),
+@option("servers", default=2, type=click.IntRange(min=1), help="server processes to start")
+@option("workers", default=2, type=click.IntRange(min=1),
          help="copies of COMMAND to start (ranks 0..WORKERS-1)")
-@_policy_option()
-@_option("heartbeat-timeout", default=DEFAULT_HEARTBEAT_TIMEOUT, type=click.FloatRange(min=0.05),
+@policy_option()
+@option("heartbeat-timeout", default=DEFAULT_HEARTBEAT_TIMEOUT, type=click.FloatRange(min=0.05),
          help="seconds of silence after which a member is declared dead")
-@_option("replication", default=1, type=click.IntRange(min=1, max=2),
+@option("replication", default=1, type=click.IntRange(min=1, max=2),
          help="copies of each dense chunk: 2 keeps a backup on another server")
-@_codec_option()
+@codec_option()
 @click.option("--progress/--no-progress", default=True, show_default=True,
               help="show a progress bar")
 @click.option("--verbose", is_flag=True, help="show the scheduler's and servers' INFO logs")
-@_checkpoint_options
-@_restore_option
-@_keys_option
+@checkpoint_options
+@restore_option
+@keys_option
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def launch(servers: int, workers: int, policy: str, heartbeat_timeout: float, replication: int,
            codec: str | None,
@@ -315,15 +220,15 @@ def launch(servers: int, workers: int, policy: str, heartbeat_timeout: float, re
     instead), 130 on Ctrl-C or SIGTERM."""
     from hogshard.launcher import LocalCluster
 
-    _check_command(command)
-    cluster = _or_exit(lambda: LocalCluster(servers, workers, policy, list(command),
+    check_command(command)
+    cluster = or_exit(lambda: LocalCluster(servers, workers, policy, list(command),
                                             heartbeat_timeout=heartbeat_timeout,
                                             replication=replication, progress=progress, codec=codec,
                                             service_log_level="INFO" if verbose else "WARNING",
                                             checkpoint_every=checkpoint_every,
                                             checkpoint_dir=checkpoint_dir, restore=restore,
                                             keys=keys))
-    code = _or_exit(cluster.run)
+    code = or_exit(cluster.run)
     sys.exit(code)
 
 
@@ -333,21 +238,21 @@ def _call_scheduler(scheduler: str, op: str, fields: dict | None, timeout: float
 
     from hogshard.proto.transport import RpcChannel
 
-    security = _security(keys)
+    security = process_security(keys)
     context = zmq.Context()
     channel = RpcChannel(context, scheduler, sender=op, security=security)
     try:
-        return _or_exit(lambda: channel.call(op, fields, timeout=timeout)).header
+        return or_exit(lambda: channel.call(op, fields, timeout=timeout)).header
     finally:
         channel.close()
         context.term()
 
 
 @main.command()
-@_option("scheduler", default=DEFAULT_SCHEDULER, help="the scheduler's address")
-@_option("timeout", default=300.0, type=click.FloatRange(min=0.1),
+@option("scheduler", default=DEFAULT_SCHEDULER, help="the scheduler's address")
+@option("timeout", default=300.0, type=click.FloatRange(min=0.1),
          help="seconds to wait for the checkpoint round to end")
-@_keys_option
+@keys_option
 @click.argument("directory", type=click.Path(file_okay=False))
 def checkpoint(scheduler: str, timeout: float, keys: str | None, directory: str) -> None:
     """Checkpoint every shard of a running job into DIRECTORY/ckpt-N (atomically; LATEST is
@@ -360,18 +265,18 @@ def checkpoint(scheduler: str, timeout: float, keys: str | None, directory: str)
 
 
 @main.command("export")
-@_option("out", required=True, type=click.Path(file_okay=False),
+@option("out", required=True, type=click.Path(file_okay=False),
          help="directory to write the export into (created; an export already there is "
          "replaced)")
-@_option("since", default=None, type=click.Path(exists=True, file_okay=False),
+@option("since", default=None, type=click.Path(exists=True, file_okay=False),
          help="an older checkpoint of the same job: export only the embedding rows that "
          "appeared or changed after it (incremental; dense tables are always whole)")
 @click.option("--scheduler", default=None,  # no HOGSHARD_SCHEDULER: it changes what is read
               help="first checkpoint the running job at this scheduler address into SOURCE, "
               "then export that checkpoint")
-@_option("timeout", default=300.0, type=click.FloatRange(min=0.1),
+@option("timeout", default=300.0, type=click.FloatRange(min=0.1),
          help="seconds to wait for the checkpoint round to end")
-@_keys_option
+@keys_option
 @click.argument("source", type=click.Path(file_okay=False))
 def export(out: str, since: str | None, scheduler: str | None, timeout: float,
            keys: str | None, source: str) -> None:
@@ -386,7 +291,7 @@ def export(out: str, since: str | None, scheduler: str | None, timeout: float,
         reply = _call_scheduler(scheduler, "checkpoint", {"dir": str(Path(source).resolve())},
                                 timeout, keys)
         source = reply["path"]
-    manifest = _or_exit(lambda: export_checkpoint(Path(source), Path(out),
+    manifest = or_exit(lambda: export_checkpoint(Path(source), Path(out),
                                                   Path(since) if since else None))
     rows = sum(t["rows"] for t in manifest["embeddings"].values())
     click.echo(f"{out} ({manifest['kind']} export of {manifest['checkpoint']}: "
@@ -400,11 +305,11 @@ def policy() -> None:
 
 
 @policy.command("set")
-@_option("scheduler", default=DEFAULT_SCHEDULER, help="the scheduler's address")
-@_option("timeout", default=5.0, type=click.FloatRange(min=0.1),
+@option("scheduler", default=DEFAULT_SCHEDULER, help="the scheduler's address")
+@option("timeout", default=5.0, type=click.FloatRange(min=0.1),
          help="seconds to wait for the scheduler's reply")
-@_keys_option
-@click.argument("spec", callback=_check_policy)
+@keys_option
+@click.argument("spec", callback=check_policy)
 def policy_set(scheduler: str, timeout: float, keys: str | None, spec: str) -> None:
     """Switch the running job to policy SPEC; every server switches at the same clock."""
     reply = _call_scheduler(scheduler, "set_policy", {"policy": spec}, timeout, keys)
@@ -412,25 +317,25 @@ def policy_set(scheduler: str, timeout: float, keys: str | None, spec: str) -> N
 
 
 @policy.command("show")
-@_option("scheduler", default=DEFAULT_SCHEDULER, help="the scheduler's address")
-@_option("timeout", default=5.0, type=click.FloatRange(min=0.1),
+@option("scheduler", default=DEFAULT_SCHEDULER, help="the scheduler's address")
+@option("timeout", default=5.0, type=click.FloatRange(min=0.1),
          help="seconds to wait for the scheduler's reply")
-@_keys_option
+@keys_option
 def policy_show(scheduler: str, timeout: float, keys: str | None) -> None:
     """Print the job's current policy."""
     click.echo(_call_scheduler(scheduler, "status", None, timeout, keys)["policy"])
 
 
 @main.command()
-@_option("scheduler", default=DEFAULT_SCHEDULER, help="the scheduler's address")
+@option("scheduler", default=DEFAULT_SCHEDULER, help="the scheduler's address")
 @click.option("--json", "as_json", is_flag=True, help="print the raw status as JSON")
-@_option("timeout", default=5.0, type=click.FloatRange(min=0.1),
+@option("timeout", default=5.0, type=click.FloatRange(min=0.1),
          help="seconds to wait for the scheduler's reply")
 @click.option("--watch", "watch_every", default=None, type=click.FloatRange(min=0.1),
               metavar="SECONDS", help="redraw the table every SECONDS until interrupted")
 @click.option("--count", default=None, type=click.IntRange(min=1),
               help="with --watch: stop after this many redraws")
-@_keys_option
+@keys_option
 def status(scheduler: str, as_json: bool, timeout: float, watch_every: float | None,
            count: int | None, keys: str | None) -> None:
     """Show members, clocks, the shard map, updates per second, bytes per second and
@@ -488,29 +393,11 @@ def keys_generate(clients: tuple[str, ...], if_missing: bool, directory: str) ->
     from hogshard.proto.security import ensure_keys, generate_keys
 
     make = ensure_keys if if_missing else generate_keys
-    written = _or_exit(lambda: make(directory, clients))
+    written = or_exit(lambda: make(directory, clients))
     for path in written:
         click.echo(str(path))
     if not written:
         click.echo(f"{directory} already holds keys: kept", err=True)
-
-
-def _check_command(command: tuple[str, ...]) -> None:
-    """Refuse a COMMAND that is a misspelt flag or names no program, before anything starts."""
-    import shutil
-
-    if command[0].startswith("-"):
-        raise click.UsageError(f"no such option: {command[0]} (the worker command goes after "
-                               "'--', e.g. -- python train.py)")
-    if shutil.which(command[0]) is None:
-        raise click.UsageError(f"cannot run {command[0]!r}: no such program")
-
-
-def _or_exit(build):
-    try:
-        return build()
-    except HogshardError as err:
-        raise click.ClickException(err.message) from None
 
 
 def _serve(service) -> None:

@@ -1,0 +1,147 @@
+"""The flags the ``hogshard`` commands share, and the checks that turn a bad value into a usage
+error (exit 2) or a clear message (exit 1) instead of a traceback.
+
+Every option made by :func:`option` also reads ``HOGSHARD_<NAME>``.
+
+Example::
+
+    @main.command()
+    @option("bind", default="tcp://127.0.0.1:0", help="address to bind")
+    @policy_option()
+    def scheduler(bind: str, policy: str) -> None: ...
+"""
+
+from __future__ import annotations
+
+import click
+
+from hogshard.proto.config import env_name
+from hogshard.proto.errors import HogshardError
+
+
+def option(name: str, **kwargs):
+    """A click option that also reads ``HOGSHARD_<NAME>``."""
+    flag = "--" + name
+    return click.option(flag, envvar=env_name(name), show_envvar=True, show_default=True,
+                        **kwargs)
+
+
+def check_codec(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if not value:
+        return None
+    from hogshard.worker.compression import CompressionPolicy
+
+    try:
+        CompressionPolicy.parse(value)
+    except HogshardError as err:
+        raise click.BadParameter(err.message) from None
+    return value
+
+
+def codec_option():
+    return option("codec", default=None, callback=check_codec,
+                   help="gradient compression, e.g. dgc, topk:0.01, sign:256, fp16, "
+                   "powersgd:2, qsgd:16, randomk:0.1, or auto (chosen from the measured link); "
+                   "options ,min_size=N ,ef=0 ,momentum=M ,clip=C ,warmup=STEPS ,pull=fp16|bf16 "
+                   "(weights pulled in half precision); per table: 'topk:0.01;emb=fp16'. "
+                   "The example picks the codec's server rule and lr when --rule/--lr are "
+                   "not given")
+
+
+def checkpoint_options(command):
+    """``--checkpoint-every SECONDS`` with ``--checkpoint-dir DIR`` (both or neither)."""
+    command = option("checkpoint-dir", default=None, type=click.Path(file_okay=False),
+                      help="directory for periodic checkpoints (ckpt-N folders, LATEST); "
+                      "alone, without --checkpoint-every, it takes none")(command)
+    return option("checkpoint-every", default=None, type=click.FloatRange(min=0.1),
+                   help="seconds between checkpoints of every shard (needs --checkpoint-dir)"
+                   )(command)
+
+
+def restore_option(command):
+    return option("restore", default=None, type=click.Path(exists=True, file_okay=False),
+                   help="resume from this checkpoint (a ckpt-N folder, or its parent: LATEST); "
+                   "the number of servers and their ranks must match; the scheduler takes "
+                   "the checkpoint's policy, not --policy")(command)
+
+
+def keys_option(command):
+    """``--keys DIR``: CURVE-encrypt and authenticate every socket (PROTOCOL.md section 5)."""
+    return option("keys", default=None, type=click.Path(exists=True, file_okay=False),
+                   help="CURVE keys folder (`hogshard keys generate DIR`): every socket is "
+                   "encrypted and only authorised clients connect")(command)
+
+
+def insecure_option(command):
+    return option("insecure", is_flag=True, default=False,
+                   help="allow plain TCP (no --keys) on an address other hosts can reach")(command)
+
+
+def process_security(keys: str | None, bind: str | None = None, insecure: bool = False,
+              role: str | None = "admin"):
+    """The process's CURVE keys, with the client keypair of ``role`` (None: the process
+    only binds); None for plain TCP. Refuses a plain non-loopback bind."""
+    from hogshard.proto.roles import Role
+    from hogshard.proto.security import check_plain_bind, load_security
+
+    security = or_exit(lambda: load_security(keys, Role(role) if role else None))
+    if bind is not None:
+        or_exit(lambda: check_plain_bind(bind, security, insecure))
+    return security
+
+
+def check_policy(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    from hogshard.proto.policy import parse_policy
+
+    try:
+        parse_policy(value)
+    except HogshardError as err:
+        raise click.BadParameter(err.message) from None
+    return value
+
+
+def policy_option(default: str = "async"):
+    return option("policy", default=default, callback=check_policy,
+                   help="consistency policy: async, hardsync, softsync:N or ssp:S, with optional "
+                   "+lr=staleness or +lr=mean, +dc=LAMBDA, +maxstale=K")
+
+
+def metrics_options(command):
+    """``--metrics-port`` (off unless given; 0 picks a free port) and ``--metrics-host``."""
+    command = option("metrics-host", default="0.0.0.0",
+                      help="interface for the Prometheus /metrics endpoint")(command)
+    return option("metrics-port", default=None, type=click.IntRange(0, 65535),
+                   help="serve Prometheus metrics on this port (0: any free port; "
+                   "off when unset)")(command)
+
+
+def start_metrics(service, role: str, port: int | None, host: str) -> None:
+    """Serve the service's metrics from a daemon thread when a port was given."""
+    if port is None:
+        return
+    from hogshard.proto.metrics import MetricsServer
+
+    if role == "scheduler":
+        from hogshard.scheduler.metrics import SchedulerCollector as collector
+    else:
+        from hogshard.ps.metrics import ServerCollector as collector
+    metrics = or_exit(lambda: MetricsServer(collector(service), port, host))
+    click.echo(f"{role} metrics on {metrics.url}", err=True)
+
+
+def check_command(command: tuple[str, ...]) -> None:
+    """Refuse a COMMAND that is a misspelt flag or names no program, before anything starts."""
+    import shutil
+
+    if command[0].startswith("-"):
+        raise click.UsageError(f"no such option: {command[0]} (the worker command goes after "
+                               "'--', e.g. -- python train.py)")
+    if shutil.which(command[0]) is None:
+        raise click.UsageError(f"cannot run {command[0]!r}: no such program")
+
+
+def or_exit(build):
+    try:
+        return build()
+    except HogshardError as err:
+        raise click.ClickException(err.message) from None
