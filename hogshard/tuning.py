@@ -11,7 +11,9 @@ mmap threshold glibc accepts (32 MiB) keep those buffers in the heap for the nex
 Servers apply this with :func:`tune_server_process`; worker commands started by
 ``hogshard worker`` or ``hogshard launch`` get the same malloc settings from
 :data:`MALLOC_ENVIRONMENT` (where the environment does not already set them), since a worker
-has threads of its own (torch) before it could call ``mallopt``.
+has threads of its own (torch) before it could cap the arenas; every ``PSClient`` also sets the
+two thresholds itself (:func:`hogshard.proto.malloc.tune_malloc`), which is what its pulls
+need.
 
 Example::
 
@@ -20,26 +22,20 @@ Example::
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from hogshard.proto.malloc import KEEP_BYTES, MALLOC_ENVIRONMENT, MAX_MMAP_THRESHOLD, tune_malloc
+
+__all__ = ["MALLOC_ENVIRONMENT", "MAX_MMAP_THRESHOLD", "single_threaded_blas",
+           "tune_server_process", "with_malloc_settings"]
+
 log = logging.getLogger(__name__)
 
-_M_TRIM_THRESHOLD = -1
-_M_MMAP_THRESHOLD = -3
-_M_ARENA_MAX = -8
-#: glibc refuses an mmap threshold above HEAP_MAX_SIZE / 2 (32 MiB on 64-bit).
-MAX_MMAP_THRESHOLD = 32 << 20
-KEEP_BYTES = 1 << 30
 _BLAS_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS",
                           "BLIS_NUM_THREADS")
-#: The malloc settings as environment variables, for a process about to be started.
-MALLOC_ENVIRONMENT = {"MALLOC_ARENA_MAX": "1", "MALLOC_TRIM_THRESHOLD_": str(KEEP_BYTES),
-                      "MALLOC_MMAP_THRESHOLD_": str(MAX_MMAP_THRESHOLD)}
 
 
 def tune_server_process(blas_threads: int = 1, keep_bytes: int = KEEP_BYTES,
@@ -49,27 +45,7 @@ def tune_server_process(blas_threads: int = 1, keep_bytes: int = KEEP_BYTES,
     (each unless the environment already sets it). Call before any thread is started."""
     for variable in _BLAS_THREAD_VARIABLES:
         os.environ.setdefault(variable, str(blas_threads))
-    name = ctypes.util.find_library("c")
-    if not name:
-        return
-    try:
-        libc = ctypes.CDLL(name)
-    except OSError as err:
-        log.debug("no C library to tune: %s", err)
-        return
-    settings = (("MALLOC_ARENA_MAX", _M_ARENA_MAX, 1),
-                ("MALLOC_TRIM_THRESHOLD_", _M_TRIM_THRESHOLD, keep_bytes),
-                ("MALLOC_MMAP_THRESHOLD_", _M_MMAP_THRESHOLD, min(mmap_above, MAX_MMAP_THRESHOLD)))
-    for variable, option, value in settings:
-        if variable in os.environ:
-            continue
-        try:
-            accepted = libc.mallopt(option, ctypes.c_int(value))
-        except AttributeError as err:  # not glibc
-            log.debug("mallopt unavailable: %s", err)
-            return
-        if not accepted:
-            log.debug("mallopt(%d, %d) was refused", option, value)
+    tune_malloc(arena_max=1, keep_bytes=keep_bytes, mmap_above=mmap_above)
 
 
 @contextmanager

@@ -10,6 +10,7 @@
 ``security.py``    :class:`Security`, ``generate_keys``, ``load_security``: CURVE and ZAP
 ``errors.py``      :class:`ErrorCode`, :class:`HogshardError` and its typed subclasses
 ``config.py``      :class:`ClientSettings`, ``env_name``: configuration, read in one place
+``malloc.py``      ``tune_malloc``: glibc settings that keep large receive buffers
 ``manifest.py``    ``write_manifest``, ``load_manifest``, ``atomic_write``: checkpoint files
 ``metrics.py``     :class:`MetricsServer`, ``snapshot``, ``staleness_histogram``
 ``peerlog.py``     :class:`PeerErrorLog`: error replies logged once per peer

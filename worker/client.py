@@ -36,6 +36,7 @@ from hogshard.proto.errors import (
     RequestTimeoutError,
     ServerLostError,
 )
+from hogshard.proto.malloc import tune_malloc
 from hogshard.proto.security import load_security
 from hogshard.proto.shm import host_identity
 from hogshard.proto.tables import DEFAULT_CHUNK_ELEMS, Chunk
@@ -72,6 +73,7 @@ class PSClient:
         shm: ShmSettings | None = None,
     ) -> None:
         self.settings = settings or ClientSettings()
+        tune_malloc()  # large pulls keep their receive buffers (no page faults per message)
         self._own_context = context is None
         self._context = context or zmq.Context()
         self.clock = 0
