@@ -7,8 +7,8 @@ data sharding in both. DDP takes one step per ``workers x batch`` samples, so it
 rates (``--ddp-lrs``): each is reached by a linear warm-up from ``--lr`` over ``--ddp-warmup``
 steps (Goyal et al.'s rule; ``4 x lr`` is their linear scaling, ``2 x lr`` the square-root rule
 often used with Adam), and every rate is one DDP row. Each row runs ``--seeds`` seeds (the
-model's initialisation and the data order). Rank 0 evaluates on a fixed test subset every ``--every``
-of its steps; the evaluation time is taken off the clock. hogshard: ``hogshard launch --servers 1
+model's initialisation and the data order). Rank 0 evaluates on a fixed test subset every
+``--every`` of its steps; the evaluation time is taken off the clock. hogshard: ``hogshard launch --servers 1
 --workers 4 --policy P``, the update rule runs on the server, and a worker that reaches the
 target writes a stop file that every worker checks each step. DDP: 4 processes, rank 0
 broadcasts the stop flag after each evaluation. One torch thread per process.
@@ -114,7 +114,7 @@ def worker(args: argparse.Namespace) -> int:
             t0 = time.monotonic()
             index = order[s:s + args.batch]
             x, y = torch.from_numpy(data.train_x[index]), torch.from_numpy(data.train_y[index])
-            if args.role == "ddp" and target_lr != args.lr:
+            if args.role == "ddp" and target_lr != args.lr and step <= args.ddp_warmup:
                 ramp = min(1.0, step / max(1, args.ddp_warmup))
                 for group in opt.param_groups:
                     group["lr"] = args.lr + (target_lr - args.lr) * ramp

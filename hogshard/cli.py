@@ -52,9 +52,9 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
               "[policy.set], ...), keys spelt as the flags (heartbeat-timeout = 10); a flag or "
               "HOGSHARD_<FLAG> overrides it; an unknown table or key is refused")
 @option("log-level", default="INFO",
-         type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+        type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 @option("log-format", default="text", type=click.Choice(["text", "logfmt", "json"]),
-         help="one line per event with role and rank: text, logfmt (key=value) or json")
+        help="one line per event with role and rank: text, logfmt (key=value) or json")
 @click.version_option(package_name="hogshard")
 @click.pass_context
 def main(ctx: click.Context, config_file: str | None, log_level: str, log_format: str) -> None:
@@ -87,15 +87,15 @@ def main(ctx: click.Context, config_file: str | None, log_level: str, log_format
 @option("bind", default=DEFAULT_SCHEDULER, help="address to bind (tcp://HOST:0 picks a port)")
 @policy_option()
 @option("servers", default=1, type=click.IntRange(min=1),
-         help="servers to wait for before placing tables")
+        help="servers to wait for before placing tables")
 @option("heartbeat-interval", default=DEFAULT_HEARTBEAT_INTERVAL, type=click.FloatRange(min=0.01),
-         help="seconds between the heartbeats of every member (sent to them at register)")
+        help="seconds between the heartbeats of every member (sent to them at register)")
 @option("heartbeat-timeout", default=DEFAULT_HEARTBEAT_TIMEOUT, type=click.FloatRange(min=0.05),
-         help="seconds of silence after which a member is declared dead")
+        help="seconds of silence after which a member is declared dead")
 @option("replication", default=1, type=click.IntRange(min=1, max=2),
-         help="copies of each dense chunk: 2 keeps a backup on another server")
+        help="copies of each dense chunk: 2 keeps a backup on another server")
 @option("address-file", default=None, type=click.Path(dir_okay=False),
-         help="write the bound address here once listening")
+        help="write the bound address here once listening")
 @metrics_options
 @checkpoint_options
 @restore_option
@@ -110,9 +110,9 @@ def scheduler(bind: str, policy: str, servers: int, heartbeat_interval: float,
 
     security = process_security(keys, bind, insecure, role=None)
     service = or_exit(lambda: Scheduler(bind, policy, servers, heartbeat_interval,
-                                         heartbeat_timeout, checkpoint_every=checkpoint_every,
-                                         checkpoint_dir=checkpoint_dir, restore=restore,
-                                         security=security, replication=replication))
+                                        heartbeat_timeout, checkpoint_every=checkpoint_every,
+                                        checkpoint_dir=checkpoint_dir, restore=restore,
+                                        security=security, replication=replication))
     start_metrics(service, "scheduler", metrics_port, metrics_host)
     if address_file:
         tmp = Path(address_file + ".tmp")
@@ -126,20 +126,20 @@ def scheduler(bind: str, policy: str, servers: int, heartbeat_interval: float,
 @option("scheduler", default=DEFAULT_SCHEDULER, help="the scheduler's address")
 @option("bind", default="tcp://127.0.0.1:0", help="data-plane address to bind")
 @option("advertise", default=None,
-         help="address workers should use (default: the bound one, where a wildcard "
-         "tcp://*:PORT or tcp://0.0.0.0:PORT becomes tcp://127.0.0.1:PORT: give it on a "
-         "multi-host job)")
+        help="address workers should use (default: the bound one, where a wildcard "
+        "tcp://*:PORT or tcp://0.0.0.0:PORT becomes tcp://127.0.0.1:PORT: give it on a "
+        "multi-host job)")
 @option("rank", default=None, type=click.IntRange(min=0),
-         help="rank to ask for (unset: the lowest free one); a server restarted under its "
-         "rank takes its chunks back")
+        help="rank to ask for (unset: the lowest free one); a server restarted under its "
+        "rank takes its chunks back")
 @option("max-message-bytes", default=1 << 31, type=click.IntRange(min=1024),
-         help="largest frame a peer may send (ZMQ_MAXMSGSIZE); libzmq disconnects a peer "
-         "that sends a larger one, with no reply")
+        help="largest frame a peer may send (ZMQ_MAXMSGSIZE); libzmq disconnects a peer "
+        "that sends a larger one, with no reply")
 @click.option("--check-finite/--no-check-finite", default=True, show_default=True,
               envvar=env_name("check-finite"), show_envvar=True,
               help="refuse pushes whose gradients hold NaN or Inf (one read of each gradient)")
 @option("update-threads", default=0, type=click.IntRange(min=0),
-         help="threads that apply update rules off the socket loop (0: on the loop; see "
+        help="threads that apply update rules off the socket loop (0: on the loop; see "
               "docs/TUNING.md)")
 @metrics_options
 @restore_option
@@ -157,10 +157,10 @@ def server(scheduler: str, bind: str, advertise: str | None, rank: int | None,
 
     security = process_security(keys, bind, insecure, role="server")
     service = or_exit(lambda: ShardServer(scheduler, bind, advertise, rank,
-                                           max_message_bytes=max_message_bytes,
-                                           restore=restore, security=security,
-                                           check_finite=check_finite,
-                                           update_threads=update_threads))
+                                          max_message_bytes=max_message_bytes,
+                                          restore=restore, security=security,
+                                          check_finite=check_finite,
+                                          update_threads=update_threads))
     start_metrics(service, "server", metrics_port, metrics_host)
     _serve(service)
 
@@ -168,9 +168,9 @@ def server(scheduler: str, bind: str, advertise: str | None, rank: int | None,
 @main.command(context_settings={"ignore_unknown_options": True})
 @option("scheduler", default=DEFAULT_SCHEDULER, help="the scheduler's address")
 @option("rank", default=None, type=click.IntRange(min=0),
-         help="rank to ask for (unset: the lowest free one)")
+        help="rank to ask for (unset: the lowest free one)")
 @option("num-workers", default=None, type=click.IntRange(min=1),
-         help="workers in the job, for sharding data (unset: the client takes 1)")
+        help="workers in the job, for sharding data (unset: the client takes 1)")
 @codec_option()
 @keys_option
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
@@ -183,7 +183,7 @@ def worker(scheduler: str, rank: int | None, num_workers: int | None, codec: str
 
     check_command(command)
 
-    process_security(keys, role="worker")  # refuse a bad keys folder here, before the command starts
+    process_security(keys, role="worker")  # a bad keys folder fails before the command starts
     env = worker_environment(scheduler, rank, num_workers, codec=codec, keys=keys)
     try:
         os.execvpe(command[0], list(command), env)
@@ -194,12 +194,12 @@ def worker(scheduler: str, rank: int | None, num_workers: int | None, codec: str
 @main.command(context_settings={"ignore_unknown_options": True})
 @option("servers", default=2, type=click.IntRange(min=1), help="server processes to start")
 @option("workers", default=2, type=click.IntRange(min=1),
-         help="copies of COMMAND to start (ranks 0..WORKERS-1)")
+        help="copies of COMMAND to start (ranks 0..WORKERS-1)")
 @policy_option()
 @option("heartbeat-timeout", default=DEFAULT_HEARTBEAT_TIMEOUT, type=click.FloatRange(min=0.05),
-         help="seconds of silence after which a member is declared dead")
+        help="seconds of silence after which a member is declared dead")
 @option("replication", default=1, type=click.IntRange(min=1, max=2),
-         help="copies of each dense chunk: 2 keeps a backup on another server")
+        help="copies of each dense chunk: 2 keeps a backup on another server")
 @codec_option()
 @click.option("--progress/--no-progress", default=True, show_default=True,
               help="show a progress bar")
@@ -222,12 +222,12 @@ def launch(servers: int, workers: int, policy: str, heartbeat_timeout: float, re
 
     check_command(command)
     cluster = or_exit(lambda: LocalCluster(servers, workers, policy, list(command),
-                                            heartbeat_timeout=heartbeat_timeout,
-                                            replication=replication, progress=progress, codec=codec,
-                                            service_log_level="INFO" if verbose else "WARNING",
-                                            checkpoint_every=checkpoint_every,
-                                            checkpoint_dir=checkpoint_dir, restore=restore,
-                                            keys=keys))
+                                           heartbeat_timeout=heartbeat_timeout,
+                                           replication=replication, progress=progress, codec=codec,
+                                           service_log_level="INFO" if verbose else "WARNING",
+                                           checkpoint_every=checkpoint_every,
+                                           checkpoint_dir=checkpoint_dir, restore=restore,
+                                           keys=keys))
     code = or_exit(cluster.run)
     sys.exit(code)
 
@@ -251,7 +251,7 @@ def _call_scheduler(scheduler: str, op: str, fields: dict | None, timeout: float
 @main.command()
 @option("scheduler", default=DEFAULT_SCHEDULER, help="the scheduler's address")
 @option("timeout", default=300.0, type=click.FloatRange(min=0.1),
-         help="seconds to wait for the checkpoint round to end")
+        help="seconds to wait for the checkpoint round to end")
 @keys_option
 @click.argument("directory", type=click.Path(file_okay=False))
 def checkpoint(scheduler: str, timeout: float, keys: str | None, directory: str) -> None:
@@ -266,16 +266,16 @@ def checkpoint(scheduler: str, timeout: float, keys: str | None, directory: str)
 
 @main.command("export")
 @option("out", required=True, type=click.Path(file_okay=False),
-         help="directory to write the export into (created; an export already there is "
-         "replaced)")
+        help="directory to write the export into (created; an export already there is "
+        "replaced)")
 @option("since", default=None, type=click.Path(exists=True, file_okay=False),
-         help="an older checkpoint of the same job: export only the embedding rows that "
-         "appeared or changed after it (incremental; dense tables are always whole)")
+        help="an older checkpoint of the same job: export only the embedding rows that "
+        "appeared or changed after it (incremental; dense tables are always whole)")
 @click.option("--scheduler", default=None,  # no HOGSHARD_SCHEDULER: it changes what is read
               help="first checkpoint the running job at this scheduler address into SOURCE, "
               "then export that checkpoint")
 @option("timeout", default=300.0, type=click.FloatRange(min=0.1),
-         help="seconds to wait for the checkpoint round to end")
+        help="seconds to wait for the checkpoint round to end")
 @keys_option
 @click.argument("source", type=click.Path(file_okay=False))
 def export(out: str, since: str | None, scheduler: str | None, timeout: float,
@@ -292,7 +292,7 @@ def export(out: str, since: str | None, scheduler: str | None, timeout: float,
                                 timeout, keys)
         source = reply["path"]
     manifest = or_exit(lambda: export_checkpoint(Path(source), Path(out),
-                                                  Path(since) if since else None))
+                                                 Path(since) if since else None))
     rows = sum(t["rows"] for t in manifest["embeddings"].values())
     click.echo(f"{out} ({manifest['kind']} export of {manifest['checkpoint']}: "
                f"{len(manifest['dense'])} dense tables, {len(manifest['embeddings'])} "
@@ -307,7 +307,7 @@ def policy() -> None:
 @policy.command("set")
 @option("scheduler", default=DEFAULT_SCHEDULER, help="the scheduler's address")
 @option("timeout", default=5.0, type=click.FloatRange(min=0.1),
-         help="seconds to wait for the scheduler's reply")
+        help="seconds to wait for the scheduler's reply")
 @keys_option
 @click.argument("spec", callback=check_policy)
 def policy_set(scheduler: str, timeout: float, keys: str | None, spec: str) -> None:
@@ -319,7 +319,7 @@ def policy_set(scheduler: str, timeout: float, keys: str | None, spec: str) -> N
 @policy.command("show")
 @option("scheduler", default=DEFAULT_SCHEDULER, help="the scheduler's address")
 @option("timeout", default=5.0, type=click.FloatRange(min=0.1),
-         help="seconds to wait for the scheduler's reply")
+        help="seconds to wait for the scheduler's reply")
 @keys_option
 def policy_show(scheduler: str, timeout: float, keys: str | None) -> None:
     """Print the job's current policy."""
@@ -330,7 +330,7 @@ def policy_show(scheduler: str, timeout: float, keys: str | None) -> None:
 @option("scheduler", default=DEFAULT_SCHEDULER, help="the scheduler's address")
 @click.option("--json", "as_json", is_flag=True, help="print the raw status as JSON")
 @option("timeout", default=5.0, type=click.FloatRange(min=0.1),
-         help="seconds to wait for the scheduler's reply")
+        help="seconds to wait for the scheduler's reply")
 @click.option("--watch", "watch_every", default=None, type=click.FloatRange(min=0.1),
               metavar="SECONDS", help="redraw the table every SECONDS until interrupted")
 @click.option("--count", default=None, type=click.IntRange(min=1),

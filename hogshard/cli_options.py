@@ -40,45 +40,45 @@ def check_codec(ctx: click.Context, param: click.Parameter, value: str | None) -
 
 def codec_option():
     return option("codec", default=None, callback=check_codec,
-                   help="gradient compression, e.g. dgc, topk:0.01, sign:256, fp16, "
-                   "powersgd:2, qsgd:16, randomk:0.1, or auto (chosen from the measured link); "
-                   "options ,min_size=N ,ef=0 ,momentum=M ,clip=C ,warmup=STEPS ,pull=fp16|bf16 "
-                   "(weights pulled in half precision); per table: 'topk:0.01;emb=fp16'. "
-                   "The example picks the codec's server rule and lr when --rule/--lr are "
-                   "not given")
+                  help="gradient compression, e.g. dgc, topk:0.01, sign:256, fp16, "
+                  "powersgd:2, qsgd:16, randomk:0.1, or auto (chosen from the measured link); "
+                  "options ,min_size=N ,ef=0 ,momentum=M ,clip=C ,warmup=STEPS ,pull=fp16|bf16 "
+                  "(weights pulled in half precision); per table: 'topk:0.01;emb=fp16'. "
+                  "The example picks the codec's server rule and lr when --rule/--lr are "
+                  "not given")
 
 
 def checkpoint_options(command):
     """``--checkpoint-every SECONDS`` with ``--checkpoint-dir DIR`` (both or neither)."""
     command = option("checkpoint-dir", default=None, type=click.Path(file_okay=False),
-                      help="directory for periodic checkpoints (ckpt-N folders, LATEST); "
-                      "alone, without --checkpoint-every, it takes none")(command)
+                     help="directory for periodic checkpoints (ckpt-N folders, LATEST); "
+                     "alone, without --checkpoint-every, it takes none")(command)
     return option("checkpoint-every", default=None, type=click.FloatRange(min=0.1),
-                   help="seconds between checkpoints of every shard (needs --checkpoint-dir)"
-                   )(command)
+                  help="seconds between checkpoints of every shard (needs --checkpoint-dir)"
+                  )(command)
 
 
 def restore_option(command):
     return option("restore", default=None, type=click.Path(exists=True, file_okay=False),
-                   help="resume from this checkpoint (a ckpt-N folder, or its parent: LATEST); "
-                   "the number of servers and their ranks must match; the scheduler takes "
-                   "the checkpoint's policy, not --policy")(command)
+                  help="resume from this checkpoint (a ckpt-N folder, or its parent: LATEST); "
+                  "the number of servers and their ranks must match; the scheduler takes "
+                  "the checkpoint's policy, not --policy")(command)
 
 
 def keys_option(command):
     """``--keys DIR``: CURVE-encrypt and authenticate every socket (PROTOCOL.md section 5)."""
     return option("keys", default=None, type=click.Path(exists=True, file_okay=False),
-                   help="CURVE keys folder (`hogshard keys generate DIR`): every socket is "
-                   "encrypted and only authorised clients connect")(command)
+                  help="CURVE keys folder (`hogshard keys generate DIR`): every socket is "
+                  "encrypted and only authorised clients connect")(command)
 
 
 def insecure_option(command):
     return option("insecure", is_flag=True, default=False,
-                   help="allow plain TCP (no --keys) on an address other hosts can reach")(command)
+                  help="allow plain TCP (no --keys) on an address other hosts can reach")(command)
 
 
 def process_security(keys: str | None, bind: str | None = None, insecure: bool = False,
-              role: str | None = "admin"):
+                     role: str | None = "admin"):
     """The process's CURVE keys, with the client keypair of ``role`` (None: the process
     only binds); None for plain TCP. Refuses a plain non-loopback bind."""
     from hogshard.proto.roles import Role
@@ -102,17 +102,17 @@ def check_policy(ctx: click.Context, param: click.Parameter, value: str) -> str:
 
 def policy_option(default: str = "async"):
     return option("policy", default=default, callback=check_policy,
-                   help="consistency policy: async, hardsync, softsync:N or ssp:S, with optional "
-                   "+lr=staleness or +lr=mean, +dc=LAMBDA, +maxstale=K")
+                  help="consistency policy: async, hardsync, softsync:N or ssp:S, with optional "
+                  "+lr=staleness or +lr=mean, +dc=LAMBDA, +maxstale=K")
 
 
 def metrics_options(command):
     """``--metrics-port`` (off unless given; 0 picks a free port) and ``--metrics-host``."""
     command = option("metrics-host", default="0.0.0.0",
-                      help="interface for the Prometheus /metrics endpoint")(command)
+                     help="interface for the Prometheus /metrics endpoint")(command)
     return option("metrics-port", default=None, type=click.IntRange(0, 65535),
-                   help="serve Prometheus metrics on this port (0: any free port; "
-                   "off when unset)")(command)
+                  help="serve Prometheus metrics on this port (0: any free port; "
+                  "off when unset)")(command)
 
 
 def start_metrics(service, role: str, port: int | None, host: str) -> None:

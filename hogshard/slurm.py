@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 import click
 
+from hogshard.cli_options import check_codec, check_policy
 from hogshard.proto.config import DEFAULT_HEARTBEAT_TIMEOUT, env_name
 from hogshard.proto.errors import ConfigError, HogshardError
 
@@ -253,7 +254,7 @@ def run_task(plan: TaskPlan, command: Sequence[str], policy: str, heartbeat_time
               envvar=env_name("port"), show_envvar=True,
               help="scheduler port on the first node; servers use PORT+1+SLURM_LOCALID")
 @click.option("--policy", default="async", envvar=env_name("policy"), show_default=True,
-              show_envvar=True, help="consistency policy")
+              show_envvar=True, callback=check_policy, help="consistency policy")
 @click.option("--heartbeat-timeout", default=DEFAULT_HEARTBEAT_TIMEOUT, show_default=True,
               type=click.FloatRange(min=0.05), envvar=env_name("heartbeat-timeout"),
               show_envvar=True, help="seconds of silence after which a member is declared dead")
@@ -261,7 +262,7 @@ def run_task(plan: TaskPlan, command: Sequence[str], policy: str, heartbeat_time
               envvar=env_name("join-timeout"), show_envvar=True,
               help="seconds for every worker to register")
 @click.option("--codec", default=None, envvar=env_name("codec"), show_envvar=True,
-              help="gradient compression, as for `hogshard worker --codec`")
+              callback=check_codec, help="gradient compression, as for `hogshard worker --codec`")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def slurm(servers: int, port: int, policy: str, heartbeat_timeout: float, join_timeout: float,
           codec: str | None, command: tuple[str, ...]) -> None:
@@ -271,17 +272,9 @@ def slurm(servers: int, port: int, policy: str, heartbeat_timeout: float, join_t
     COMMAND as workers. CURVE keys come from HOGSHARD_KEYS (plain TCP needs
     HOGSHARD_INSECURE=1). Task 0 exits 0 once every worker has finished, 1 if a worker died
     or not every worker registered within --join-timeout."""
-    from hogshard.proto.policy import parse_policy
     from hogshard.proto.roles import Role
     from hogshard.proto.security import load_security
-    from hogshard.worker.compression import CompressionPolicy
 
-    for flag, check in (("--policy", lambda: parse_policy(policy)),
-                        ("--codec", lambda: codec and CompressionPolicy.parse(codec))):
-        try:
-            check()
-        except HogshardError as err:
-            raise click.BadParameter(err.message, param_hint=flag) from None
     try:
         task = SlurmTask.from_env()
         plan = plan_task(task, servers, port)

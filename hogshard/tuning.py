@@ -22,7 +22,6 @@ Example::
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,7 +31,6 @@ from hogshard.proto.malloc import KEEP_BYTES, MALLOC_ENVIRONMENT, MAX_MMAP_THRES
 __all__ = ["MALLOC_ENVIRONMENT", "MAX_MMAP_THRESHOLD", "single_threaded_blas",
            "tune_server_process", "with_malloc_settings"]
 
-log = logging.getLogger(__name__)
 
 _BLAS_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS",
                           "BLIS_NUM_THREADS")
