@@ -40,7 +40,7 @@ def check_codec(ctx: click.Context, param: click.Parameter, value: str | None) -
 
 def codec_option():
     return option("codec", default=None, callback=check_codec,
-                  help="gradient compression, e.g. dgc, topk:0.01, sign:256, fp16, "
+                  help="gradient compression, e.g. dgc, topk:0.01, topk:0.03:compact, sign:256, fp16, "
                   "powersgd:2, qsgd:16, randomk:0.1, or auto (chosen from the measured link); "
                   "options ,min_size=N ,ef=0 ,momentum=M ,clip=C ,warmup=STEPS ,pull=fp16|bf16 "
                   "(weights pulled in half precision); per table: 'topk:0.01;emb=fp16'. "

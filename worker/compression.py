@@ -110,7 +110,7 @@ class ErrorFeedback:
         """``corrected - decode(encoded)``, computed in place in ``corrected`` when safe."""
         if any(np.may_share_memory(b, corrected) for b in encoded.buffers):
             corrected = corrected.copy()
-        if isinstance(codec, TopKCodec) or (isinstance(codec, RandomKCodec) and not codec.unbiased):
+        if isinstance(codec, (TopKCodec, RandomKCodec)) and codec.sends_exact_values:
             indices, _ = codec.to_sparse(encoded, corrected.size)
             corrected[indices] = 0.0  # the values were sent exactly
         else:
@@ -212,8 +212,11 @@ class DGC(ErrorFeedback):
         if codec.lossless:
             return encoded
         if isinstance(codec, TopKCodec):
-            indices, _ = codec.to_sparse(encoded, grad.size)
-            velocity[indices] = 0.0
+            indices, values = codec.to_sparse(encoded, grad.size)
+            if codec.compact:  # keep what the rounding of the sent values left out
+                velocity[indices] -= values
+            else:
+                velocity[indices] = 0.0
             momentum[indices] = 0.0
         else:
             velocity = self._leftover(codec, encoded, velocity)

@@ -104,8 +104,9 @@ class TableRule:
         if not self.warmup or step >= self.warmup:
             return self.codec
         stage = step * len(WARMUP_DENSITIES) // self.warmup
-        target = float(self.codec.split(":", 1)[1])
-        return f"topk:{max(target, WARMUP_DENSITIES[stage])!r}"
+        ratio, _, form = self.codec.split(":", 1)[1].partition(":")  # form: '' or 'compact'
+        density = max(float(ratio), WARMUP_DENSITIES[stage])
+        return f"topk:{density!r}" + (f":{form}" if form else "")
 
     @classmethod
     def parse(cls, text: str) -> TableRule:

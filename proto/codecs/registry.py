@@ -41,7 +41,7 @@ CODECS: dict[str, type[Codec]] = _registry(
     [NoneCodec, FP16Codec, BF16Codec, SignCodec, TopKCodec, RandomKCodec, QSGDCodec, PowerSGDCodec]
 )
 
-_FORMS = "none, fp16, bf16, sign[:BLOCK], topk:RATIO, randomk:RATIO[:biased], qsgd:LEVELS, powersgd:RANK"
+_FORMS = "none, fp16, bf16, sign[:BLOCK], topk:RATIO[:compact], randomk:RATIO[:biased], qsgd:LEVELS, powersgd:RANK"
 
 
 def make_codec(spec: str) -> Codec:

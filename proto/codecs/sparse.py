@@ -3,11 +3,15 @@
 | spec         | meta               | buffers                                     | bytes/element |
 |--------------|--------------------|---------------------------------------------|---------------|
 | topk:r       | n, k               | values ``<f4[k]``, sorted indices ``<i4[k]`` | 8 r           |
+| topk:r:compact | n, k, m          | scale ``<f4[1]``, values ``<f2[m]``, index gaps ``<u2[m]`` | 4 r (+ 4/n) |
 | randomk:r    | n, k, seed         | values ``<f4[k]`` (indices redrawn from seed) | 4 r           |
 | qsgd:s       | (none)             | packed sign+level codes, norm ``<f4[1]``     | 1/4 .. 2 (+4) |
 
 ``k = max(1, ceil(r * n))``; decode checks ``n`` against the slice size and ``k`` against the
-ratio. QSGD packs a sign bit and a level in 2 bits (s = 1), 4 bits (s <= 7), 8 bits
+ratio. ``topk:r:compact`` sends the same k entries in half the bytes: each value divided by
+``scale`` (the largest magnitude over 2^15) as ``<f2``, each index as its gap to the previous
+index plus one (``index = cumsum(gaps) - 1``) as ``<u2``; a gap over 65,535 is bridged by
+entries of value 0, so ``m`` (entries sent) is k plus at most ``n // 65535 + 1``. QSGD packs a sign bit and a level in 2 bits (s = 1), 4 bits (s <= 7), 8 bits
 (s <= 127) or 16 bits (s <= 32767).
 
 Example::
@@ -136,6 +140,11 @@ class SparseCodec(Codec):
             )
         return k
 
+    @property
+    def sends_exact_values(self) -> bool:
+        """Whether the payload holds some of the slice's values unchanged (and the rest are 0)."""
+        return False
+
     @abstractmethod
     def to_sparse(self, encoded: Encoded, size: int) -> tuple[np.ndarray, np.ndarray]:
         """The validated (strictly increasing indices, float32 values) the payload stands for."""
@@ -157,31 +166,56 @@ class SparseCodec(Codec):
 
 class TopKCodec(SparseCodec):
     """The k largest magnitudes, exactly: values ``<f4`` and strictly increasing indices ``<i4``.
+    ``compact`` (spec ``topk:RATIO:compact``) sends them as scaled ``<f2`` values and ``<u2``
+    index gaps instead: 4 bytes an entry, the values rounded to 11 significant bits.
 
     Ties are broken arbitrarily; which entries a NaN displaces is unspecified.
 
     Example::
 
-        >>> TopKCodec(0.01).nbytes_for(1_000_000)
-        80000
+        >>> TopKCodec(0.01).nbytes_for(1_000_000), TopKCodec(0.01, compact=True).nbytes_for(1_000_000)
+        (80000, 40004)
     """
 
     name: ClassVar[str] = "topk"
     lossless: ClassVar[bool] = False
 
+    def __init__(self, ratio: float, compact: bool = False) -> None:
+        super().__init__(ratio)
+        self.compact = bool(compact)
+
     @classmethod
     def from_args(cls, args: list[str]) -> Codec:
-        expect_args(cls.name, args, 1, "RATIO")
+        if len(args) == 2 and args[1].strip().lower() == "compact":
+            return cls(parse_ratio(cls.name, args[0]), compact=True)
+        expect_args(cls.name, args, 1, "RATIO' or 'topk:RATIO:compact")
         return cls(parse_ratio(cls.name, args[0]))
+
+    def spec(self) -> str:
+        return super().spec() + (":compact" if self.compact else "")
+
+    @property
+    def sends_exact_values(self) -> bool:
+        return not self.compact
 
     def encode(self, grad: np.ndarray, state: dict[str, Any] | None = None, seed: int = 0) -> Encoded:
         grad = check_grad(grad)
         k = self.keep_count(grad.size)
         indices = np.sort(top_k_indices(np.abs(grad), k))
-        return Encoded({"n": grad.size, "k": k}, [grad[indices], indices.astype("<i4")])
+        if not self.compact:
+            return Encoded({"n": grad.size, "k": k}, [grad[indices], indices.astype("<i4")])
+        indices, values = _bridge_gaps(indices, grad[indices])
+        scale = scale_buffer(np.max(np.abs(values)) / _COMPACT_PEAK if values.size else 0.0)
+        if scale[0] == 0:
+            scale[0] = 1.0
+        gaps = np.diff(indices, prepend=-1).astype("<u2")
+        halves = (values / scale[0]).astype("<f2")
+        return Encoded({"n": grad.size, "k": k, "m": int(gaps.size)}, [scale, halves, gaps])
 
     def to_sparse(self, encoded: Encoded, size: int) -> tuple[np.ndarray, np.ndarray]:
         size = check_size(self.name, size)
+        if self.compact:
+            return self._compact_to_sparse(encoded, size)
         meta, (values, indices) = expect_payload(self.name, encoded, 2)
         k = self._check_counts(meta, size)
         expect_array(self.name, "values", values, "<f4", (k,))
@@ -190,8 +224,51 @@ class TopKCodec(SparseCodec):
             raise ProtocolError(f"{self.name}: indices must be strictly increasing in [0, {size})")
         return indices, values
 
+    def _compact_to_sparse(self, encoded: Encoded, size: int) -> tuple[np.ndarray, np.ndarray]:
+        meta, (scale_buf, halves, gaps) = expect_payload(self.name, encoded, 3)
+        k = self._check_counts(meta, size)
+        m = meta_int(self.name, meta, "m", k, k + size // _MAX_GAP + 1)
+        scale = expect_scale(self.name, "scale", scale_buf)
+        expect_array(self.name, "values", halves, "<f2", (m,))
+        expect_array(self.name, "index gaps", gaps, "<u2", (m,))
+        if m and gaps.min() == 0:
+            raise ProtocolError(f"{self.name}: index gaps must be at least 1")
+        indices = np.cumsum(gaps, dtype=np.int64) - 1
+        if m and indices[-1] >= size:
+            raise ProtocolError(f"{self.name}: indices must be strictly increasing in [0, {size})")
+        values = halves.astype(F32)
+        values *= scale
+        return indices, values
+
     def nbytes_for(self, size: int) -> int:
-        return 8 * self.keep_count(size)
+        k = self.keep_count(size)
+        return 4 * k + 4 if self.compact else 8 * k
+
+
+_MAX_GAP = 65535  # the largest index gap one <u2 entry holds
+_COMPACT_PEAK = 32768.0  # the largest magnitude maps here: inside <f2's range, 11-bit steps
+
+
+def _bridge_gaps(indices: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``indices`` (sorted, distinct) and ``values`` with entries of value 0 added wherever
+    consecutive indices (or -1 and the first) lie more than ``_MAX_GAP`` apart."""
+    if indices.size == 0:
+        return indices, values
+    gaps = np.diff(indices, prepend=-1)
+    fillers = (gaps - 1) // _MAX_GAP
+    if not fillers.any():
+        return indices, values
+    previous = np.concatenate([[-1], indices[:-1]])
+    counts = fillers + 1  # per kept entry: its fillers, then itself
+    start = np.repeat(previous, counts)
+    step = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts) + 1
+    expanded = start + step * _MAX_GAP
+    is_kept = np.zeros(expanded.size, bool)
+    is_kept[np.cumsum(counts) - 1] = True
+    expanded[is_kept] = indices
+    out = np.zeros(expanded.size, F32)
+    out[is_kept] = values
+    return expanded, out
 
 
 class RandomKCodec(SparseCodec):
@@ -226,6 +303,10 @@ class RandomKCodec(SparseCodec):
 
     def spec(self) -> str:
         return super().spec() + ("" if self.unbiased else ":biased")
+
+    @property
+    def sends_exact_values(self) -> bool:
+        return not self.unbiased
 
     def encode(self, grad: np.ndarray, state: dict[str, Any] | None = None, seed: int = 0) -> Encoded:
         grad = check_grad(grad)

@@ -21,6 +21,8 @@ import zmq
 
 from hogshard.proto.config import ClientSettings
 from hogshard.worker.client import PSClient
+from hogshard.worker.compression import Compressor
+from hogshard.worker.compression_policy import CompressionPolicy
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = str(REPO / "examples" / "fashion_mnist.py")
@@ -201,6 +203,11 @@ def corrupt_cases(n: int) -> list[tuple[str, Any, list[np.ndarray], tuple[str, .
          ("scale", "finite")),
         ("qsgd infinite norm", [["qsgd:16", {}, 2]], [np.zeros(n, "|u1"),
                                                       np.array([np.inf], "<f4")], ("norm",)),
+        ("compact topk zero gap", [["topk:0.5:compact", {"n": n, "k": k, "m": k}, 3]],
+         [np.ones(1, "<f4"), values.astype("<f2"), np.zeros(k, "<u2")], ("gaps",)),
+        ("compact topk past the end", [["topk:0.5:compact", {"n": n, "k": k, "m": k}, 3]],
+         [np.ones(1, "<f4"), values.astype("<f2"), np.full(k, 3, "<u2")],
+         ("strictly increasing", f"[0, {n})")),
         ("codecs not a list", "topk:0.5", [np.ones(n, "<f4")], ("codecs",)),
         ("entry not a triple", [["none", {}]], [np.ones(n, "<f4")], ("[spec, meta",)),
     ]
@@ -243,6 +250,15 @@ def test_corrupt_compressed_pushes_get_errors_and_change_nothing(cluster_factory
         assert not failures, "\n".join(failures)
         assert all(p.alive() for p in [cluster.scheduler, *cluster.servers]), \
             cluster.procs.report()
+        # A good compact top-k push applies exactly the entries it kept: magnitudes j / 128
+        # (j = 29..128 in each chunk) are exact in half precision under the scale 2^-15.
+        compressor = Compressor(CompressionPolicy.parse("topk:0.5:compact,min_size=1"))
+        j = np.arange(SIZE) % CHUNK + 29
+        sparse_grad = (j * np.where(j % 2 == 0, 1.0, -1.0) / 128.0).astype(np.float32)
+        client.push(table, sparse_grad, compressor=compressor).result(30.0)
+        expected[...] -= np.float32(LR) * np.where(j > CHUNK + 28 - CHUNK // 2, sparse_grad, 0)
+        client.pull(table, out).result(30.0)
+        assert np.array_equal(out, expected), "a compact top-k push applied other values"
     finally:
         client.close()
 

@@ -32,6 +32,8 @@ def test_warmup_ramps_the_density_in_four_equal_stages() -> None:
     assert densities == [0.25, 0.25, 0.0625, 0.0625, 0.015625, 0.015625,
                          0.00390625, 0.00390625, 0.001, 0.001]
     assert TableRule.parse("topk:0.1,warmup=4").codec_at(3) == "topk:0.1"  # never below target
+    compact = TableRule.parse("topk:0.001:compact,warmup=4")
+    assert [compact.codec_at(step) for step in (0, 4)] == ["topk:0.25:compact", "topk:0.001:compact"]
 
 
 def test_warmup_needs_topk_and_pull_a_known_dtype() -> None:

@@ -35,7 +35,8 @@ FAST = settings(deadline=None, max_examples=60, suppress_health_check=[HealthChe
 FUZZ = settings(deadline=None, max_examples=300, suppress_health_check=[HealthCheck.too_slow])
 
 SPECS = [
-    "none", "fp16", "bf16", "sign", "sign:7", "sign:256", "topk:0.01", "topk:0.3", "topk:1.0", "randomk:0.25",
+    "none", "fp16", "bf16", "sign", "sign:7", "sign:256", "topk:0.01", "topk:0.3", "topk:1.0", "topk:0.3:compact",
+    "topk:0.01:compact", "randomk:0.25",
     "randomk:0.5:biased", "qsgd:1", "qsgd:5", "qsgd:127", "qsgd:1000", "powersgd:1", "powersgd:4",
 ]
 
@@ -89,7 +90,7 @@ def test_specs_are_canonicalised(spec: str, canonical: str) -> None:
     ("", "non-empty"), ("zip", "unknown codec 'zip'"), ("topk", "topk:RATIO"), ("topk:", "not a number"),
     ("topk:0", "outside (0, 1]"), ("topk:1.5", "outside (0, 1]"), ("topk:-0.1", "outside"),
     ("topk:nan", "outside"), ("topk:inf", "outside"), ("topk:abc", "not a number"),
-    ("topk:0.1:0.2", "malformed"), ("randomk:0.1:unbiased", "randomk:RATIO:biased"),
+    ("topk:0.1:0.2", "topk:RATIO:compact"), ("topk:0.1:compact:1", "malformed"), ("randomk:0.1:unbiased", "randomk:RATIO:biased"),
     ("qsgd:0", "[1, 32767]"), ("qsgd:1.5", "not an integer"), ("qsgd:x", "not an integer"),
     ("qsgd:40000", "[1, 32767]"), ("powersgd:0", "rank"), ("powersgd:-2", "rank"),
     ("none:1", "expected 'none'"), ("fp16:2", "expected 'fp16'"), ("sign:", "malformed"),
@@ -263,6 +264,46 @@ def test_topk_keeps_exactly_the_k_largest_magnitudes(grad: np.ndarray, ratio: fl
     np.testing.assert_array_equal(np.sort(np.abs(values)), np.sort(np.abs(grad))[grad.size - k :])
 
 
+@FAST
+@given(grad=grads, ratio=st.floats(0.001, 1.0))
+def test_compact_topk_sends_the_same_entries_in_half_precision(grad: np.ndarray, ratio: float) -> None:
+    exact, compact = TopKCodec(ratio), TopKCodec(ratio, compact=True)
+    want_indices, want_values = exact.to_sparse(exact.encode(grad), grad.size)
+    enc = compact.encode(grad)
+    indices, values = compact.to_sparse(via_wire(compact, enc), grad.size)
+    np.testing.assert_array_equal(indices, want_indices)
+    peak = float(np.max(np.abs(want_values), initial=0.0))
+    np.testing.assert_allclose(values, want_values, rtol=2.0**-11, atol=peak * 2.0**-24)
+    assert enc.nbytes == compact.nbytes_for(grad.size) == 4 * want_indices.size + 4
+
+
+def test_compact_topk_bridges_index_gaps_wider_than_16_bits() -> None:
+    size = 5 * 65535 + 100
+    grad = np.zeros(size, np.float32)
+    far = [0, 3, 65539, 3 * 65535 + 7, size - 1]
+    grad[far] = [1.0, -2.0, 3.0, -4.0, 5.0]
+    codec = TopKCodec(len(far) / size, compact=True)
+    enc = codec.encode(grad)
+    assert enc.meta["k"] == len(far) and enc.meta["m"] > len(far)  # zero-valued bridging entries
+    decoded = codec.decode(via_wire(codec, enc), size)
+    assert np.flatnonzero(decoded).tolist() == far
+    np.testing.assert_allclose(decoded[far], grad[far], rtol=2.0**-11)
+
+
+def test_compact_topk_error_feedback_keeps_the_rounding() -> None:
+    from hogshard.worker.compression import ErrorFeedback
+
+    codec, ef = make_codec("topk:0.1:compact"), ErrorFeedback()
+    sent, total = np.zeros(1000, np.float64), np.zeros(1000, np.float64)
+    for step in range(20):
+        grad = rand(1000, step) * 1e-3
+        total += grad
+        sent += codec.decode(ef.compress("w", grad, codec), 1000)
+    residual = ef.residual("w")
+    assert residual is not None
+    np.testing.assert_allclose(sent + residual, total, atol=1e-8)
+
+
 @pytest.mark.parametrize("k", [1300, 13000])
 @pytest.mark.parametrize("kind", ["normal", "ties", "mostly_zero", "periodic", "ascending"])
 def test_top_k_fast_path_matches_a_full_partition(kind: str, k: int) -> None:
@@ -415,14 +456,14 @@ def test_powersgd_restarts_from_a_bad_warm_start() -> None:
 
 @pytest.mark.parametrize(("spec", "expected"), [
     ("none", 4_000_000), ("fp16", 2_000_000), ("bf16", 2_000_000), ("sign", 125_000 + 4),
-    ("topk:0.01", 8 * 10_000), ("randomk:0.01", 4 * 10_000), ("qsgd:1", 250_000 + 4),
+    ("topk:0.01", 8 * 10_000), ("topk:0.01:compact", 4 * 10_000 + 4), ("randomk:0.01", 4 * 10_000), ("qsgd:1", 250_000 + 4),
     ("qsgd:4", 500_000 + 4), ("qsgd:127", 1_000_000 + 4), ("qsgd:128", 2_000_000 + 4),
     ("powersgd:4", 4 * 4 * 2000),
 ])
 def test_bytes_on_the_wire_match_theory_for_a_million_floats(spec: str, expected: int) -> None:
     codec = make_codec(spec)
     assert codec.nbytes_for(1_000_000) == expected
-    if spec in ("topk:0.01", "sign", "qsgd:4", "powersgd:4"):
+    if spec in ("topk:0.01", "topk:0.01:compact", "sign", "qsgd:4", "powersgd:4"):
         assert codec.encode(rand(1_000_000), {}, 1).nbytes == expected
 
 
@@ -478,6 +519,15 @@ CORRUPT: list[tuple[str, Any, type[Exception]]] = [
     ("topk:0.2", lambda e: with_buffer(e, 1, np.array([0, 2, 2, 3], "<i4")), ProtocolError),
     ("topk:0.2", lambda e: with_buffer(e, 1, np.array([3, 2, 1, 0], "<i4")), ProtocolError),
     ("topk:0.2", lambda e: with_buffer(e, 1, np.array([0, 1, 2, 3], "<i8")), DtypeError),
+    ("topk:0.2:compact", lambda e: with_meta(e, m=3), ProtocolError),
+    ("topk:0.2:compact", lambda e: with_meta(e, m=6), ProtocolError),  # past k + n // 65535 + 1
+    ("topk:0.2:compact", lambda e: with_buffer(e, 0, np.array([np.nan], "<f4")), ProtocolError),
+    ("topk:0.2:compact", lambda e: with_buffer(e, 0, np.array([-1.0], "<f4")), ProtocolError),
+    ("topk:0.2:compact", lambda e: with_buffer(e, 1, e.buffers[1].view("<u2")), DtypeError),
+    ("topk:0.2:compact", lambda e: with_buffer(e, 2, np.array([1, 0, 1, 1], "<u2")), ProtocolError),
+    ("topk:0.2:compact", lambda e: with_buffer(e, 2, np.array([1, 1, 1, 18], "<u2")), ProtocolError),
+    ("topk:0.2:compact", lambda e: with_buffer(e, 2, e.buffers[2].astype("<i4")), DtypeError),
+    ("topk:0.2:compact", lambda e: Encoded(dict(e.meta), e.buffers[1:]), ProtocolError),
     ("randomk:0.2", lambda e: with_meta(e, seed=-3), ProtocolError),
     ("randomk:0.2", lambda e: with_meta(e, seed=2**64), ProtocolError),
     ("randomk:0.2", lambda e: Encoded({"n": 20, "k": 4}, e.buffers), ProtocolError),
@@ -539,7 +589,7 @@ buffers = st.lists(
 @given(
     spec=st.sampled_from(SPECS),
     size=st.integers(0, 40),
-    meta=st.dictionaries(st.sampled_from(["n", "k", "seed", "rank", "x"]), meta_values, max_size=4),
+    meta=st.dictionaries(st.sampled_from(["n", "k", "m", "seed", "rank", "x"]), meta_values, max_size=4),
     bufs=buffers,
 )
 def test_decode_of_garbage_returns_an_array_or_raises_a_typed_error(
