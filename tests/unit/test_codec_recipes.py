@@ -24,6 +24,8 @@ def test_dgc_spec_expands_to_the_papers_defaults_and_round_trips() -> None:
     assert TableRule.parse(rule.spec()) == rule
     assert TableRule.parse("dgc:0.01,warmup=8,clip=1").spec() == \
         "topk:0.01,momentum=0.9,clip=1.0,warmup=8"
+    assert TableRule.parse("dgc:0.005:compact").spec() == \
+        "topk:0.005:compact,momentum=0.9,clip=2.0,warmup=20"
 
 
 def test_warmup_ramps_the_density_in_four_equal_stages() -> None:
