@@ -27,10 +27,11 @@ def _find(keys: np.ndarray, values: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """The value stored for each id in a sorted (keys, values) level, -1 where absent."""
     if keys.size == 0:
         return np.full(ids.shape, -1, dtype=np.int64)
-    pos = np.searchsorted(keys, ids)
-    pos_clipped = np.minimum(pos, keys.size - 1)
-    hit = keys[pos_clipped] == ids
-    return np.where(hit, values[pos_clipped], -1)
+    pos = keys.searchsorted(ids)  # the methods skip numpy's Python-level dispatch
+    np.minimum(pos, keys.size - 1, out=pos)
+    slots = values.take(pos)
+    slots[keys.take(pos) != ids] = -1
+    return slots
 
 
 class SlotIndex:

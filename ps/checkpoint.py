@@ -25,7 +25,7 @@ import numpy as np
 from hogshard.proto.errors import CheckpointError, HogshardError
 from hogshard.proto.manifest import atomic_write, file_entry, load_manifest, resolve_checkpoint
 from hogshard.ps.dense import FLOAT32, DenseChunk, DenseStore, DenseTable
-from hogshard.ps.embedding import EmbeddingStore
+from hogshard.ps.embedding_store import EmbeddingStore
 from hogshard.ps.rules import make_rule
 
 log = logging.getLogger(__name__)

@@ -18,37 +18,28 @@ and with ``ttl`` a row that none of the table's last ``ttl`` pushes touched expi
 Example::
 
     >>> import numpy as np
-    >>> store = EmbeddingStore()
-    >>> store.create(EmbeddingSpec("user", dim=4, num_embeddings=None,
-    ...                            rule={"rule": "sgd", "lr": 1.0}))
-    True
+    >>> table = EmbeddingTable(EmbeddingSpec("user", dim=4, num_embeddings=None,
+    ...                                      rule={"rule": "sgd", "lr": 1.0}))
     >>> ids = np.array([10**15, 7], dtype=np.int64)
-    >>> before = store.pull(["user"], [ids])[0]
-    >>> store.push(["user"], [ids], [np.ones((2, 4), np.float32)])
-    >>> after = store.pull(["user"], [ids])[0]
-    >>> np.allclose(after, before - 1), store.table("user").rows
+    >>> before = table.read(ids)
+    >>> table.apply(ids, np.ones((2, 4), np.float32))
+    >>> np.allclose(table.read(ids), before - 1), table.rows
     (True, 2)
 """
 
+
 from __future__ import annotations
 
-import json
-import os
-from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from hogshard.proto.codecs.pull import decode_weights, encode_weights, pull_codec
 from hogshard.proto.errors import (
-    ConflictError,
     DtypeError,
-    HogshardError,
     ProtocolError,
     ShapeError,
     TooLargeError,
-    UnknownTableError,
 )
 from hogshard.proto.hashing import init_rows
 from hogshard.proto.slot_index import SlotIndex
@@ -57,6 +48,9 @@ from hogshard.ps.row_bounds import CountMinSketch
 from hogshard.ps.row_rules import RowRule, make_row_rule
 
 INT64, FLOAT32 = np.dtype("<i8"), np.dtype("<f4")
+_NO_IDS = np.empty(0, INT64)
+#: What :meth:`EmbeddingTable.missing` finds: each id's slot (-1: no row) and the missing ids.
+Found = tuple[np.ndarray, np.ndarray]
 #: How each half-precision ``storage`` holds a row element (bf16: the upper half of a float32).
 STORE_DTYPES = {"fp16": np.dtype("<f2"), "bf16": np.dtype("<u2")}
 
@@ -161,7 +155,7 @@ class EmbeddingTable:
 
     def rows_at(self, slots: np.ndarray) -> np.ndarray:
         """The rows in ``slots`` as float32 (a new array)."""
-        rows = self.weights[slots]
+        rows = self.weights.take(slots, axis=0)
         return rows if self.codec is None else decode_weights(self.codec, [rows])[0]
 
     def set_rows(self, slots: np.ndarray, rows: np.ndarray) -> None:
@@ -214,16 +208,28 @@ class EmbeddingTable:
             self._drop(old)
             self.counters["expired"] += int(old.size)
 
-    def slots_for(self, ids: np.ndarray) -> np.ndarray:
-        """The slot of each id (validated), creating missing rows with their initial values."""
+    def missing(self, ids: np.ndarray) -> Found:
+        """The slot of each id (-1 where it has no row) and the ids without a row (unique,
+        sorted): what :meth:`slots_for` creates."""
         slots = self.index.lookup(ids)
         missing = slots < 0
-        if missing.any():
-            new_ids = np.unique(ids[missing])
+        return slots, (np.unique(ids[missing]) if missing.any() else _NO_IDS)
+
+    def initial_rows(self, ids: np.ndarray) -> np.ndarray:
+        """The initial values of the rows of ``ids`` (float32, one row per id)."""
+        return init_rows(self.spec.seed, self.name, ids, self.spec.dim, self.spec.scale)
+
+    def slots_for(self, ids: np.ndarray, found: Found | None = None,
+                  new_rows: np.ndarray | None = None) -> np.ndarray:
+        """The slot of each id (validated), creating missing rows with their initial values.
+        ``found``: :meth:`missing` of ``ids``, if the caller has it; ``new_rows``: the initial
+        rows of its missing ids, if the caller computed them."""
+        slots, new_ids = self.missing(ids) if found is None else found
+        if new_ids.size:
+            missing = slots < 0
             self._evict(slots[~missing], new_ids.size)
             new_slots = self._allocate(new_ids.size)
-            self.set_rows(new_slots, init_rows(self.spec.seed, self.name, new_ids,
-                                               self.spec.dim, self.spec.scale))
+            self.set_rows(new_slots, self.initial_rows(new_ids) if new_rows is None else new_rows)
             for key, array in self.state.items():
                 array[new_slots] = self.rule.state_fill(key)
             self.slot_ids[new_slots] = new_ids
@@ -235,11 +241,13 @@ class EmbeddingTable:
         self.last_used[slots] = self.tick
         return slots
 
-    def read(self, ids: np.ndarray) -> np.ndarray:
+    def read(self, ids: np.ndarray, found: Found | None = None,
+             new_rows: np.ndarray | None = None) -> np.ndarray:
         """A copy of the rows of ``ids`` (validated first), shape ``(len(ids), dim)``. Under
-        admission an id without a row reads its initial values and creates nothing."""
+        admission an id without a row reads its initial values and creates nothing.
+        ``found`` and ``new_rows`` as for :meth:`slots_for` (without admission)."""
         if self.sketch is None:
-            slots = self.slots_for(ids)  # may grow (replace) self.weights
+            slots = self.slots_for(ids, found, new_rows)  # may grow (replace) self.weights
             rows = self.rows_at(slots)
         else:
             slots = self.index.lookup(ids)
@@ -247,8 +255,7 @@ class EmbeddingTable:
             rows = np.empty((ids.size, self.spec.dim), FLOAT32)
             rows[held] = self.rows_at(slots[held])
             if not held.all():
-                rows[~held] = init_rows(self.spec.seed, self.name, ids[~held], self.spec.dim,
-                                        self.spec.scale)
+                rows[~held] = self.initial_rows(ids[~held])
             self.tick += 1
             self.last_used[slots[held]] = self.tick
         self.counters["pulls"] += 1
@@ -257,8 +264,9 @@ class EmbeddingTable:
 
     def apply(self, ids: np.ndarray, grads: np.ndarray) -> None:
         """Apply one gradient row per id (validated first; duplicate ids are summed)."""
-        uniq, inverse = np.unique(ids, return_inverse=True)
-        if uniq.size != ids.size:
+        ordered = np.sort(ids)
+        if ids.size > 1 and (ordered[1:] == ordered[:-1]).any():
+            uniq, inverse = np.unique(ids, return_inverse=True)
             summed = np.zeros((uniq.size, self.spec.dim), FLOAT32)
             np.add.at(summed, inverse, grads)
             ids, grads = uniq, summed
@@ -296,107 +304,3 @@ class EmbeddingTable:
                 "rows": self.rows,
                 "capacity": self.capacity, "bytes": self.nbytes,
                 "row_bytes": int(self.weights.nbytes), **self.counters}
-
-
-class EmbeddingStore:
-    """All embedding tables held by one server."""
-
-    def __init__(self) -> None:
-        self.tables: dict[str, EmbeddingTable] = {}
-
-    def create(self, spec: EmbeddingSpec) -> bool:
-        """Create a table; idempotent for an identical spec (returns False), CONFLICT else."""
-        existing = self.tables.get(spec.name)
-        if existing is not None:
-            if existing.spec != spec:
-                raise ConflictError(f"embedding table {spec.name!r} exists as "
-                                    f"{existing.spec.to_wire()}; got {spec.to_wire()}")
-            return False
-        table = EmbeddingTable(spec)  # builds the rule: a bad rule raises before insertion
-        self.tables[spec.name] = table
-        return True
-
-    def table(self, name: Any) -> EmbeddingTable:
-        table = self.tables.get(name) if isinstance(name, str) else None
-        if table is None:
-            raise UnknownTableError(f"no embedding table named {name!r} on this server; it "
-                                    f"holds {sorted(self.tables)}")
-        return table
-
-    def resolve(self, names: Any) -> list[EmbeddingTable]:
-        if not isinstance(names, list) or not names:
-            raise ProtocolError("field 'tables' must be a non-empty list of table names")
-        return [self.table(n) for n in names]
-
-    def pull(self, names: Any, ids: Sequence[np.ndarray]) -> list[np.ndarray]:
-        """Rows for one id array per table; every table and id array is checked first."""
-        tables = self.resolve(names)
-        if len(ids) != len(tables):
-            raise ProtocolError(f"{len(tables)} tables but {len(ids)} id arrays; expected one "
-                                "id array per table")
-        for table, table_ids in zip(tables, ids, strict=True):
-            table.check_ids(table_ids, reading=True)
-        return [t.read(i) for t, i in zip(tables, ids, strict=True)]
-
-    def push(self, names: Any, ids: Sequence[np.ndarray], grads: Sequence[np.ndarray]) -> None:
-        """Apply row gradients, one (ids, grads) pair per table, all checked first."""
-        tables = self.resolve(names)
-        if len(ids) != len(tables) or len(grads) != len(tables):
-            raise ProtocolError(f"{len(tables)} tables but {len(ids)} id and {len(grads)} "
-                                "gradient arrays; expected one of each per table")
-        for table, table_ids, table_grads in zip(tables, ids, grads, strict=True):
-            table.check_grads(table_ids, table_grads)
-        for table, table_ids, table_grads in zip(tables, ids, grads, strict=True):
-            table.apply(table_ids, table_grads)
-
-    def stats(self) -> dict[str, dict[str, Any]]:
-        return {name: t.stats() for name, t in self.tables.items()}
-
-    def summary(self) -> dict[str, int]:
-        """Rows, bytes, evictions, expiries, admissions and rejected row pushes over every
-        table (what a server's heartbeat reports, and so ``hogshard status``)."""
-        keys = ("rows", "bytes", "evicted", "expired", "admitted", "rejected")
-        tables = [t.stats() for t in self.tables.values()]
-        return {key: int(sum(t[key] for t in tables)) for key in keys}
-
-    # ---- checkpoint -------------------------------------------------------------------------
-
-    def save(self, path: str | Path) -> int:
-        """Write every table's touched rows and optimizer state to ``path`` (an ``.npz``,
-        written atomically); returns the rows written."""
-        arrays: dict[str, np.ndarray] = {}
-        specs, total = [], 0
-        for i, table in enumerate(self.tables.values()):
-            ids, slots = table.index.items()
-            specs.append(table.spec.to_wire())
-            arrays[f"{i}.ids"], arrays[f"{i}.weights"] = ids, table.rows_at(slots)
-            for key, array in table.state.items():
-                arrays[f"{i}.state.{key}"] = array[slots]
-            total += ids.size
-        arrays["specs"] = np.frombuffer(json.dumps(specs).encode(), dtype=np.uint8)
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "wb") as f:
-            np.savez(f, **arrays)  # type: ignore[arg-type]  # stubs: ** meets allow_pickle
-        os.replace(tmp, path)
-        return total
-
-    def load(self, path: str | Path) -> None:
-        """Replace every table with the contents of a checkpoint written by :meth:`save`."""
-        try:
-            with np.load(Path(path)) as data:
-                specs = json.loads(bytes(data["specs"]).decode())
-                tables = {}
-                for i, fields in enumerate(specs):
-                    table = EmbeddingTable(EmbeddingSpec.from_wire(fields))
-                    ids = data[f"{i}.ids"]
-                    slots = table._allocate(ids.size)
-                    table.set_rows(slots, data[f"{i}.weights"].astype(FLOAT32))
-                    for key in table.state:
-                        table.state[key][slots] = data[f"{i}.state.{key}"]
-                    table.slot_ids[slots] = ids
-                    table.index.insert(ids, slots)
-                    tables[table.name] = table
-        except (OSError, KeyError, ValueError) as err:
-            raise HogshardError(f"cannot load embedding checkpoint {path}: {err}") from None
-        self.tables = tables

@@ -27,7 +27,7 @@ from hogshard.proto.errors import HogshardError, NotOwnerError, ProtocolError
 from hogshard.proto.ops import Field
 from hogshard.proto.tables import EMBEDDING_MAP, EmbeddingSpec
 from hogshard.proto.wire import Message
-from hogshard.ps.embedding import EmbeddingStore
+from hogshard.ps.embedding_store import EmbeddingStore
 from hogshard.ps.primary import Primary, Replies
 from hogshard.ps.replication import Replicator
 from hogshard.ps.row_gate import RowGate

@@ -45,7 +45,7 @@ from hogshard.proto.manifest import (
 from hogshard.proto.tables import EMBEDDING_MAP, Chunk
 from hogshard.ps.checkpoint import restore_shard
 from hogshard.ps.dense import DenseStore
-from hogshard.ps.embedding import EmbeddingStore
+from hogshard.ps.embedding_store import EmbeddingStore
 
 INT64, FLOAT32 = np.dtype("<i8"), np.dtype("<f4")
 

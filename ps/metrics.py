@@ -16,7 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from hogshard.proto.metrics import snapshot, staleness_histogram
 from hogshard.ps.dense import DenseStore
-from hogshard.ps.embedding import EmbeddingStore
+from hogshard.ps.embedding_store import EmbeddingStore
 from hogshard.ps.stats import ServerStats
 
 

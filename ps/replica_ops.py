@@ -28,9 +28,9 @@ from hogshard.proto.ops import Field
 from hogshard.proto.tables import EMBEDDING_MAP, EmbeddingSpec
 from hogshard.proto.wire import Message
 from hogshard.ps.dense import FLOAT32, DenseChunk, DenseStore, DenseTable, check_arrays
-from hogshard.ps.embedding import EmbeddingStore
 from hogshard.ps.embedding_ops import apply_rows
 from hogshard.ps.embedding_replica import install_rows
+from hogshard.ps.embedding_store import EmbeddingStore
 from hogshard.ps.peer_gate import PeerGate
 from hogshard.ps.replication import Replicator
 from hogshard.ps.rules import make_rule

@@ -35,8 +35,8 @@ from hogshard.proto.tables import EMBEDDING_MAP
 from hogshard.proto.transport import ERROR, connect_dealer, request_header, send
 from hogshard.proto.wire import Message, decode
 from hogshard.ps.dense import DenseChunk, DenseStore, DenseTable
-from hogshard.ps.embedding import EmbeddingStore
 from hogshard.ps.embedding_replica import shard_rows
+from hogshard.ps.embedding_store import EmbeddingStore
 from hogshard.ps.update_pool import AppliedUpdate
 
 log = logging.getLogger(__name__)

@@ -88,7 +88,8 @@ class RowWiseAdagrad(RowRule):
 
     def apply(self, w: np.ndarray, g: np.ndarray, state: dict[str, np.ndarray]) -> None:
         total = state["sum"]
-        total += np.mean(np.square(g, dtype=np.float32), axis=1, dtype=np.float32)
+        # the mean of each row's squares, as np.mean computes it, without its Python layers
+        total += np.square(g, dtype=np.float32).sum(axis=1, dtype=np.float32) / np.float32(g.shape[1])
         step = np.float32(self.lr) / (np.sqrt(total) + np.float32(self.eps))
         w -= g * step[:, None]
 

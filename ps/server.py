@@ -48,8 +48,8 @@ from hogshard.ps.applier import UpdateApplier
 from hogshard.ps.checkpoint import ShardCheckpointer
 from hogshard.ps.dense import DenseStore
 from hogshard.ps.dense_ops import DenseOps
-from hogshard.ps.embedding import EmbeddingStore
 from hogshard.ps.embedding_ops import EmbeddingOps
+from hogshard.ps.embedding_store import EmbeddingStore
 from hogshard.ps.executor import CONCURRENT_OPS, InlineUpdates, ThreadedUpdates, UpdateExecutor
 from hogshard.ps.op_table import on, server_ops
 from hogshard.ps.peer_gate import PeerGate

@@ -20,7 +20,7 @@ from hogshard.proto.manifest import (
 from hogshard.proto.tables import EmbeddingSpec
 from hogshard.ps.checkpoint import restore_shard, save_shard
 from hogshard.ps.dense import DenseStore
-from hogshard.ps.embedding import EmbeddingStore
+from hogshard.ps.embedding_store import EmbeddingStore
 
 
 def _trained_store(seed: int = 0) -> tuple[DenseStore, EmbeddingStore]:

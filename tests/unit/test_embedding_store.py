@@ -19,7 +19,7 @@ from hogshard.proto.errors import (
 from hogshard.proto.hashing import init_rows
 from hogshard.proto.slot_index import SlotIndex
 from hogshard.proto.tables import EmbeddingSpec
-from hogshard.ps.embedding import EmbeddingStore
+from hogshard.ps.embedding_store import EmbeddingStore
 
 
 def store_with(rule: dict, dim: int = 4, num: int | None = None, **kw) -> EmbeddingStore:
@@ -41,6 +41,30 @@ def test_lazy_init_is_deterministic_and_order_free() -> None:
     np.testing.assert_array_equal(rows_a, rows_b[[1, 0, 2]])
     spec = a.table("t").spec
     np.testing.assert_array_equal(rows_a, init_rows(3, "t", ids_of(9, 2**62, 5), 4, spec.scale))
+
+
+def test_a_pull_creating_rows_in_many_tables_equals_one_table_at_a_time() -> None:
+    """The rows a pull creates in several tables at once (one initialisation pass, tables of
+    two dims, one under admission) are those each table creates alone; a request naming a
+    table twice reads it twice."""
+    specs = [EmbeddingSpec(f"t{i}", 4 if i % 3 else 8, None, {"rule": "sgd"}, seed=i,
+                           admit_after=2 if i == 4 else None) for i in range(6)]
+    together, alone = EmbeddingStore(), EmbeddingStore()
+    for spec in specs:
+        together.create(spec)
+        alone.create(spec)
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        ids = [np.unique(rng.integers(0, 50, 20)) for _ in specs]
+        rows = together.pull([s.name for s in specs], ids)
+        for spec, table_ids, got in zip(specs, ids, rows, strict=True):
+            np.testing.assert_array_equal(got, alone.pull([spec.name], [table_ids])[0])
+            np.testing.assert_array_equal(got, init_rows(spec.seed, spec.name, table_ids,
+                                                         spec.dim, spec.scale))
+    assert together.stats() == alone.stats()
+    twice = together.pull(["t0", "t0"], [ids_of(1000, 1001), ids_of(1000, 1002)])
+    np.testing.assert_array_equal(twice[0][0], twice[1][0])
+    assert together.table("t0").rows == alone.table("t0").rows + 3
 
 
 def reference_rowwise_adagrad(w, g_seq, lr, eps):

@@ -19,7 +19,7 @@ from hogshard.proto.manifest import new_checkpoint_dir, write_manifest
 from hogshard.proto.tables import EMBEDDING_MAP, EmbeddingSpec
 from hogshard.ps.checkpoint import save_shard
 from hogshard.ps.dense import DenseChunk, DenseStore, DenseTable
-from hogshard.ps.embedding import EmbeddingStore
+from hogshard.ps.embedding_store import EmbeddingStore
 from hogshard.ps.export import export_checkpoint
 from hogshard.ps.rules import make_rule
 from hogshard.worker.export import load_exported

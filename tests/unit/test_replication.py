@@ -15,7 +15,7 @@ from hogshard.proto.policy import parse_policy
 from hogshard.proto.tables import Chunk, DenseTableSpec
 from hogshard.proto.wire import PROTOCOL_VERSION, Message
 from hogshard.ps.dense import DenseStore
-from hogshard.ps.embedding import EmbeddingStore
+from hogshard.ps.embedding_store import EmbeddingStore
 from hogshard.ps.peer_gate import PeerGate
 from hogshard.ps.replica_ops import BackupOps
 from hogshard.ps.replication import HeldReply, RecentPushes, Replicator

@@ -9,7 +9,7 @@ import pytest
 from hogshard.proto.errors import ProtocolError
 from hogshard.proto.hashing import init_rows
 from hogshard.proto.tables import EmbeddingSpec
-from hogshard.ps.embedding import EmbeddingStore
+from hogshard.ps.embedding_store import EmbeddingStore
 from hogshard.ps.row_bounds import CountMinSketch
 
 RULE = {"rule": "sgd", "lr": 1.0}

@@ -8,7 +8,7 @@ import pytest
 from hogshard.proto.errors import ConflictError, ProtocolError, TooLargeError
 from hogshard.proto.tables import EmbeddingSpec
 from hogshard.proto.wire import Message
-from hogshard.ps.embedding import EmbeddingStore
+from hogshard.ps.embedding_store import EmbeddingStore
 from hogshard.ps.row_gate import MAX_HELD_PER_PEER, RowGate
 from hogshard.ps.workers import WorkerView
 

@@ -11,7 +11,7 @@ from hogshard.proto.codecs.pull import decode_weights, encode_weights, pull_code
 from hogshard.proto.errors import ProtocolError
 from hogshard.proto.hashing import init_rows
 from hogshard.proto.tables import EmbeddingSpec
-from hogshard.ps.embedding import EmbeddingStore
+from hogshard.ps.embedding_store import EmbeddingStore
 
 RULE = {"rule": "rowwise_adagrad", "lr": 0.05}
 DIM = 16

@@ -19,7 +19,7 @@ from hogshard.proto.wire import Message
 from hogshard.ps import workers
 from hogshard.ps.checkpoint import ShardCheckpointer
 from hogshard.ps.dense import DenseStore
-from hogshard.ps.embedding import EmbeddingStore
+from hogshard.ps.embedding_store import EmbeddingStore
 from hogshard.ps.executor import InlineUpdates
 from hogshard.ps.primary import Primary
 from hogshard.ps.replication import Replicator
