@@ -43,7 +43,7 @@ EXAMPLE = REPO / "examples" / "fashion_mnist.py"
 GB = 1e9
 
 FULL_ROWS = ["none@adam:0.001", "none,pull=fp16@adam:0.001", "none@momentum:0.01", "dgc",
-             "topk:0.01", "powersgd:2", "sign:256", "topk:0.01@momentum:0.01",
+             "topk:0.01", "powersgd:2", "sign:256@adam:0.001", "topk:0.01@momentum:0.01",
              "powersgd:2@momentum:0.01", "sign:256@momentum:0.01"]
 QUICK_ROWS = ["none@adam:0.001", "none,pull=fp16@adam:0.001", "dgc"]
 

@@ -12,7 +12,7 @@ from hogshard.proto.codecs.pull import encode_weights, pull_codec
 from hogshard.proto.errors import ConfigError, ProtocolError
 from hogshard.worker.auto_codec import Link, choose
 from hogshard.worker.compression import DGC, CompressionPolicy, Compressor, TableRule
-from hogshard.worker.recipes import check_pairing, recipe_for
+from hogshard.worker.recipes import Recipe, check_pairing, recipe_for
 from hogshard.worker.traffic import Traffic
 
 SIZE = 105_866
@@ -73,12 +73,21 @@ def test_dgc_keeps_the_gradient_mass_it_did_not_send() -> None:
     assert np.allclose(sent + kept, total, atol=0.05)
 
 
-def test_only_dgc_imposes_its_server_rule() -> None:
+def test_dgc_and_sign_bring_their_server_rule() -> None:
     assert recipe_for("dgc").rule == "sgd" and recipe_for("dgc").lr == 0.05
     assert recipe_for("topk:0.01,momentum=0.9;emb=fp16").rule == "sgd"
-    for spec in ("none", "fp16", "topk:0.01", "powersgd:2", "sign:256", "qsgd:16,ef=0",
+    assert recipe_for("sign:256") == recipe_for("sign") == Recipe("sgd", 0.15)
+    for spec in ("none", "fp16", "topk:0.01", "powersgd:2", "sign:256,ef=0", "qsgd:16,ef=0",
                  "auto", "none,pull=fp16", "fp16;model=dgc"):
         assert recipe_for(spec) is None, spec
+
+
+def test_sign_under_a_server_momentum_is_warned_about(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING):
+        check_pairing("model", TableRule.parse("sign:256"), "sgd")
+        assert not caplog.records
+        check_pairing("model", TableRule.parse("sign:256"), "momentum")
+    assert "plain 'sgd'" in caplog.text
 
 
 def test_dgc_under_another_rule_is_refused(caplog: pytest.LogCaptureFixture) -> None:
@@ -91,7 +100,7 @@ def test_dgc_under_another_rule_is_refused(caplog: pytest.LogCaptureFixture) -> 
         check_pairing("model", TableRule.parse("qsgd:16"), "adam")
         check_pairing("model", TableRule.parse("qsgd:16,ef=0"), "adam")
         check_pairing("model", TableRule.parse("randomk:0.1:biased"), "adam")
-        check_pairing("model", TableRule.parse("sign:256"), "momentum")
+        check_pairing("model", TableRule.parse("sign:256"), "adam")
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "qsgd:16" in warnings[0] and "ef=0" in warnings[0]
 
