@@ -33,7 +33,7 @@ import numpy as np
 from hogshard.proto.codecs import Codec, Encoded, RandomKCodec, TopKCodec
 from hogshard.proto.codecs.base import check_grad, check_seed
 from hogshard.proto.codecs.lowrank import Layers, PowerSGDCodec, slice_layers
-from hogshard.proto.errors import ConfigError, ShapeError
+from hogshard.proto.errors import ConfigError, ProtocolError, ShapeError
 from hogshard.worker.compression_policy import CompressionPolicy, TableRule
 
 __all__ = ["DGC", "CompressionPolicy", "Compressor", "ErrorFeedback", "TableRule", "message_seed"]
@@ -94,6 +94,8 @@ class ErrorFeedback:
         """Encode ``grad`` (plus ``key``'s residual) with ``codec``; update the residual.
         ``layers``: the slice's ``(rows, cols)`` layers, for codecs that compress per layer."""
         grad, seed = _clip(check_grad(grad), self.clip_norm), check_seed(seed)  # before any change
+        if not codec.lossless:
+            _check_finite(key, grad)
         residual = self._take(self._residuals, key, grad.size, "residual")
         state = self._state(key, codec, layers)
         if residual is not None:
@@ -196,6 +198,7 @@ class DGC(ErrorFeedback):
     def compress(self, key: Hashable, grad: np.ndarray, codec: Codec, seed: int = 0,
                  layers: Layers | None = None) -> Encoded:
         grad, seed = _clip(check_grad(grad), self.clip_norm), check_seed(seed)
+        _check_finite(key, grad)
         velocity = self._take(self._residuals, key, grad.size, "accumulated gradient")
         momentum = self._take(self._momenta, key, grad.size, "momentum")
         if momentum is None:
@@ -232,6 +235,16 @@ class DGC(ErrorFeedback):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         super().load_state_dict(state)
         self._momenta = {k: np.array(v, dtype=np.float32) for k, v in state.get("momenta", {}).items()}
+
+
+def _check_finite(key: Hashable, grad: np.ndarray) -> None:
+    """Refuse a slice holding NaN or Inf before it reaches a residual (as a server refuses an
+    uncompressed one), so a diverged step says so instead of failing in a codec."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        square_sum = float(np.dot(grad, grad)) if grad.size else 0.0
+    if not math.isfinite(square_sum):
+        raise ProtocolError(f"the gradient of {key!r} holds NaN or Inf (or overflows): the "
+                            "training diverged; expected finite values")
 
 
 class Compressor:

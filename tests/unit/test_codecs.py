@@ -290,6 +290,22 @@ def test_compact_topk_bridges_index_gaps_wider_than_16_bits() -> None:
     np.testing.assert_allclose(decoded[far], grad[far], rtol=2.0**-11)
 
 
+@pytest.mark.parametrize("spec", ["sign:4", "topk:0.5", "topk:0.5:compact", "qsgd:4"])
+@pytest.mark.parametrize("dgc", [False, True])
+def test_a_diverged_gradient_is_refused_before_it_reaches_the_residual(spec: str, dgc: bool) -> None:
+    from hogshard.worker.compression import DGC, ErrorFeedback
+
+    ef, codec = (DGC() if dgc else ErrorFeedback()), make_codec(spec)
+    ef.compress("w", rand(16), codec)
+    kept = ef.residual("w").copy()  # type: ignore[union-attr]
+    for bad in (np.nan, np.inf, 1e30):
+        grad = rand(16)
+        grad[3] = bad
+        with pytest.raises(ProtocolError, match="diverged"):
+            ef.compress("w", grad, codec)
+        np.testing.assert_array_equal(ef.residual("w"), kept)
+
+
 def test_compact_topk_error_feedback_keeps_the_rounding() -> None:
     from hogshard.worker.compression import ErrorFeedback
 
