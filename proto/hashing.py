@@ -120,15 +120,10 @@ def init_rows_of_tables(
         (True, (1, 2))
     """
     ids = [as_uint64(np.asarray(i).reshape(-1)) for _, _, i in parts]
-    keys: np.ndarray
-    if len(parts) == 1:
-        keys = ids[0] ^ table_key(parts[0][0], parts[0][1])
-    else:
-        bases = np.array([table_key(seed, table) for seed, table, _ in parts], dtype=np.uint64)
-        keys = np.concatenate(ids) ^ np.repeat(bases, [i.size for i in ids])
+    sizes = [i.size for i in ids]
+    bases = np.array([table_key(seed, table) for seed, table, _ in parts], dtype=np.uint64)
+    keys = np.concatenate(ids) ^ np.repeat(bases, sizes)
     counters = np.arange(dim, dtype=np.uint64) * _GOLDEN
     u = uniform01(splitmix64(keys)[:, None] + counters[None, :])
     rows = ((u * 2.0 - 1.0) * scale).astype(np.float32)
-    if len(parts) == 1:
-        return [rows]
-    return np.split(rows, np.cumsum([i.size for i in ids])[:-1])
+    return np.split(rows, np.cumsum(sizes)[:-1])

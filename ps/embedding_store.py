@@ -37,13 +37,14 @@ def _initial_rows(tables: Sequence[EmbeddingTable], found: Sequence[Found | None
     """The initial rows of every table's missing ids, computed in one pass for the tables of
     one dim and scale (None where a table creates none)."""
     out: list[np.ndarray | None] = [None] * len(tables)
-    groups: dict[tuple[int, float], list[int]] = {}
+    groups: dict[tuple[int, float], list[tuple[int, EmbeddingTable, np.ndarray]]] = {}
     for i, (table, table_found) in enumerate(zip(tables, found, strict=True)):
         if table_found is not None and table_found[1].size:
-            groups.setdefault((table.spec.dim, table.spec.scale), []).append(i)
+            key = (table.spec.dim, table.spec.scale)
+            groups.setdefault(key, []).append((i, table, table_found[1]))
     for (dim, scale), members in groups.items():
-        parts = [(tables[i].spec.seed, tables[i].name, found[i][1]) for i in members]  # type: ignore[index]
-        for i, rows in zip(members, init_rows_of_tables(parts, dim, scale), strict=True):
+        parts = [(table.spec.seed, table.name, new_ids) for _, table, new_ids in members]
+        for (i, _, _), rows in zip(members, init_rows_of_tables(parts, dim, scale), strict=True):
             out[i] = rows
     return out
 

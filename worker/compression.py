@@ -216,10 +216,7 @@ class DGC(ErrorFeedback):
             return encoded
         if isinstance(codec, TopKCodec):
             indices, values = codec.to_sparse(encoded, grad.size)
-            if codec.compact:  # keep what the rounding of the sent values left out
-                velocity[indices] -= values
-            else:
-                velocity[indices] = 0.0
+            velocity[indices] -= values  # 0 where sent exactly; what rounding left (compact)
             momentum[indices] = 0.0
         else:
             velocity = self._leftover(codec, encoded, velocity)

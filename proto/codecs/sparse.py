@@ -11,8 +11,9 @@
 ratio. ``topk:r:compact`` sends the same k entries in half the bytes: each value divided by
 ``scale`` (the largest magnitude over 2^15) as ``<f2``, each index as its gap to the previous
 index plus one (``index = cumsum(gaps) - 1``) as ``<u2``; a gap over 65,535 is bridged by
-entries of value 0, so ``m`` (entries sent) is k plus at most ``n // 65535 + 1``. QSGD packs a sign bit and a level in 2 bits (s = 1), 4 bits (s <= 7), 8 bits
-(s <= 127) or 16 bits (s <= 32767).
+entries of value 0, so ``m`` (entries sent) is k plus at most ``n // 65535 + 1``. QSGD packs
+a sign bit and a level in 2 bits (s = 1), 4 bits (s <= 7), 8 bits (s <= 127) or 16 bits
+(s <= 32767).
 
 Example::
 
