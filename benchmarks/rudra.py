@@ -46,6 +46,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = str(REPO / "examples" / "fashion_mnist.py")
 SUMMARY = re.compile(r"staleness: n=(\d+) mean=([\d.]+) p50=(\d+) p99=(\d+) max=(\d+)")
+#: The example's log lines as each rank starts and ends its training loop (text log format).
+RANK_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) .*?rank (\d+) "
+                       r"(of \d+:|finished )", re.MULTILINE)
 #: Learning-rate rules: the modifier each adds to softsync:n.
 RULES = {"fixed": "", "mean": "+lr=mean", "staleness": "+lr=staleness"}
 LABELS = {"fixed": "fixed alpha0", "mean": "alpha0/<sigma> (+lr=mean)",
@@ -123,6 +126,9 @@ def run_cell(policy: str, args: argparse.Namespace, epochs: int, limit: int, tmp
         cell.update(staleness_count=int(match[1]), staleness_mean=float(match[2]),
                     staleness_p50=int(match[3]), staleness_p99=int(match[4]),
                     staleness_max=int(match[5]))
+    ranks = rank_times(output)
+    if ranks:
+        cell["ranks"] = ranks
     if report.is_file():
         data = json.loads(report.read_text())
         cell.update(accuracy=data["test_accuracy"], dataset=data["dataset"],
@@ -133,26 +139,45 @@ def run_cell(policy: str, args: argparse.Namespace, epochs: int, limit: int, tmp
     return cell
 
 
+def rank_times(output: str) -> dict[str, list[float]]:
+    """Each rank's [start, end] of its training loop, in seconds after the first start, from the
+    example's log lines (millisecond stamps); empty where a rank's lines are missing."""
+    import datetime
+
+    seen: dict[int, list[float | None]] = {}
+    for stamp, millis, rank, kind in RANK_LINE.findall(output):
+        when = datetime.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S").timestamp()
+        seen.setdefault(int(rank), [None, None])[0 if kind.startswith("of") else 1] = (
+            when + int(millis) / 1000)
+    if not seen or any(None in times for times in seen.values()):
+        return {}
+    first = min(times[0] for times in seen.values() if times[0] is not None)
+    return {str(rank): [round(t - first, 3) for t in times if t is not None]
+            for rank, times in sorted(seen.items())}
+
+
 def sim_cell(policy: str, args: argparse.Namespace, seed: int, data: Any,
              learners: int | None = None, compute_ms: float | None = None,
-             jitter: float = 0.2) -> dict:
+             jitter: float = 0.2, host: dict[str, Any] | None = None) -> dict:
     """One simulated job with the same recipe as :func:`run_cell` (``--model`` aside). Its
     ``accuracy`` is taken when the first learner finishes (all lambda still live, Rudra's
-    setting); ``accuracy_final`` after the tail, where groups shrink with the live count."""
+    setting); ``accuracy_final`` after the tail, where groups shrink with the live count.
+    ``host`` adds SimConfig fields (``cores``, ``quantum_s``, ``start_offsets_s``)."""
     from hogshard.sim import ComputeModel, SimConfig, Simulation
     from hogshard.sim.workload import Workload
 
     config = SimConfig(learners=learners or args.learners, policy=policy, rule="sgd",
                        lr=args.lr, batch=args.batch, epochs=args.epochs, limit=args.limit,
                        seed=seed, compute=ComputeModel((compute_ms or args.compute_ms) / 1000,
-                                                       jitter))
+                                                       jitter), **(host or {}))
     report = Simulation(config, Workload(data, seed, args.limit, model=args.model)).run()
     return {"policy": policy, "seed": seed, "accuracy": report["test_accuracy_all_live"],
             "accuracy_final": report["test_accuracy"],
             "dataset": report["dataset"], "staleness_mean": report["staleness_mean"],
             "staleness_p99": report["staleness_p99"],
             "staleness_max": report["staleness"]["max"], "diverged": report["diverged"],
-            "clock_gap_max": report["clock_gap"]["max"], "wall_s": report["wall_seconds"]}
+            "clock_gap_max": report["clock_gap"]["max"], "wall_s": report["wall_seconds"],
+            "simulated_s": report["simulated_seconds"]}
 
 
 def stat(runs: list[dict], key: str) -> tuple[float | None, float | None]:

@@ -9,6 +9,14 @@ input from the real job is timing: the learner's mean step time, rank 0's traini
 its steps. Staleness and accuracy are then predictions. Targets: staleness mean and p99 within
 20 %, accuracy within 1 point (means over the seeds).
 
+The simulated host is the real one: ``--cores C`` (default: this machine's CPU count) cores
+shared by the learners (processor sharing, or ``--quantum-ms`` time slices; hogshard/sim/host.py).
+Its step time is then the uncontended one, measured first by a real job of one worker alone
+(``--uncontended-ms`` gives it instead); the contended step time of each real job is still
+recorded beside it. ``--cores 0`` is the earlier model: a core per learner, each computing at
+the real job's contended step time. ``--real-starts`` starts each simulated learner when its
+real twin started its training loop (the example's log lines), instead of all at once.
+
     .venv/bin/python benchmarks/sim_validate.py --quick
     nice -n 10 .venv/bin/python benchmarks/sim_validate.py --json /tmp/sim_validate.json
 """
@@ -43,6 +51,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--real-from", type=Path, default=None,
                    help="take the real jobs from this earlier --json file (same recipe) and "
                    "run only the simulated twins, e.g. with another --jitter")
+    p.add_argument("--cores", type=int, default=os.cpu_count() or 1,
+                   help="cores the simulated learners share (default: this machine's, where "
+                   "the real jobs run); 0: a core per learner at the real contended step time")
+    p.add_argument("--quantum-ms", type=float, default=None,
+                   help="with --cores: round-robin time slices instead of processor sharing")
+    p.add_argument("--uncontended-ms", type=float, default=None,
+                   help="a step on a core of its own (default: measured by one worker alone)")
+    p.add_argument("--real-starts", action="store_true",
+                   help="start each simulated learner when its real twin started training")
     p.add_argument("--model", choices=["cnn", "mlp"], default="cnn",
                    help="the simulated learners' model (cnn: the one the real jobs train)")
     p.add_argument("--json", type=Path, default=None)
@@ -52,7 +69,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                      ).split(",")
     args.seeds = args.seeds or (1 if args.quick else 2)
     args.limit = args.limit or (1024 if args.quick else 3000)
+    if args.cores < 0:
+        p.error(f"--cores must be >= 0, got {args.cores}")
     return args
+
+
+def uncontended_ms(args: argparse.Namespace, tmp: Path, earlier: dict | None) -> dict:
+    """A step of one worker alone on this machine (sgd, the recipe's batch, one epoch of up to
+    1,600 images): rank 0's training seconds over its steps."""
+    if args.uncontended_ms is not None:
+        return {"step_ms": args.uncontended_ms, "source": "--uncontended-ms"}
+    if earlier is not None:
+        return {**earlier, "source": f"{args.real_from}"}
+    cell = run_cell("async", args, 1, min(args.limit, 1600), tmp, seed=0, workers=1)
+    if not cell.get("steps"):
+        raise SystemExit(f"the one-worker job to measure the step time failed: {cell}")
+    return {"step_ms": 1000 * cell["train_s"] / cell["steps"], "steps": cell["steps"],
+            "source": "one worker alone", "wall_s": cell["wall_s"]}
 
 
 def mean(values: list[float | None]) -> float | None:
@@ -80,11 +113,16 @@ def main(argv: list[str] | None = None) -> int:
     data = load_image_dataset(None)
     tmp = Path(tempfile.mkdtemp(prefix="hogshard-simval-"))
     load_before = os.getloadavg()
-    earlier = {}
+    earlier, earlier_alone = {}, None
     if args.real_from:
-        for row in json.loads(args.real_from.read_text())["rows"]:
+        previous = json.loads(args.real_from.read_text())
+        earlier_alone = previous.get("uncontended")
+        for row in previous["rows"]:
             for cell in row["real"]:
                 earlier[(row["learners"], row["policy"], cell["seed"])] = cell
+    alone = uncontended_ms(args, tmp, earlier_alone) if args.cores else None
+    if alone:
+        print(f"uncontended step: {alone['step_ms']:.1f} ms ({alone['source']})", flush=True)
     rows = []
     for learners in args.learners:
         for policy in args.policies:
@@ -94,15 +132,26 @@ def main(argv: list[str] | None = None) -> int:
                     policy, args, args.epochs, args.limit, tmp, seed=seed, workers=learners)
                 real.append(cell)
                 step_ms = 1000 * cell["train_s"] / cell["steps"] if cell.get("steps") else 20.0
+                host: dict = {}
+                if args.cores:
+                    host = {"cores": args.cores, "quantum_s": (None if args.quantum_ms is None
+                                                              else args.quantum_ms / 1000)}
+                if args.real_starts and len(cell.get("ranks", {})) == learners:
+                    host["start_offsets_s"] = tuple(cell["ranks"][str(k)][0]
+                                                    for k in range(learners))
                 twin = sim_cell(policy, args, seed, data, learners=learners,
-                                compute_ms=step_ms, jitter=args.jitter)
+                                compute_ms=alone["step_ms"] if alone else step_ms,
+                                jitter=args.jitter, host=host)
                 twin["step_ms"] = step_ms
+                twin["sim_step_ms"] = 1000 * twin["simulated_s"] / max(1, cell.get("steps", 1))
+                twin["host"] = host
                 sim.append(twin)
                 print(f"lambda={learners} {policy:<11} seed {seed}: real acc "
                       f"{fmt(cell.get('accuracy'), '.4f')} st {fmt(cell.get('staleness_mean'), '.2f')}"
                       f"/{fmt(cell.get('staleness_p99'), 'd')} | sim acc {twin['accuracy']:.4f} "
                       f"st {twin['staleness_mean']:.2f}/{twin['staleness_p99']} "
-                      f"(step {step_ms:.0f} ms, real {cell['wall_s']:.0f} s)", flush=True)
+                      f"(step {step_ms:.0f} ms, sim {twin['sim_step_ms']:.0f}; real "
+                      f"{cell['wall_s']:.0f} s)", flush=True)
             row = {"learners": learners, "policy": policy, "real": real, "sim": sim}
             for key in ("accuracy", "staleness_mean", "staleness_p99"):
                 row[f"real_{key}"] = mean([r.get(key) for r in real])
@@ -110,7 +159,11 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
     print(f"\n{data.name}: sgd lr {args.lr:g}, batch {args.batch}, {args.epochs} epoch(s) of "
           f"{args.limit} images, {args.seeds} seed(s); load average {load_before[0]:.1f} "
-          f"before, {os.getloadavg()[0]:.1f} after\n")
+          f"before, {os.getloadavg()[0]:.1f} after; simulated host: "
+          + (f"{args.cores} cores, uncontended step {alone['step_ms']:.1f} ms"
+             + (f", {args.quantum_ms:g} ms slices" if args.quantum_ms else "")
+             if alone else "a core per learner at the real step time")
+          + (", real starts" if args.real_starts else "") + "\n")
     print("| lambda | policy | real st mean | sim | ratio | real st p99 | sim | ratio | "
           "real acc | sim acc | diff (pts) |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -127,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps({"args": {k: v for k, v in vars(args).items()
                                                   if k != "json"},
-                                         "load_before": load_before, "rows": rows}, indent=2,
+                                         "load_before": load_before,
+                                         "uncontended": alone, "rows": rows}, indent=2,
                                         default=str))
     return 0
 

@@ -71,6 +71,14 @@ def _positive(**kwargs: Any) -> click.FloatRange:
               help="this many learners compute --slowdown times slower")
 @click.option("--slowdown", default=3.0, show_default=True, type=click.FloatRange(min=1),
               help="the stragglers' compute-time factor")
+@click.option("--cores", default=None, type=click.IntRange(min=1),
+              help="cores the learners' compute shares (default: a core each): while n "
+              "learners compute, each runs at min(1, cores / n) of --compute-ms's speed, so "
+              "--compute-ms is a step on a core of its own")
+@click.option("--quantum-ms", default=None, type=_positive(),
+              help="with --cores: round-robin time slices of this many milliseconds (a "
+              "learner keeps its core until its step ends or, while others wait, for one "
+              "slice) instead of processor sharing")
 @click.option("--start-spread", default=0.0, show_default=True, type=click.FloatRange(min=0),
               help="learners start at uniform random times in [0, S] simulated seconds")
 @click.option("--latency-us", default=None, type=click.FloatRange(min=0),
@@ -98,13 +106,17 @@ def _positive(**kwargs: Any) -> click.FloatRange:
 def simulate(learners: int, servers: int, policy: str, data: Path | None, model: str,
              seed: int, report: Path, rule: str, lr: float, momentum: float, batch: int, epochs: int,
              limit: int | None, compute_ms: float, jitter: float, stragglers: int,
-             slowdown: float, start_spread: float, latency_us: float | None,
+             slowdown: float, cores: int | None, quantum_ms: float | None,
+             start_spread: float, latency_us: float | None,
              bandwidth_gbps: float | None, server_us: float | None, server_gbps: float | None,
              eval_every: float | None, eval_subset: int, torch_threads: int,
              parameters: int | None, steps: int) -> None:
     """Simulate a job of LEARNERS learners and SERVERS servers in this process: the real
     policies, server stores and update rules, the example's model and data, on a
     discrete-event clock. Writes test accuracy, staleness, clock gap and server load."""
+    if quantum_ms is not None and cores is None:
+        raise click.BadParameter("time slices need --cores (without it every learner has a "
+                                 "core of its own)", param_hint="'--quantum-ms'")
     import torch
 
     from hogshard.sim import ComputeModel, NetworkModel, SimConfig, Simulation
@@ -123,7 +135,8 @@ def simulate(learners: int, servers: int, policy: str, data: Path | None, model:
                            compute=ComputeModel(compute_ms / 1000, jitter, stragglers, slowdown),
                            network=network, start_spread_s=start_spread,
                            eval_every_s=eval_every, eval_subset=eval_subset, data_dir=data,
-                           model=model, parameters=parameters, steps=steps)
+                           model=model, parameters=parameters, steps=steps, cores=cores,
+                           quantum_s=None if quantum_ms is None else quantum_ms / 1000)
         result = Simulation(config).run()
     except HogshardError as err:
         raise click.ClickException(err.message) from None
@@ -131,7 +144,8 @@ def simulate(learners: int, servers: int, policy: str, data: Path | None, model:
     tmp.write_text(json.dumps(result, indent=2))
     tmp.replace(report)
     accuracy = result["test_accuracy"]
-    click.echo(f"{result['policy']}: {learners} learners, {servers} servers, "
+    host = "" if cores is None else f" on {cores} cores"
+    click.echo(f"{result['policy']}: {learners} learners{host}, {servers} servers, "
                f"{result['gradients']} gradients in {result['simulated_seconds']:.2f} simulated s "
                f"({result['wall_seconds']:.1f} s wall); test accuracy "
                f"{'-' if accuracy is None else format(accuracy, '.4f')}; "

@@ -8,7 +8,8 @@ Example::
 """
 
 from hogshard.sim.events import EventLoop
+from hogshard.sim.host import Host
 from hogshard.sim.simulation import SimConfig, Simulation
 from hogshard.sim.timing import ComputeModel, NetworkModel
 
-__all__ = ["ComputeModel", "EventLoop", "NetworkModel", "SimConfig", "Simulation"]
+__all__ = ["ComputeModel", "EventLoop", "Host", "NetworkModel", "SimConfig", "Simulation"]

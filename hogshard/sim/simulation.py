@@ -23,6 +23,7 @@ import math
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from hogshard.proto.policy import parse_policy
 from hogshard.ps.stats import summarise_histogram
 from hogshard.scheduler.placement import plan_dense_table
 from hogshard.sim.events import EventLoop
+from hogshard.sim.host import Host
 from hogshard.sim.servers import VirtualServer
 from hogshard.sim.synthetic import SyntheticWorkload
 from hogshard.sim.timing import ComputeModel, NetworkModel
@@ -49,7 +51,10 @@ class SimConfig:
     """One simulated job. ``compute.step_s`` is a learner's step at ``batch``; ``limit`` uses
     the first N training images; ``eval_every_s`` samples accuracy (on ``eval_subset`` test
     images) every so many simulated seconds; ``chunk_elems`` defaults to one chunk a server;
-    ``model`` is the example's ``"cnn"`` or the smaller ``"mlp"`` (hogshard/sim/workload.py)."""
+    ``model`` is the example's ``"cnn"`` or the smaller ``"mlp"`` (hogshard/sim/workload.py);
+    ``cores`` shares that many cores among the learners' compute (``Host``; None: a core
+    each), e.g. ``SimConfig(learners=4, cores=2)``: a step takes twice ``step_s`` while all
+    four compute."""
 
     learners: int = 4
     servers: int = 1
@@ -64,6 +69,8 @@ class SimConfig:
     compute: ComputeModel = field(default_factory=lambda: ComputeModel(step_s=0.02))
     network: NetworkModel = field(default_factory=NetworkModel)
     start_spread_s: float = 0.0
+    #: Learner k starts at ``start_offsets_s[k]`` simulated seconds (instead of the spread).
+    start_offsets_s: tuple[float, ...] | None = None
     chunk_elems: int | None = None
     eval_every_s: float | None = None
     eval_subset: int = 1000
@@ -73,6 +80,11 @@ class SimConfig:
     parameters: int | None = None
     #: With ``parameters``: each learner's steps per epoch.
     steps: int = 20
+    #: Cores the learners' compute shares (None: a core each); ``compute.step_s`` is then a
+    #: step on a core of its own (hogshard/sim/host.py).
+    cores: int | None = None
+    #: With ``cores``: round-robin time slices of this many seconds instead of processor sharing.
+    quantum_s: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("learners", "servers", "batch", "epochs", "eval_subset", "steps"):
@@ -81,6 +93,19 @@ class SimConfig:
         if self.parameters is not None and self.parameters < self.servers:
             raise ConfigError(f"a synthetic model needs at least one parameter a server, got "
                               f"{self.parameters} for {self.servers} servers")
+        if self.start_offsets_s is not None and (
+                len(self.start_offsets_s) != self.learners
+                or not all(math.isfinite(t) and t >= 0 for t in self.start_offsets_s)):
+            raise ConfigError(f"start_offsets_s must give each of the {self.learners} learners "
+                              f"a start time >= 0, got {self.start_offsets_s!r}")
+        if self.cores is not None and self.cores < 1:
+            raise ConfigError(f"cores must be >= 1, got {self.cores}")
+        if self.quantum_s is not None:
+            if self.cores is None:
+                raise ConfigError("quantum_s (time slices) needs cores: without them every "
+                                  "learner has a core of its own")
+            if not (math.isfinite(self.quantum_s) and self.quantum_s > 0):
+                raise ConfigError(f"quantum_s must be > 0 seconds, got {self.quantum_s}")
         if self.limit is not None and self.limit < 1:
             raise ConfigError(f"limit must be >= 1 training images, got {self.limit}")
         if self.eval_every_s is not None and not self.eval_every_s > 0:
@@ -132,7 +157,7 @@ class _Learner:
             part = None if grad is None else [grad[c.offset:c.offset + c.length]
                                               for c in server.chunks]
             server.receive_step(self.name, part, self.versions[index], self.clock,
-                                lambda w, v, index=index: self._pulled(index, w, v))
+                                partial(self._pulled, index))
 
     def _pulled(self, index: int, weights: list[np.ndarray], versions: list[int]) -> None:
         for chunk, values in zip(self.sim.servers[index].chunks, weights, strict=True):
@@ -155,7 +180,7 @@ class _Learner:
             return
         sim.note_loss(loss)
         delay = sim.config.compute.sample(self.rank, sim.rng)
-        sim.loop.after(delay, lambda: self._push(grad))
+        sim.host.compute(delay, lambda: self._push(grad))
 
     def _push(self, grad: np.ndarray) -> None:
         self.clock += 1
@@ -171,6 +196,7 @@ class Simulation:
         self.config = config
         self.workload = workload or self._default_workload(config)
         self.loop = EventLoop()
+        self.host = Host(self.loop, config.cores, config.quantum_s)
         self.rng = np.random.default_rng([config.seed, 0x51])
         self.policy = parse_policy(config.policy)
         size = self.workload.size
@@ -255,8 +281,13 @@ class Simulation:
         config = self.config
         started = time.monotonic()
         for learner in self.learners:
-            start = float(self.rng.uniform(0, config.start_spread_s)) if config.start_spread_s else 0.0
-            self.loop.at(start, lambda learner=learner: learner.send(None))
+            if config.start_offsets_s is not None:
+                start = float(config.start_offsets_s[learner.rank])
+            elif config.start_spread_s:
+                start = float(self.rng.uniform(0, config.start_spread_s))
+            else:
+                start = 0.0
+            self.loop.at(start, partial(learner.send, None))
         if config.eval_every_s is not None:
             self.loop.at(config.eval_every_s, self._sample)
         with single_threaded_blas():
@@ -297,5 +328,10 @@ class Simulation:
             "rule": config.rule, "lr": config.lr, "batch": config.batch,
             "epochs": config.epochs, "seed": config.seed,
             "compute": asdict(config.compute), "network": asdict(config.network),
-            "start_spread_s": config.start_spread_s, **self.workload.describe(),
+            "start_spread_s": config.start_spread_s, "start_offsets_s": config.start_offsets_s,
+            "host": {"cores": config.cores, "quantum_s": config.quantum_s,
+                     "compute_core_s": self.host.busy_s,
+                     "core_utilisation": (self.host.busy_s / (elapsed * config.cores)
+                                          if config.cores and elapsed > 0 else None)},
+            **self.workload.describe(),
         }

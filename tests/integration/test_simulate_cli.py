@@ -38,12 +38,28 @@ def test_simulate_writes_the_report(tmp_path: Path) -> None:
     assert result["model"] == "cnn" and 0.0 <= result["test_accuracy_all_live"] <= 1.0
 
 
+@pytest.mark.timeout(TIMEOUT)
+def test_learners_sharing_cores_take_longer(tmp_path: Path) -> None:
+    args = ["--learners", "4", "--rule", "sgd", "--lr", "0.05", "--batch", "16", "--limit", "128",
+            "--model", "mlp", "--compute-ms", "100", "--jitter", "0"]
+    own, shared = tmp_path / "own.json", tmp_path / "shared.json"
+    assert run(*args, "--report", str(own)).returncode == 0
+    proc = run(*args, "--cores", "2", "--report", str(shared))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "4 learners on 2 cores" in proc.stdout
+    first, second = json.loads(own.read_text()), json.loads(shared.read_text())
+    assert second["host"]["cores"] == 2 and first["host"]["cores"] is None
+    assert second["simulated_seconds"] > 1.9 * first["simulated_seconds"]
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--policy", "softsync:0"], "softsync takes an integer"),
     (["--learners", "0"], "--learners"),
     (["--data", "/nonexistent/fmnist"], "does not exist"),
     (["--lr", "-1"], "--lr"),
     (["--model", "resnet"], "--model"),
+    (["--cores", "0"], "--cores"),
+    (["--quantum-ms", "5"], "--quantum-ms"),
 ])
 def test_bad_flags_are_refused_with_a_clear_message(tmp_path: Path, args: list[str],
                                                     message: str) -> None:
