@@ -47,8 +47,9 @@ REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = str(REPO / "examples" / "fashion_mnist.py")
 SUMMARY = re.compile(r"staleness: n=(\d+) mean=([\d.]+) p50=(\d+) p99=(\d+) max=(\d+)")
 #: The example's log lines as each rank starts and ends its training loop (text log format).
-RANK_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) .*?rank (\d+) "
-                       r"(of \d+:|finished )", re.MULTILINE)
+#: (``hogshard launch`` puts "[worker N] " before each of its children's lines.)
+RANK_LINE = re.compile(r"^(?:\[[^\]\n]*\] )?(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) "
+                       r".*?rank (\d+) (of \d+:|finished )", re.MULTILINE)
 #: Learning-rate rules: the modifier each adds to softsync:n.
 RULES = {"fixed": "", "mean": "+lr=mean", "staleness": "+lr=staleness"}
 LABELS = {"fixed": "fixed alpha0", "mean": "alpha0/<sigma> (+lr=mean)",

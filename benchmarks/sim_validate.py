@@ -51,9 +51,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--real-from", type=Path, default=None,
                    help="take the real jobs from this earlier --json file (same recipe) and "
                    "run only the simulated twins, e.g. with another --jitter")
-    p.add_argument("--cores", type=int, default=os.cpu_count() or 1,
-                   help="cores the simulated learners share (default: this machine's, where "
-                   "the real jobs run); 0: a core per learner at the real contended step time")
+    p.add_argument("--cores", type=int, default=None,
+                   help="cores the simulated learners share (default: the CPU count of the "
+                   "machine that ran the real jobs: this one, or --real-from's); 0: a core per "
+                   "learner at the real contended step time")
     p.add_argument("--quantum-ms", type=float, default=None,
                    help="with --cores: round-robin time slices instead of processor sharing")
     p.add_argument("--uncontended-ms", type=float, default=None,
@@ -69,7 +70,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                      ).split(",")
     args.seeds = args.seeds or (1 if args.quick else 2)
     args.limit = args.limit or (1024 if args.quick else 3000)
-    if args.cores < 0:
+    if args.cores is not None and args.cores < 0:
         p.error(f"--cores must be >= 0, got {args.cores}")
     return args
 
@@ -113,13 +114,17 @@ def main(argv: list[str] | None = None) -> int:
     data = load_image_dataset(None)
     tmp = Path(tempfile.mkdtemp(prefix="hogshard-simval-"))
     load_before = os.getloadavg()
-    earlier, earlier_alone = {}, None
+    earlier, earlier_alone, previous = {}, None, {}
     if args.real_from:
         previous = json.loads(args.real_from.read_text())
         earlier_alone = previous.get("uncontended")
+        if args.cores is None:
+            args.cores = previous.get("cpu_count") or os.cpu_count() or 1
         for row in previous["rows"]:
             for cell in row["real"]:
                 earlier[(row["learners"], row["policy"], cell["seed"])] = cell
+    if args.cores is None:
+        args.cores = os.cpu_count() or 1
     alone = uncontended_ms(args, tmp, earlier_alone) if args.cores else None
     if alone:
         print(f"uncontended step: {alone['step_ms']:.1f} ms ({alone['source']})", flush=True)
@@ -181,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps({"args": {k: v for k, v in vars(args).items()
                                                   if k != "json"},
                                          "load_before": load_before,
+                                         "cpu_count": (previous.get("cpu_count") if
+                                                       args.real_from else os.cpu_count()),
                                          "uncontended": alone, "rows": rows}, indent=2,
                                         default=str))
     return 0
