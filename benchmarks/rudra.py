@@ -178,7 +178,7 @@ def sim_cell(policy: str, args: argparse.Namespace, seed: int, data: Any,
             "staleness_p99": report["staleness_p99"],
             "staleness_max": report["staleness"]["max"], "diverged": report["diverged"],
             "clock_gap_max": report["clock_gap"]["max"], "wall_s": report["wall_seconds"],
-            "simulated_s": report["simulated_seconds"]}
+            "simulated_s": report["simulated_seconds"], "spans": report["learner_spans"]}
 
 
 def stat(runs: list[dict], key: str) -> tuple[float | None, float | None]:

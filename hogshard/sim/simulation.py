@@ -138,6 +138,8 @@ class _Learner:
         self.versions: list[list[int]] = [[] for _ in sim.servers]
         self.waiting = 0
         self.done = False
+        #: Simulated seconds of its first pull and of its leaving.
+        self.span: list[float] = []
 
     def _next_batch(self) -> np.ndarray | None:
         config = self.sim.config
@@ -153,6 +155,8 @@ class _Learner:
     def send(self, grad: np.ndarray | None) -> None:
         """Push ``grad`` (None: only pull, at the start) and pull the next weights."""
         self.waiting = len(self.sim.servers)
+        if grad is None:
+            self.span = [self.sim.loop.now]
         for index, server in enumerate(self.sim.servers):
             part = None if grad is None else [grad[c.offset:c.offset + c.length]
                                               for c in server.chunks]
@@ -247,6 +251,7 @@ class Simulation:
         if self._live == self.config.learners:
             self.accuracy_all_live = self.workload.accuracy(self.weights(), full=True)
         learner.done = True
+        learner.span.append(self.loop.now)
         self._live -= 1
         self.finished_at = self.loop.now
         for server in self.servers:
@@ -329,6 +334,7 @@ class Simulation:
             "epochs": config.epochs, "seed": config.seed,
             "compute": asdict(config.compute), "network": asdict(config.network),
             "start_spread_s": config.start_spread_s, "start_offsets_s": config.start_offsets_s,
+            "learner_spans": [learner.span for learner in self.learners],
             "host": {"cores": config.cores, "quantum_s": config.quantum_s,
                      "compute_core_s": self.host.busy_s,
                      "core_utilisation": (self.host.busy_s / (elapsed * config.cores)

@@ -155,3 +155,8 @@ def test_learners_start_at_given_offsets(data: ImageDataset) -> None:
     assert report["simulated_seconds"] == pytest.approx(10.8, rel=0.01)
     with pytest.raises(ConfigError, match="start_offsets_s"):
         SimConfig(learners=2, start_offsets_s=(0.0,))
+    spans = Simulation(SimConfig(learners=2, rule="sgd", lr=0.05, batch=16, model="mlp",
+                                 compute=exact, start_offsets_s=(0.0, 10.0)),
+                       Workload(data, 0, model="mlp")).run()["learner_spans"]
+    assert spans[0][0] == 0.0 and spans[1][0] == 10.0
+    assert spans[0][1] == pytest.approx(0.8, rel=0.01) and spans[1][1] > 10.8
