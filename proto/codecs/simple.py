@@ -38,6 +38,7 @@ from hogshard.proto.codecs.base import (
     parse_int,
     scale_buffer,
 )
+from hogshard.proto.codecs.half import to_float, to_half
 from hogshard.proto.errors import ConfigError, DtypeError, ProtocolError
 
 #: _SIGN_BITS[b, j]: whether bit j (most significant first, as np.packbits) of byte b is set.
@@ -91,12 +92,20 @@ class FP16Codec(Codec):
     lossless: ClassVar[bool] = False
 
     def encode(self, grad: np.ndarray, state: dict[str, Any] | None = None, seed: int = 0) -> Encoded:
-        return Encoded({}, [check_grad(grad).astype("<f2")])
+        return Encoded({}, [to_half(check_grad(grad))])
 
     def decode(self, encoded: Encoded, size: int) -> np.ndarray:
+        return to_float(self._values(encoded, size))
+
+    def decode_into(self, encoded: Encoded, out: np.ndarray) -> np.ndarray:
+        if not isinstance(out, np.ndarray) or out.dtype != np.float32 or out.ndim != 1:
+            raise DtypeError("decode_into needs a 1-D float32 output array")
+        return to_float(self._values(encoded, out.size), out)
+
+    def _values(self, encoded: Encoded, size: int) -> np.ndarray:
         size = check_size(self.name, size)
         _, (values,) = expect_payload(self.name, encoded, 1)
-        return expect_array(self.name, "values", values, "<f2", (size,)).astype(F32)
+        return expect_array(self.name, "values", values, "<f2", (size,))
 
     def nbytes_for(self, size: int) -> int:
         return 2 * size
