@@ -60,6 +60,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--run-lr", type=float, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--rule", default="adam", help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--straggler", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", type=Path, default=None, help=argparse.SUPPRESS)
@@ -86,12 +87,17 @@ def worker(args: argparse.Namespace) -> int:
     test_x, test_y = data.test_x[:args.test_subset], data.test_y[:args.test_subset]
     stop_file = args.out.parent / "stop"
     client = None
+    setup_seconds = 0.0  # hogshard: registering and opening the tables (auto measures then)
+    setup_traffic: dict[str, Any] = {}
     if args.role == "hogshard":
         from hogshard import PSClient, PSOptimizer
 
+        setup_started = time.monotonic()
         client = PSClient.from_env()
         rank, workers = client.rank, client.settings.num_workers
-        opt = PSOptimizer(client, model.named_parameters(), rule="adam", lr=args.lr)
+        opt = PSOptimizer(client, model.named_parameters(), rule=args.rule, lr=args.lr)
+        setup_seconds = time.monotonic() - setup_started
+        setup_traffic = client.traffic.as_dict()
     else:
         import torch.distributed as dist
 
@@ -147,8 +153,13 @@ def worker(args: argparse.Namespace) -> int:
         if stop:
             break
     if rank == 0:
+        traffic = client.traffic.as_dict() if client is not None else {}
+        compressor = getattr(opt, "compressor", None)  # what auto chose, if it ran
+        codecs = compressor.policy.spec() if compressor is not None else "none"
         args.out.write_text(json.dumps({"seconds_to_target": reached, "steps": step,
-                                        "curve": curve}))
+                                        "setup_seconds": setup_seconds, "curve": curve,
+                                        "traffic": traffic, "setup_traffic": setup_traffic,
+                                        "codecs": codecs}))
     if client is not None:
         client.close()
     else:

@@ -2,9 +2,9 @@
 
 When a table's rule is ``auto``, the worker measures, once, after opening the table:
 
-- the link: round-trip latency (the fastest of 5 rounds of ``ping`` requests to the table's
-  servers) and bandwidth (the bytes of 8 float32 pulls of the table sent at once, over the
-  fastest of 5 such rounds less the latency);
+- the link: round-trip latency (the fastest of 3 rounds of ``ping`` requests to the table's
+  servers) and bandwidth (the bytes of 4 float32 pulls of the table sent at once, over the
+  fastest of 3 such rounds less the latency);
 - each candidate codec's cost: the median time to encode and decode one of the table's
   chunks (normal noise of its size) in this process.
 
@@ -50,9 +50,9 @@ MIN_GAIN = 0.1
 #: Push candidates under an adaptive server rule and under (momentum) SGD.
 ADAPTIVE_CANDIDATES = ("none", "fp16")
 SGD_CANDIDATES = ("none", "fp16", "topk:0.01")
-PROBES = 5
+PROBES = 3
 #: Pulls of the table in flight at once in one bandwidth probe (so the bytes outweigh latency).
-PULLS_IN_FLIGHT = 8
+PULLS_IN_FLIGHT = 4
 #: Bytes/s assumed when a pull takes no longer than a ping (a link too fast to measure).
 MAX_BANDWIDTH = 1e12
 

@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 from hogshard.proto.codecs import half
-from hogshard.proto.codecs.base import Encoded
 from hogshard.proto.codecs.simple import FP16Codec
 
 torch = pytest.importorskip("torch")
