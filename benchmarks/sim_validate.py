@@ -57,6 +57,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "learner at the real contended step time")
     p.add_argument("--quantum-ms", type=float, default=None,
                    help="with --cores: round-robin time slices instead of processor sharing")
+    p.add_argument("--server-on-cores", action="store_true",
+                   help="with --cores: the server's message work takes those cores too")
     p.add_argument("--uncontended-ms", type=float, default=None,
                    help="a step on a core of its own (default: measured by one worker alone)")
     p.add_argument("--real-starts", action="store_true",
@@ -140,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
                 host: dict = {}
                 if args.cores:
                     host = {"cores": args.cores, "quantum_s": (None if args.quantum_ms is None
-                                                              else args.quantum_ms / 1000)}
+                                                              else args.quantum_ms / 1000),
+                            "server_on_cores": args.server_on_cores}
                 if args.real_starts and len(cell.get("ranks", {})) == learners:
                     host["start_offsets_s"] = tuple(cell["ranks"][str(k)][0]
                                                     for k in range(learners))
@@ -167,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
           f"before, {os.getloadavg()[0]:.1f} after; simulated host: "
           + (f"{args.cores} cores, uncontended step {alone['step_ms']:.1f} ms"
              + (f", {args.quantum_ms:g} ms slices" if args.quantum_ms else "")
+             + (", server on the cores" if args.server_on_cores else "")
              if alone else "a core per learner at the real step time")
           + (", real starts" if args.real_starts else "") + "\n")
     print("| lambda | policy | real st mean | sim | ratio | real st p99 | sim | ratio | "

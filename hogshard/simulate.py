@@ -79,6 +79,10 @@ def _positive(**kwargs: Any) -> click.FloatRange:
               help="with --cores: round-robin time slices of this many milliseconds (a "
               "learner keeps its core until its step ends or, while others wait, for one "
               "slice) instead of processor sharing")
+@click.option("--server-on-cores", is_flag=True,
+              help="with --cores: the servers' message work (--server-us + bytes / "
+              "--server-gbps) takes those cores too, and a server takes its waiting messages "
+              "one per learner in turn, as a ZeroMQ ROUTER does")
 @click.option("--start-spread", default=0.0, show_default=True, type=click.FloatRange(min=0),
               help="learners start at uniform random times in [0, S] simulated seconds")
 @click.option("--latency-us", default=None, type=click.FloatRange(min=0),
@@ -106,7 +110,7 @@ def _positive(**kwargs: Any) -> click.FloatRange:
 def simulate(learners: int, servers: int, policy: str, data: Path | None, model: str,
              seed: int, report: Path, rule: str, lr: float, momentum: float, batch: int, epochs: int,
              limit: int | None, compute_ms: float, jitter: float, stragglers: int,
-             slowdown: float, cores: int | None, quantum_ms: float | None,
+             slowdown: float, cores: int | None, quantum_ms: float | None, server_on_cores: bool,
              start_spread: float, latency_us: float | None,
              bandwidth_gbps: float | None, server_us: float | None, server_gbps: float | None,
              eval_every: float | None, eval_subset: int, torch_threads: int,
@@ -117,6 +121,9 @@ def simulate(learners: int, servers: int, policy: str, data: Path | None, model:
     if quantum_ms is not None and cores is None:
         raise click.BadParameter("time slices need --cores (without it every learner has a "
                                  "core of its own)", param_hint="'--quantum-ms'")
+    if server_on_cores and cores is None:
+        raise click.BadParameter("needs --cores (without it every learner and server has a "
+                                 "core of its own)", param_hint="'--server-on-cores'")
     import torch
 
     from hogshard.sim import ComputeModel, NetworkModel, SimConfig, Simulation
@@ -136,7 +143,8 @@ def simulate(learners: int, servers: int, policy: str, data: Path | None, model:
                            network=network, start_spread_s=start_spread,
                            eval_every_s=eval_every, eval_subset=eval_subset, data_dir=data,
                            model=model, parameters=parameters, steps=steps, cores=cores,
-                           quantum_s=None if quantum_ms is None else quantum_ms / 1000)
+                           quantum_s=None if quantum_ms is None else quantum_ms / 1000,
+                           server_on_cores=server_on_cores)
         result = Simulation(config).run()
     except HogshardError as err:
         raise click.ClickException(err.message) from None

@@ -3,7 +3,10 @@ FIFO queue whose service times come from the network model.
 
 A server does one message at a time, as a real one does on its loop: a push is applied (or
 joins its softsync/hardsync group) by ``UpdateApplier``, a pull is answered when the policy
-allows it and otherwise held until a later push or a learner's leaving releases it.
+allows it and otherwise held until a later push or a learner's leaving releases it. Given a
+shared ``Host``, its message work takes the host's cores like the learners' compute, and the
+messages waiting meanwhile are served one per learner in turn, as a ZeroMQ ROUTER
+fair-queues its peers.
 
 Example::
 
@@ -27,6 +30,7 @@ from hogshard.ps.applier import UpdateApplier
 from hogshard.ps.dense import DenseStore
 from hogshard.ps.stats import ServerStats, summarise_histogram
 from hogshard.sim.events import EventLoop
+from hogshard.sim.host import Host
 from hogshard.sim.timing import NetworkModel
 
 TABLE = "model"
@@ -39,6 +43,8 @@ class _Job:
     arrived: float
     nbytes: int
     run: Callable[[], None]
+    #: The learner whose message this is ("": the server's own reply work).
+    peer: str = ""
 
 
 @dataclass
@@ -70,7 +76,7 @@ class VirtualServer:
     def __init__(self, rank: int, policy: ConsistencyPolicy, rule_spec: dict[str, Any],
                  chunks: Sequence[Chunk], weights: np.ndarray, loop: EventLoop,
                  network: NetworkModel, learners: Sequence[str],
-                 bytes_per_element: float = 4.0) -> None:
+                 bytes_per_element: float = 4.0, host: Host | None = None) -> None:
         self.rank = rank
         self.policy = policy
         self.loop = loop
@@ -89,6 +95,12 @@ class VirtualServer:
         #: Steps finished by each live learner: what the policy gate reads, kept as it changes.
         self._clocks: dict[str, int] = dict.fromkeys(self.live, 0)
         self._queue: deque[_Job] = deque()
+        #: On a shared host: its message work runs on the host's cores, and waiting messages
+        #: are taken one per learner in turn (a ZeroMQ ROUTER's fair queueing), replies first.
+        self.host = host
+        self._peers: dict[str, deque[_Job]] = {}
+        self._turns: deque[str] = deque()
+        self._queued = 0
         self._busy = False
         self._deferred: list[tuple[str, int, Reply]] = []
 
@@ -97,17 +109,37 @@ class VirtualServer:
     def _enqueue(self, job: _Job, front: bool = False) -> None:
         if front:
             self._queue.appendleft(job)
+        elif self.host is not None:
+            waiting = self._peers.setdefault(job.peer, deque())
+            if not waiting:
+                self._turns.append(job.peer)
+            waiting.append(job)
+            self._queued += 1
         else:
             self._queue.append(job)
-        self.queue_stats.max_length = max(self.queue_stats.max_length, len(self._queue))
+        self.queue_stats.max_length = max(self.queue_stats.max_length,
+                                          len(self._queue) + self._queued)
         if not self._busy:
             self._next()
 
+    def _take(self) -> _Job | None:
+        if self._queue:
+            return self._queue.popleft()
+        if not self._turns:
+            return None
+        peer = self._turns.popleft()
+        waiting = self._peers[peer]
+        job = waiting.popleft()
+        self._queued -= 1
+        if waiting:
+            self._turns.append(peer)
+        return job
+
     def _next(self) -> None:
-        if not self._queue:
+        job = self._take()
+        if job is None:
             self._busy = False
             return
-        job = self._queue.popleft()
         self._busy = True
         service = self.network.service(job.nbytes)
         stats = self.queue_stats
@@ -119,7 +151,10 @@ class VirtualServer:
             job.run()
             self._next()
 
-        self.loop.after(service, done)
+        if self.host is None:
+            self.loop.after(service, done)
+        else:
+            self.host.compute(service, done)
 
     # ---- messages -----------------------------------------------------------------------------
 
@@ -135,9 +170,9 @@ class VirtualServer:
             now = self.loop.now
             if grads is not None:
                 self._enqueue(_Job(now, nbytes, lambda: self._push(learner, grads, versions,
-                                                                   clock)))
+                                                                   clock), learner))
             if reply is not None:
-                self._enqueue(_Job(now, 0, lambda: self._pull(learner, clock, reply)))
+                self._enqueue(_Job(now, 0, lambda: self._pull(learner, clock, reply), learner))
 
         self.loop.after(arrive, arrived)
 

@@ -85,6 +85,9 @@ class SimConfig:
     cores: int | None = None
     #: With ``cores``: round-robin time slices of this many seconds instead of processor sharing.
     quantum_s: float | None = None
+    #: With ``cores``: the servers' message work runs on those cores too, and each server takes
+    #: its waiting messages one per learner in turn (a ZeroMQ ROUTER's fair queueing).
+    server_on_cores: bool = False
 
     def __post_init__(self) -> None:
         for name in ("learners", "servers", "batch", "epochs", "eval_subset", "steps"):
@@ -100,6 +103,9 @@ class SimConfig:
                               f"a start time >= 0, got {self.start_offsets_s!r}")
         if self.cores is not None and self.cores < 1:
             raise ConfigError(f"cores must be >= 1, got {self.cores}")
+        if self.server_on_cores and self.cores is None:
+            raise ConfigError("server_on_cores needs cores: without them every learner and "
+                              "server has a core of its own")
         if self.quantum_s is not None:
             if self.cores is None:
                 raise ConfigError("quantum_s (time slices) needs cores: without them every "
@@ -212,7 +218,8 @@ class Simulation:
             VirtualServer(rank, self.policy, config.rule_spec(),
                           [c for c in placed if c.server == rank], initial, self.loop,
                           config.network, names,
-                          self.workload.bytes_per_element)
+                          self.workload.bytes_per_element,
+                          self.host if config.server_on_cores else None)
             for rank in range(config.servers)
         ]
         self.learners = [_Learner(self, rank) for rank in range(config.learners)]
@@ -336,6 +343,7 @@ class Simulation:
             "start_spread_s": config.start_spread_s, "start_offsets_s": config.start_offsets_s,
             "learner_spans": [learner.span for learner in self.learners],
             "host": {"cores": config.cores, "quantum_s": config.quantum_s,
+                     "server_on_cores": config.server_on_cores,
                      "compute_core_s": self.host.busy_s,
                      "core_utilisation": (self.host.busy_s / (elapsed * config.cores)
                                           if config.cores and elapsed > 0 else None)},

@@ -134,8 +134,8 @@ def test_four_learners_on_two_cores_run_at_half_speed(data: ImageDataset) -> Non
     assert ratio == pytest.approx(2.0, rel=0.01)
     assert shared["host"]["cores"] == 2
     assert shared["host"]["core_utilisation"] == pytest.approx(1.0, rel=0.01)
-    assert own["host"] == {"cores": None, "quantum_s": None, "core_utilisation": None,
-                           "compute_core_s": pytest.approx(1.6)}
+    assert own["host"] == {"cores": None, "quantum_s": None, "server_on_cores": False,
+                           "core_utilisation": None, "compute_core_s": pytest.approx(1.6)}
 
 
 @pytest.mark.parametrize("quantum", [None, 0.005])
@@ -160,3 +160,41 @@ def test_learners_start_at_given_offsets(data: ImageDataset) -> None:
                        Workload(data, 0, model="mlp")).run()["learner_spans"]
     assert spans[0][0] == 0.0 and spans[1][0] == 10.0
     assert spans[0][1] == pytest.approx(0.8, rel=0.01) and spans[1][1] > 10.8
+
+
+def test_a_server_on_shared_cores_takes_learners_in_turn() -> None:
+    import numpy as np
+
+    from hogshard.proto.policy import parse_policy
+    from hogshard.proto.tables import Chunk
+    from hogshard.sim import NetworkModel
+    from hogshard.sim.servers import VirtualServer, _Job
+
+    loop = EventLoop()
+    host = Host(loop, cores=1)
+    server = VirtualServer(0, parse_policy("async"), {"rule": "sgd", "lr": 0.1},
+                           [Chunk(0, 0, 4, 0)], np.zeros(4, np.float32), loop,
+                           NetworkModel(server_s=1.0), ["a", "b"], host=host)
+    served: list[str] = []
+    for name in ("x1", "a1", "a2", "b1"):
+        server._enqueue(_Job(0.0, 0, lambda name=name: served.append(name), name[0]))
+    loop.run()
+    assert served == ["x1", "a1", "b1", "a2"]  # x1 was taken at once; then one each in turn
+    assert host.busy_s == pytest.approx(4.0) and loop.now == pytest.approx(4.0)
+
+
+def test_server_work_on_the_cores_counts_and_needs_cores(data: ImageDataset) -> None:
+    from hogshard.sim import NetworkModel
+
+    net = NetworkModel(server_s=1e-3)
+    kwargs = {"network": net, "compute": ComputeModel(step_s=0.01, jitter=0.0)}
+    alone = simulate(data, cores=2, **kwargs)
+    config = SimConfig(learners=4, rule="sgd", lr=0.05, batch=16, model="mlp", cores=2,
+                       server_on_cores=True, **kwargs)
+    shared = Simulation(config, Workload(data, 0, model="mlp")).run()
+    assert shared["host"]["server_on_cores"]
+    busy = sum(s["busy_s"] for s in shared["servers_detail"])
+    assert shared["host"]["compute_core_s"] == pytest.approx(16 * 0.01 + busy)
+    assert shared["simulated_seconds"] > alone["simulated_seconds"]
+    with pytest.raises(ConfigError, match="server_on_cores needs cores"):
+        SimConfig(server_on_cores=True)
