@@ -159,7 +159,8 @@ def rank_times(output: str) -> dict[str, list[float]]:
 
 def sim_cell(policy: str, args: argparse.Namespace, seed: int, data: Any,
              learners: int | None = None, compute_ms: float | None = None,
-             jitter: float = 0.2, host: dict[str, Any] | None = None) -> dict:
+             jitter: float = 0.2, host: dict[str, Any] | None = None,
+             first_step_ms: float = 0.0) -> dict:
     """One simulated job with the same recipe as :func:`run_cell` (``--model`` aside). Its
     ``accuracy`` is taken when the first learner finishes (all lambda still live, Rudra's
     setting); ``accuracy_final`` after the tail, where groups shrink with the live count.
@@ -170,7 +171,8 @@ def sim_cell(policy: str, args: argparse.Namespace, seed: int, data: Any,
     config = SimConfig(learners=learners or args.learners, policy=policy, rule="sgd",
                        lr=args.lr, batch=args.batch, epochs=args.epochs, limit=args.limit,
                        seed=seed, compute=ComputeModel((compute_ms or args.compute_ms) / 1000,
-                                                       jitter), **(host or {}))
+                                                       jitter, first_step_s=first_step_ms / 1000),
+                       **(host or {}))
     report = Simulation(config, Workload(data, seed, args.limit, model=args.model)).run()
     return {"policy": policy, "seed": seed, "accuracy": report["test_accuracy_all_live"],
             "accuracy_final": report["test_accuracy"],

@@ -59,6 +59,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="with --cores: round-robin time slices instead of processor sharing")
     p.add_argument("--server-on-cores", action="store_true",
                    help="with --cores: the server's message work takes those cores too")
+    p.add_argument("--first-step-ms", type=float, default=0.0,
+                   help="every simulated learner's first step takes this much longer (a real "
+                   "worker's warm-up after its first pull; fitted, not measured)")
     p.add_argument("--uncontended-ms", type=float, default=None,
                    help="a step on a core of its own (default: measured by one worker alone)")
     p.add_argument("--real-starts", action="store_true",
@@ -149,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
                                                     for k in range(learners))
                 twin = sim_cell(policy, args, seed, data, learners=learners,
                                 compute_ms=alone["step_ms"] if alone else step_ms,
-                                jitter=args.jitter, host=host)
+                                jitter=args.jitter, host=host,
+                                first_step_ms=args.first_step_ms)
                 twin["step_ms"] = step_ms
                 twin["sim_step_ms"] = 1000 * twin["simulated_s"] / max(1, cell.get("steps", 1))
                 twin["host"] = host
@@ -171,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
           + (f"{args.cores} cores, uncontended step {alone['step_ms']:.1f} ms"
              + (f", {args.quantum_ms:g} ms slices" if args.quantum_ms else "")
              + (", server on the cores" if args.server_on_cores else "")
+             + (f", first step +{args.first_step_ms:g} ms" if args.first_step_ms else "")
              if alone else "a core per learner at the real step time")
           + (", real starts" if args.real_starts else "") + "\n")
     print("| lambda | policy | real st mean | sim | ratio | real st p99 | sim | ratio | "

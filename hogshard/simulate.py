@@ -67,6 +67,9 @@ def _positive(**kwargs: Any) -> click.FloatRange:
               help="a learner's mean compute time per step, in simulated milliseconds")
 @click.option("--jitter", default=0.1, show_default=True, type=click.FloatRange(min=0),
               help="coefficient of variation of the compute time (log-normal)")
+@click.option("--first-step-ms", default=0.0, show_default=True, type=click.FloatRange(min=0),
+              help="every learner's first step takes this much longer (a real worker's "
+              "warm-up after its first pull)")
 @click.option("--stragglers", default=0, show_default=True, type=click.IntRange(min=0),
               help="this many learners compute --slowdown times slower")
 @click.option("--slowdown", default=3.0, show_default=True, type=click.FloatRange(min=1),
@@ -109,7 +112,8 @@ def _positive(**kwargs: Any) -> click.FloatRange:
               help="with --parameters: each learner's steps per epoch")
 def simulate(learners: int, servers: int, policy: str, data: Path | None, model: str,
              seed: int, report: Path, rule: str, lr: float, momentum: float, batch: int, epochs: int,
-             limit: int | None, compute_ms: float, jitter: float, stragglers: int,
+             limit: int | None, compute_ms: float, jitter: float, first_step_ms: float,
+             stragglers: int,
              slowdown: float, cores: int | None, quantum_ms: float | None, server_on_cores: bool,
              start_spread: float, latency_us: float | None,
              bandwidth_gbps: float | None, server_us: float | None, server_gbps: float | None,
@@ -139,7 +143,8 @@ def simulate(learners: int, servers: int, policy: str, data: Path | None, model:
     try:
         config = SimConfig(learners=learners, servers=servers, policy=policy, rule=rule, lr=lr,
                            momentum=momentum, batch=batch, epochs=epochs, limit=limit, seed=seed,
-                           compute=ComputeModel(compute_ms / 1000, jitter, stragglers, slowdown),
+                           compute=ComputeModel(compute_ms / 1000, jitter, stragglers, slowdown,
+                                                first_step_ms / 1000),
                            network=network, start_spread_s=start_spread,
                            eval_every_s=eval_every, eval_subset=eval_subset, data_dir=data,
                            model=model, parameters=parameters, steps=steps, cores=cores,

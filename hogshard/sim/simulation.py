@@ -190,6 +190,8 @@ class _Learner:
             return
         sim.note_loss(loss)
         delay = sim.config.compute.sample(self.rank, sim.rng)
+        if self.clock == 0:
+            delay += sim.config.compute.first_step_s
         sim.host.compute(delay, lambda: self._push(grad))
 
     def _push(self, grad: np.ndarray) -> None:

@@ -44,17 +44,21 @@ def _positive(name: str, value: float, allow_zero: bool = True) -> float:
 @dataclass(frozen=True)
 class ComputeModel:
     """A learner's step time: ``step_s`` times a log-normal factor of mean 1 and coefficient of
-    variation ``jitter``; the first ``stragglers`` learners take ``slowdown`` times longer."""
+    variation ``jitter``; the first ``stragglers`` learners take ``slowdown`` times longer;
+    every learner's first step takes ``first_step_s`` longer (a real worker's warm-up: its
+    first forward and backward, after its first pull)."""
 
     step_s: float
     jitter: float = 0.1
     stragglers: int = 0
     slowdown: float = 1.0
+    first_step_s: float = 0.0
 
     def __post_init__(self) -> None:
         _positive("compute step time", self.step_s, allow_zero=False)
         _positive("compute jitter", self.jitter)
         _positive("straggler slowdown", self.slowdown, allow_zero=False)
+        _positive("first-step warm-up", self.first_step_s)
         if self.stragglers < 0:
             raise ConfigError(f"stragglers must be >= 0, got {self.stragglers}")
 

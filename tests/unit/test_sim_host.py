@@ -198,3 +198,16 @@ def test_server_work_on_the_cores_counts_and_needs_cores(data: ImageDataset) -> 
     assert shared["simulated_seconds"] > alone["simulated_seconds"]
     with pytest.raises(ConfigError, match="server_on_cores needs cores"):
         SimConfig(server_on_cores=True)
+
+
+def test_a_first_step_warm_up_delays_each_learners_first_push(data: ImageDataset) -> None:
+    def run(first: float) -> dict:
+        config = SimConfig(learners=2, rule="sgd", lr=0.05, batch=16, model="mlp", cores=1,
+                           compute=ComputeModel(step_s=0.1, jitter=0.0, first_step_s=first))
+        return Simulation(config, Workload(data, 0, model="mlp")).run()
+
+    plain, warm = run(0.0), run(0.4)
+    # 2 x 0.4 s more on the one core
+    assert warm["simulated_seconds"] == pytest.approx(plain["simulated_seconds"] + 0.8, rel=0.01)
+    with pytest.raises(ConfigError, match="warm-up"):
+        ComputeModel(step_s=0.1, first_step_s=-1.0)
