@@ -52,6 +52,7 @@ class SlotRoles:
         self._owned = np.zeros(0, bool)  # owner, serving or handing off
         self.handoffs: dict[int, tuple[int, int]] = {}
         self.reported = 0  # hand-offs ready at the last look (a new one brings a heartbeat)
+        self.incoming = 0  # slots on their way to this server (it asks for the map sooner)
         self.moved = {"slots_out": 0, "rows_out": 0, "slots_in": 0, "rows_in": 0}
 
     def adopt(self, count: int, roles: Mapping[int, tuple[int, int]], rank: int) -> np.ndarray:
@@ -66,6 +67,8 @@ class SlotRoles:
                          if roles.get(s) == (rank, h[0])}
         self.reported = 0
         self.count, self.serving, self._owned = count, serving, owned
+        self.incoming = sum(1 for primary, backup in roles.values()
+                            if backup == rank != primary)
         return np.flatnonzero(before & ~owned)
 
     def check(self, count: Any, id_arrays: list[np.ndarray], rank: int, epoch: Any) -> None:

@@ -286,6 +286,8 @@ class ShardServer:
                 self.embedding.release()
         if self.peer_gate.held:
             self.peer_gate.release(self.replicas.heard_at, self._redo_peer_op)
+        if self.replicas.slots.incoming:  # learn soon that slots moving here are ours
+            self.link.hurry()
 
     def _refused(self, reply: Message) -> bool:
         """The scheduler refused a heartbeat; False when this server must stop."""

@@ -57,6 +57,8 @@ def test_a_moving_slot_is_refused_copied_reported_when_acked_and_dropped_when_go
     expected = a.pull(["e"], [IDS])[0]
     moving = {3: 1, 7: 1}
     a_slots.adopt(SLOTS, roles_for(owners, moving), rank=0)
+    b_slots.adopt(SLOTS, roles_for(owners, moving), rank=1)
+    assert b_slots.incoming == 2 and not b_slots.serving.any()  # it asks for the map sooner
     in_3 = IDS[shard_of(IDS, SLOTS) == 3]
     others = IDS[~np.isin(shard_of(IDS, SLOTS), [3, 7])]
     with pytest.raises(NotOwnerError, match="slot 3"):
@@ -94,6 +96,7 @@ def test_a_moving_slot_is_refused_copied_reported_when_acked_and_dropped_when_go
     assert dropped == ids.size and a.table("e").rows == IDS.size - ids.size
     assert a_slots.moved == {"slots_out": 2, "rows_out": ids.size, "slots_in": 0, "rows_in": 0}
     b_slots.adopt(SLOTS, roles_for(handed, {}), rank=1)
+    assert b_slots.incoming == 0 and b_slots.serving[[3, 7]].all()
     mine = IDS[np.isin(shard_of(IDS, SLOTS), [3, 7])]
     b_slots.check(SLOTS, [mine], 1, epoch=2)
     np.testing.assert_array_equal(b.pull(["e"], [mine])[0],
