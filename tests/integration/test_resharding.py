@@ -137,8 +137,9 @@ def test_a_drained_server_hands_over_every_row_and_can_then_stop(procs, tmp_path
         pushed, output = job.change_while_pushing("drain", 0)
         assert pushed >= 1 and "members [1, 2]" in output
         assert job.status()["embedding_slots"]["owners"].get("0", 0) == 0
-        drained = job.emb_stats(0)
-        assert drained["tables"]["e"]["rows"] == 0
+        drained = procs.wait_until(
+            lambda: (stats := job.emb_stats(0))["tables"]["e"]["rows"] == 0 and stats, 10.0,
+            "server 0 to drop the rows it handed over", on_timeout=procs.report)
         assert drained["moved"]["rows_out"] > 0
         job.servers[0].signal_group(signal.SIGTERM)
         assert job.servers[0].wait(15.0) is not None
