@@ -12,7 +12,7 @@ from hogshard.proto.errors import ConfigError, ConflictError, ProtocolError
 from hogshard.proto.tables import EMBEDDING_MAP
 from hogshard.scheduler.membership import MembershipTable
 from hogshard.scheduler.replication import assignments_for
-from hogshard.scheduler.resharding import check_slots, rendezvous_owners
+from hogshard.scheduler.resharding import check_slots, rendezvous_owners, slot_table
 from hogshard.scheduler.shard_map import ShardMap
 
 SLOTS = 4096
@@ -164,3 +164,15 @@ def test_a_server_that_dies_mid_move_calls_its_moves_off() -> None:
     shards.servers_lost(dead)
     assert shards.resharding.moving() == 0 and shards.map_epoch > epoch
     assert {server for server, _ in owners(shards)} == {0, 1}
+
+
+def test_a_slot_map_restored_from_a_checkpoint_keeps_its_owners_as_members() -> None:
+    placed, _ = slot_job([0, 1, 2], expected=3)
+    view = placed.view(placed.tables[EMBEDDING_MAP])
+    assert view["slots"] == 64
+    restored = {EMBEDDING_MAP: slot_table(64, [0, 2])}  # as restore_job rebuilds it
+    members = MembershipTable(heartbeat_timeout=5.0)
+    shards = ShardMap(members, 3, tables=restored, embedding_slots=64)
+    assert shards.resharding.members == [0, 2] and shards.resharding.slots == 64
+    shards.fill_backups()
+    assert shards.tables[EMBEDDING_MAP] is restored[EMBEDDING_MAP]  # not placed afresh
