@@ -79,12 +79,10 @@ class EmbeddingOps:
         primary (with a lease). Returns the shard, or None for an unreplicated request. With
         embedding slots it names their number, ``slots``; this server must serve the slot of
         every id."""
-        if msg.get("slots") is not None:  # --embedding-slots: every id's slot must be ours
+        shard = msg.get("shard")
+        if shard is None:  # --embedding-slots: every id's slot must be ours
             self._replicas.slots.check(msg.get("slots"), msg.arrays[0::2] if msg.op == "emb_push"
                                        else msg.arrays, self._rank, self._replicas.map_epoch)
-            return None
-        shard = msg.get("shard")
-        if shard is None:
             return None
         if not self._replicas.replicated(EMBEDDING_MAP):
             raise NotOwnerError(f"server {self._rank} has no embedding shard {shard!r} (yet); "

@@ -47,7 +47,8 @@ class SlotRoles:
     (slot -> (next owner, sequence number of its copy)) and counters of what moved."""
 
     def __init__(self) -> None:
-        self.count = 0  # N; 0 while the job places no slots
+        self.count = 0  # N, once the map is known; 0 before, or when the job has no slots
+        self.required = 0  # the job's N (the register reply): every row request must name it
         self.serving = np.zeros(0, bool)
         self._owned = np.zeros(0, bool)  # owner, serving or handing off
         self.handoffs: dict[int, tuple[int, int]] = {}
@@ -73,7 +74,14 @@ class SlotRoles:
 
     def check(self, count: Any, id_arrays: list[np.ndarray], rank: int, epoch: Any) -> None:
         """Raise NotOwnerError unless this server serves the slot of every id (arrays that are
-        not 1-D int64 are left for the table's own checks)."""
+        not 1-D int64 are left for the table's own checks). ``count`` None: a request that
+        names no slots, refused in a job with slots (it would place rows by the old hash)."""
+        if count is None:
+            if self.required:
+                raise NotOwnerError(f"this job places embedding rows in {self.required} slots: "
+                                    "fetch the slot map (get_table __embeddings__) and send "
+                                    "each id to its slot's owner, with 'slots'")
+            return
         if count != self.count:
             raise NotOwnerError(f"server {rank} places rows in {self.count} embedding slots "
                                 f"(map epoch {epoch}); the request hashed them over {count}: "

@@ -119,6 +119,7 @@ class ShardServer:
         self._registered(registration)
         self.replicas = Replicator(self._context, security, registration.heartbeat_timeout,
                                    sender=self.node_id)
+        self.replicas.slots.required = registration.embedding_slots
         if restore:
             self._restore(restore)
         self.updates: UpdateExecutor = ThreadedUpdates(
@@ -312,6 +313,7 @@ class ShardServer:
             log.warning("registration failed (%s); serving on", err.message)
             return True
         self._registered(registration)
+        self.replicas.slots.required = registration.embedding_slots
         # declared dead and back: own nothing until told
         for held in self.replicas.forget_roles():
             self._core.fail(held.identity, held.request_id, NotOwnerError(

@@ -116,6 +116,10 @@ def test_a_request_hashed_over_another_slot_count_is_refused() -> None:
     with pytest.raises(NotOwnerError, match="hashed them over 8"):
         slots.check(8, [IDS], 0, epoch=1)
     slots.check(SLOTS, [IDS, np.empty(0, np.int64), IDS.astype(np.float32)], 0, epoch=1)
+    slots.check(None, [IDS], 0, epoch=1)  # a job without slots: rows by the old hash
+    slots.required = SLOTS
+    with pytest.raises(NotOwnerError, match="fetch the slot map"):
+        slots.check(None, [IDS], 0, epoch=1)  # would place rows by the old hash
 
 
 def test_a_called_off_move_serves_the_slot_again_and_forgets_the_hand_off() -> None:
