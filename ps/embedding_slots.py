@@ -21,6 +21,7 @@ Example::
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
@@ -31,6 +32,7 @@ from hogshard.proto.hashing import shard_of
 from hogshard.ps.embedding_replica import shard_rows
 from hogshard.ps.embedding_store import EmbeddingStore
 
+log = logging.getLogger(__name__)
 INT64 = np.dtype("<i8")
 Send = Callable[[int, str, dict[str, Any], list[np.ndarray]], int]
 
@@ -64,13 +66,19 @@ class SlotRoles:
             if primary == rank and 0 <= slot < count:
                 owned[slot], serving[slot] = True, backup < 0
         before = self._owned if self._owned.size == count else np.zeros(count, bool)
+        gone = np.flatnonzero(before & ~owned)
+        taken = [int(s) for s in gone if int(s) not in self.handoffs]
+        if taken:  # e.g. a restarted scheduler that placed the slots afresh
+            log.error("server %d: the map gives %d of its embedding slots (%s...) to others "
+                      "without a hand-off; their rows here are dropped, and their new owners "
+                      "start them from their initial values", rank, len(taken), taken[:8])
         self.handoffs = {s: h for s, h in self.handoffs.items()
                          if roles.get(s) == (rank, h[0])}
         self.reported = 0
         self.count, self.serving, self._owned = count, serving, owned
         self.incoming = sum(1 for primary, backup in roles.values()
                             if backup == rank != primary)
-        return np.flatnonzero(before & ~owned)
+        return gone
 
     def check(self, count: Any, id_arrays: list[np.ndarray], rank: int, epoch: Any) -> None:
         """Raise NotOwnerError unless this server serves the slot of every id (arrays that are

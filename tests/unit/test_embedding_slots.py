@@ -130,3 +130,14 @@ def test_a_called_off_move_serves_the_slot_again_and_forgets_the_hand_off() -> N
     assert not slots.serving[5]
     assert slots.adopt(SLOTS, roles_for(owners, {}), rank=0).size == 0
     assert slots.serving[5] and slots.handoffs == {}
+
+
+def test_slots_taken_without_a_hand_off_are_logged_as_lost(caplog: pytest.LogCaptureFixture
+                                                           ) -> None:
+    slots = SlotRoles()
+    slots.adopt(SLOTS, roles_for(np.zeros(SLOTS, np.int64), {}), rank=0)
+    elsewhere = np.zeros(SLOTS, np.int64)
+    elsewhere[[2, 9]] = 1  # a map placed afresh (a restarted scheduler), no move before
+    with caplog.at_level("ERROR"):
+        assert slots.adopt(SLOTS, roles_for(elsewhere, {}), rank=0).tolist() == [2, 9]
+    assert "without a hand-off" in caplog.text
