@@ -60,6 +60,7 @@ def test_learners_sharing_cores_take_longer(tmp_path: Path) -> None:
     (["--model", "resnet"], "--model"),
     (["--cores", "0"], "--cores"),
     (["--quantum-ms", "5"], "--quantum-ms"),
+    (["--server-on-cores"], "--server-on-cores"),
 ])
 def test_bad_flags_are_refused_with_a_clear_message(tmp_path: Path, args: list[str],
                                                     message: str) -> None:
