@@ -50,10 +50,6 @@ class Route:
     table: DenseTable
     chunk_ids: list[int]
     build: Build
-    #: Send it again to the new owners as soon as the map moves. False where the old owner
-    #: stays up and answers every request it took (embedding slots that move): sent again
-    #: only when refused, so no push is applied twice.
-    follow: bool = True
 
 
 class Rerouter:
@@ -137,7 +133,7 @@ class Rerouter:
         client = self._client
         for pending in client._book.waiting():
             route = pending.route
-            if route is None or not route.follow:
+            if route is None:
                 continue
             owners = {route.table.by_id[c].server for c in route.chunk_ids}
             if owners != {pending.server} or pending.server not in client._servers \
@@ -159,7 +155,7 @@ class Rerouter:
             fields, arrays, on_reply = route.build(chunks)
             child = self._client._send_request(
                 rank, pending.op, fields, arrays, on_reply,
-                Route(route.table, [c.chunk_id for c in chunks], route.build, route.follow),
+                Route(route.table, [c.chunk_id for c in chunks], route.build),
                 wait_for_room=False)  # it replaces a request already counted
             child.parent, child.attempts = pending, pending.attempts
         log.debug("%s: %s#%d sent again to servers %s", self._client.node_id, pending.op,
