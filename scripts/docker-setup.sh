@@ -9,7 +9,15 @@ cd "$(dirname "$0")/.."
 log=/tmp/hogshard-docker-setup.log
 : > "$log"
 
+# An install cut short leaves packages unpacked but not configured (dpkg --audit lists them):
+# iptables then has no command, docker cannot set up its embedded DNS in a container, and no
+# compose service resolves another's name. Finish such a run first.
+if [ -n "$(dpkg --audit 2>/dev/null)" ]; then
+  echo "docker-setup: finishing an interrupted dpkg run (dpkg --configure -a)" >&2
+  DEBIAN_FRONTEND=noninteractive dpkg --configure -a >>"$log" 2>&1
+fi
 need=()
+command -v iptables >/dev/null || need+=(iptables)
 command -v dockerd >/dev/null || need+=(docker.io)
 command -v docker-compose >/dev/null || need+=(docker-compose)
 command -v debootstrap >/dev/null || need+=(debootstrap)
