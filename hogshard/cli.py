@@ -20,6 +20,7 @@ from pathlib import Path
 import click
 
 from hogshard.cli_options import (
+    call_scheduler,
     check_command,
     check_policy,
     checkpoint_options,
@@ -94,6 +95,10 @@ def main(ctx: click.Context, config_file: str | None, log_level: str, log_format
         help="seconds of silence after which a member is declared dead")
 @option("replication", default=1, type=click.IntRange(min=1, max=2),
         help="copies of each dense chunk: 2 keeps a backup on another server")
+@option("embedding-slots", default=0, type=click.IntRange(min=0, max=1 << 16),
+        help="place embedding rows in this many virtual slots (4096 is a good size), so that "
+        "'hogshard embeddings add/drain' can move them between servers mid-job; 0: rows "
+        "hashed over the --servers servers, fixed")
 @option("address-file", default=None, type=click.Path(dir_okay=False),
         help="write the bound address here once listening")
 @metrics_options
@@ -102,7 +107,8 @@ def main(ctx: click.Context, config_file: str | None, log_level: str, log_format
 @keys_option
 @insecure_option
 def scheduler(bind: str, policy: str, servers: int, heartbeat_interval: float,
-              heartbeat_timeout: float, replication: int, address_file: str | None, metrics_port: int | None,
+              heartbeat_timeout: float, replication: int, embedding_slots: int,
+              address_file: str | None, metrics_port: int | None,
               metrics_host: str, checkpoint_every: float | None, checkpoint_dir: str | None,
               restore: str | None, keys: str | None, insecure: bool) -> None:
     """Run the scheduler: membership, heartbeats, shard map, consistency policy."""
@@ -112,7 +118,8 @@ def scheduler(bind: str, policy: str, servers: int, heartbeat_interval: float,
     service = or_exit(lambda: Scheduler(bind, policy, servers, heartbeat_interval,
                                         heartbeat_timeout, checkpoint_every=checkpoint_every,
                                         checkpoint_dir=checkpoint_dir, restore=restore,
-                                        security=security, replication=replication))
+                                        security=security, replication=replication,
+                                        embedding_slots=embedding_slots))
     start_metrics(service, "scheduler", metrics_port, metrics_host)
     if address_file:
         tmp = Path(address_file + ".tmp")
@@ -232,22 +239,6 @@ def launch(servers: int, workers: int, policy: str, heartbeat_timeout: float, re
     sys.exit(code)
 
 
-def _call_scheduler(scheduler: str, op: str, fields: dict | None, timeout: float,
-                    keys: str | None = None) -> dict:
-    import zmq
-
-    from hogshard.proto.transport import RpcChannel
-
-    security = process_security(keys)
-    context = zmq.Context()
-    channel = RpcChannel(context, scheduler, sender=op, security=security)
-    try:
-        return or_exit(lambda: channel.call(op, fields, timeout=timeout)).header
-    finally:
-        channel.close()
-        context.term()
-
-
 @main.command()
 @option("scheduler", default=DEFAULT_SCHEDULER, help="the scheduler's address")
 @option("timeout", default=300.0, type=click.FloatRange(min=0.1),
@@ -258,7 +249,7 @@ def checkpoint(scheduler: str, timeout: float, keys: str | None, directory: str)
     """Checkpoint every shard of a running job into DIRECTORY/ckpt-N (atomically; LATEST is
     moved once the manifest is written). Prints the checkpoint's path; exits 1 when the round
     fails or no reply comes within --timeout."""
-    reply = _call_scheduler(scheduler, "checkpoint", {"dir": str(Path(directory).resolve())},
+    reply = call_scheduler(scheduler, "checkpoint", {"dir": str(Path(directory).resolve())},
                             timeout, keys)
     total = sum(f["bytes"] for f in reply["files"])
     click.echo(f"{reply['path']} ({len(reply['files'])} files, {total} bytes)")
@@ -288,7 +279,7 @@ def export(out: str, since: str | None, scheduler: str | None, timeout: float,
     from hogshard.ps.export import export_checkpoint
 
     if scheduler is not None:
-        reply = _call_scheduler(scheduler, "checkpoint", {"dir": str(Path(source).resolve())},
+        reply = call_scheduler(scheduler, "checkpoint", {"dir": str(Path(source).resolve())},
                                 timeout, keys)
         source = reply["path"]
     manifest = or_exit(lambda: export_checkpoint(Path(source), Path(out),
@@ -312,7 +303,7 @@ def policy() -> None:
 @click.argument("spec", callback=check_policy)
 def policy_set(scheduler: str, timeout: float, keys: str | None, spec: str) -> None:
     """Switch the running job to policy SPEC; every server switches at the same clock."""
-    reply = _call_scheduler(scheduler, "set_policy", {"policy": spec}, timeout, keys)
+    reply = call_scheduler(scheduler, "set_policy", {"policy": spec}, timeout, keys)
     click.echo(f"policy {reply['policy']} from clock {reply['from_clock']}")
 
 
@@ -323,7 +314,7 @@ def policy_set(scheduler: str, timeout: float, keys: str | None, spec: str) -> N
 @keys_option
 def policy_show(scheduler: str, timeout: float, keys: str | None) -> None:
     """Print the job's current policy."""
-    click.echo(_call_scheduler(scheduler, "status", None, timeout, keys)["policy"])
+    click.echo(call_scheduler(scheduler, "status", None, timeout, keys)["policy"])
 
 
 @main.command()
@@ -342,17 +333,17 @@ def status(scheduler: str, as_json: bool, timeout: float, watch_every: float | N
     staleness percentiles (a live table with --watch). Exits 1 when the scheduler does not
     answer within --timeout."""
     if as_json:
-        reply = _call_scheduler(scheduler, "status", None, timeout, keys)
+        reply = call_scheduler(scheduler, "status", None, timeout, keys)
         click.echo(json.dumps(reply, indent=2, sort_keys=True))
         return
     from hogshard.live_status import make_console, status_panel, watch
 
     console = make_console()
     if watch_every is None:
-        console.print(status_panel(_call_scheduler(scheduler, "status", None, timeout, keys)))
+        console.print(status_panel(call_scheduler(scheduler, "status", None, timeout, keys)))
         return
     try:
-        watch(lambda: _call_scheduler(scheduler, "status", None, timeout, keys), watch_every,
+        watch(lambda: call_scheduler(scheduler, "status", None, timeout, keys), watch_every,
               console, count)
     except KeyboardInterrupt:
         pass
@@ -417,12 +408,14 @@ def _serve(service) -> None:
 
 
 def _add_deployment_commands() -> None:
-    """``hogshard slurm``, ``hogshard report`` and ``hogshard simulate`` live in their own
-    modules."""
+    """``hogshard slurm``, ``hogshard report``, ``hogshard simulate`` and ``hogshard
+    embeddings`` live in their own modules."""
+    from hogshard.embeddings_cli import embeddings
     from hogshard.report import report
     from hogshard.simulate import simulate
     from hogshard.slurm import slurm
 
+    main.add_command(embeddings)
     main.add_command(slurm)
     main.add_command(report)
     main.add_command(simulate)

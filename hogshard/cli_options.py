@@ -145,3 +145,20 @@ def or_exit(build):
         return build()
     except HogshardError as err:
         raise click.ClickException(err.message) from None
+
+
+def call_scheduler(scheduler: str, op: str, fields: dict | None, timeout: float,
+                   keys: str | None = None) -> dict:
+    """Send one admin request to the scheduler; its reply's fields (exit 1 on an error)."""
+    import zmq
+
+    from hogshard.proto.transport import RpcChannel
+
+    security = process_security(keys)
+    context = zmq.Context()
+    channel = RpcChannel(context, scheduler, sender=op, security=security)
+    try:
+        return or_exit(lambda: channel.call(op, fields, timeout=timeout)).header
+    finally:
+        channel.close()
+        context.term()

@@ -79,9 +79,9 @@ def shard_table(status: dict[str, Any]) -> Table:
                 backups[chunk[4]] = backups.get(chunk[4], 0) + chunk[2]
         rule = entry["table"].get("rule", {})
         placement = ", ".join(f"server-{r}: {n}" for r, n in sorted(per_server.items()))
-        if backups:  # --replication 2
-            placement += "; backups " + ", ".join(f"server-{r}: {n}"
-                                                  for r, n in sorted(backups.items()))
+        if backups:  # --replication 2, or embedding slots on their way to a new owner
+            placement += ("; moving to " if entry.get("slots") else "; backups ") + ", ".join(
+                f"server-{r}: {n}" for r, n in sorted(backups.items()))
         table.add_row(name, str(entry["table"]["size"]), str(len(entry["chunks"])), placement,
                       rule.get("rule", str(rule)) if isinstance(rule, dict) else str(rule))
     return table

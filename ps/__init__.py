@@ -21,6 +21,7 @@ replication.py                Replicator: roles, links to backups, leases, recen
 primary.py                    Primary: replicated pushes, held replies
 peer_gate.py                  PeerGate: who may send the server-to-server ops
 embedding_replica.py          shard_rows, install_rows: embedding shards between servers
+embedding_slots.py            SlotRoles: embedding slots served, handed off, dropped
 scheduler_link.py             SchedulerLink, Registration: registration and heartbeats
 checkpoint.py                 ShardCheckpointer, save_shard, restore_shard
 stats.py, metrics.py          ServerStats; ServerCollector (Prometheus)

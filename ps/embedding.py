@@ -190,6 +190,10 @@ class EmbeddingTable:
         self._drop(victims)
         self.counters["evicted"] += int(excess)
 
+    def drop(self, slots: np.ndarray) -> None:
+        """Forget the rows in ``slots`` (e.g. rows whose embedding slot moved away)."""
+        self._drop(slots)
+
     def _drop(self, victims: np.ndarray) -> None:
         """Forget the rows in slots ``victims`` (their slots are reused)."""
         self.index.remove(self.slot_ids[victims])

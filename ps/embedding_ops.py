@@ -76,9 +76,13 @@ class EmbeddingOps:
 
     def _shard(self, msg: Message) -> int | None:
         """With replication a request names its embedding ``shard``; this server must be its
-        primary (with a lease). Returns the shard, or None for an unreplicated request."""
+        primary (with a lease). Returns the shard, or None for an unreplicated request. With
+        embedding slots it names their number, ``slots``; this server must serve the slot of
+        every id."""
         shard = msg.get("shard")
-        if shard is None:
+        if shard is None:  # --embedding-slots: every id's slot must be ours
+            self._replicas.slots.check(msg.get("slots"), msg.arrays[0::2] if msg.op == "emb_push"
+                                       else msg.arrays, self._rank, self._replicas.map_epoch)
             return None
         if not self._replicas.replicated(EMBEDDING_MAP):
             raise NotOwnerError(f"server {self._rank} has no embedding shard {shard!r} (yet); "
@@ -164,8 +168,9 @@ class EmbeddingOps:
     def stats(self, identity: bytes, msg: Message) -> Reply:
         """Per table: dim, rows held, capacity, bytes, created, evicted, pulls, pushes, ids,
         policy; and the pulls held back now."""
+        moved = {"moved": dict(self._replicas.slots.moved)} if self._replicas.slots.count else {}
         return {"node_id": self._node_id, "tables": self._embeddings.stats(),
-                "held_pulls": len(self.gate.held)}, []
+                "held_pulls": len(self.gate.held), **moved}, []
 
     def save(self, identity: bytes, msg: Message) -> Reply:
         """Checkpoint every embedding table (touched rows and their optimizer state)."""
@@ -188,9 +193,9 @@ FIELDS = {
                    Field("admit_after", int), Field("ttl", int), Field("storage", str),
                    Field("policy", str)),
     "emb_pull": (Field("tables", list, required=True), Field("shard", int),
-                 Field("clock", int)),
+                 Field("slots", int), Field("clock", int)),
     "emb_push": (Field("tables", list, required=True), Field("shard", int),
-                 Field("push_id", int), Field("clock", int)),
+                 Field("slots", int), Field("push_id", int), Field("clock", int)),
     "emb_stats": (),
     "emb_save": _PATH,
     "emb_load": _PATH,

@@ -10,18 +10,21 @@ Example::
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from hogshard.proto.hashing import shard_of
 from hogshard.ps.embedding import EmbeddingTable
 
 
-def shard_rows(table: EmbeddingTable, shard: int, shards: int
+def shard_rows(table: EmbeddingTable, shard: int | Sequence[int], shards: int
                ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
-    """The ids, rows and row state of the rows ``table`` holds for ``shard`` of ``shards``."""
+    """The ids, rows and row state of the rows ``table`` holds for ``shard`` of ``shards``
+    (or for every shard in a list of them)."""
     live = np.flatnonzero(table.slot_ids[: table.used] >= 0)
     ids = table.slot_ids[live]
-    keep = shard_of(ids, shards) == shard
+    keep = np.isin(shard_of(ids, shards), np.asarray(shard, dtype=np.int64))
     slots = live[keep]
     return ids[keep], table.rows_at(slots), {k: a[slots] for k, a in table.state.items()}
 

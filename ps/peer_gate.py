@@ -1,7 +1,8 @@
 """Who may send a shard server the server-to-server ops (``replicate``, ``replica_snapshot``,
 ``emb_replicate``, ``emb_snapshot``): only the server the scheduler's shard map names as the
 primary of every chunk (or embedding shard) the message touches, with this server as its
-backup, and only in a replicated job. This holds with or without CURVE keys (with keys the
+backup, and only in a replicated job (or, for ``emb_snapshot``, a job with embedding slots,
+whose rows move from owner to owner). This holds with or without CURVE keys (with keys the
 service core has already checked that the sender holds a server key).
 
 A primary may learn a new map (a new table, a new backup) a moment before its backup does, so
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hogshard.proto.errors import ForbiddenError, NotOwnerError, NotReadyError
+from hogshard.proto.tables import EMBEDDING_MAP
 from hogshard.proto.wire import Message
 from hogshard.ps.replication import Replicator
 
@@ -57,6 +59,7 @@ class PeerGate:
 
     def __init__(self, wake: Callable[[], None], replication: int | None = None) -> None:
         self.replication = replication
+        self.slots = 0  # the job's embedding slots: their rows move between servers
         self._wake = wake
         self.held: deque[_Held] = deque()
         self._deciding = False  # a held message is being decided: no holding again
@@ -65,7 +68,8 @@ class PeerGate:
               table: str, ids: list[Any]) -> bool:
         """True to apply ``msg`` now, False if it is held; raises ForbiddenError (or
         NotOwnerError when this server is no longer the backup) to refuse it."""
-        if self.replication is not None and self.replication < 2:
+        if self.replication is not None and self.replication < 2 \
+                and not (self.slots and table == EMBEDDING_MAP):
             raise ForbiddenError(f"{msg.op!r} refused: this job is not replicated "
                                  "(--replication 1), so no server may send it")
         primary = sender_rank(msg)

@@ -131,15 +131,17 @@ class BackupOps:
         return {"seq": msg.get("seq")}, []
 
     def emb_snapshot(self, identity: bytes, msg: Message) -> Reply:
-        """Install embedding ``shard`` whole: ``tables`` lists each table's spec and
-        ``state_keys`` its row-state keys; the arrays are, per table, ids, rows and states."""
-        shard, specs, keys = msg.header["shard"], msg.header["tables"], msg.header["state_keys"]
-        if len(keys) != len(specs):
-            raise ProtocolError("'emb_snapshot': fields 'tables' and 'state_keys' must list one "
-                                "entry per table")
-        if not self._admit(identity, msg, EMBEDDING_MAP, [shard]):
+        """Install embedding ``shard`` (or the slots in ``shards``) whole: ``tables`` lists
+        each table's spec and ``state_keys`` its row-state keys; the arrays are, per table,
+        ids, rows and states."""
+        specs, keys = msg.header["tables"], msg.header["state_keys"]
+        shards = [msg.get("shard")] if msg.get("shards") is None else msg.get("shards")
+        if len(keys) != len(specs) or shards == [None]:
+            raise ProtocolError("'emb_snapshot': needs 'shard' or 'shards', and fields "
+                                "'tables' and 'state_keys' listing one entry per table")
+        if not self._admit(identity, msg, EMBEDDING_MAP, shards):
             return None
-        arrays = list(msg.arrays)
+        arrays, rows_in = list(msg.arrays), 0
         for wire, table_keys in zip(specs, keys, strict=True):
             spec = EmbeddingSpec.from_wire(wire)
             self._embeddings.create(spec)
@@ -147,7 +149,11 @@ class BackupOps:
             ids, rows = arrays.pop(0), arrays.pop(0)
             state = {key: arrays.pop(0) for key in table_keys}
             install_rows(table, np.asarray(ids), np.asarray(rows), state)
+            rows_in += int(np.asarray(ids).size)
         self._replicas.mark_replicated(EMBEDDING_MAP)
+        if msg.get("shards") is not None:  # slots handed to this server (their next owner)
+            self._replicas.slots.moved["slots_in"] += len(shards)
+            self._replicas.slots.moved["rows_in"] += rows_in
         return {"seq": msg.get("seq")}, []
 
 
@@ -161,7 +167,7 @@ FIELDS = {
                          Field("map_epoch", int)),
     "emb_replicate": (Field("shard", int, required=True), Field("tables", list, required=True),
                       Field("push_id", int), Field("seq", int), Field("map_epoch", int)),
-    "emb_snapshot": (Field("shard", int, required=True), Field("tables", list, required=True),
+    "emb_snapshot": (Field("shard", int), Field("shards", list), Field("tables", list, required=True),
                      Field("state_keys", list, required=True), Field("seq", int),
                      Field("map_epoch", int)),
 }

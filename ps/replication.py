@@ -36,6 +36,7 @@ from hogshard.proto.transport import ERROR, connect_dealer, request_header, send
 from hogshard.proto.wire import Message, decode
 from hogshard.ps.dense import DenseChunk, DenseStore, DenseTable
 from hogshard.ps.embedding_replica import shard_rows
+from hogshard.ps.embedding_slots import SlotRoles
 from hogshard.ps.embedding_store import EmbeddingStore
 from hogshard.ps.update_pool import AppliedUpdate
 
@@ -113,6 +114,7 @@ class Replicator:
         self.recent = RecentPushes()
         self._pending_snapshots: dict[str, set[int]] = {}  # waiting for the chunk's init
         self.embedding_shards = 0  # S: embedding rows are hashed over this many shards
+        self.slots = SlotRoles()  # --embedding-slots: the slots served and handed off
 
     # ---- roles and lease --------------------------------------------------------------------
 
@@ -138,6 +140,7 @@ class Replicator:
             self.roles[table] = {}
         self.map_epoch = None
         self.lease_until = 0.0
+        self.slots.serving[:] = False
         dropped, self.held = self.held, []
         return dropped
 
@@ -172,6 +175,10 @@ class Replicator:
                 roles[chunk_id] = (primary, backup)
             if name == EMBEDDING_MAP:
                 self.embedding_shards = int(view["table"]["size"])
+                if view.get("slots"):
+                    gone = self.slots.adopt(self.embedding_shards, roles, rank)
+                    if gone.size and embeddings is not None:
+                        self.slots.drop(embeddings, gone)
         in_use = {backup for roles in self.roles.values()
                   for primary, backup in roles.values() if primary == rank and backup >= 0}
         incarnations = reply.get("incarnations")
@@ -266,6 +273,10 @@ class Replicator:
     def send_embedding_snapshots(self, embeddings: EmbeddingStore) -> dict[int, int]:
         """Copy every embedding shard waiting for a new backup to it: each table's spec and
         the shard's rows with their state."""
+        if self.slots.count:  # slots that move: their rows go to the next owner
+            return self.slots.send(self._pending_snapshots.pop(EMBEDDING_MAP, set()),
+                                   self.roles.get(EMBEDDING_MAP, {}), self.links, self.send,
+                                   embeddings)
         sent = {}
         for shard in sorted(self._pending_snapshots.pop(EMBEDDING_MAP, set())):
             backup = self.roles.get(EMBEDDING_MAP, {}).get(shard, (-1, -1))[1]

@@ -41,6 +41,7 @@ class Registration:
     heartbeat_timeout: float
     replication: int | None = None  # the job's, when the scheduler says
     restore: str | None = None  # a checkpoint to reload this rank's lost chunks from
+    embedding_slots: int = 0  # the job's embedding slots (0: none)
 
     @classmethod
     def from_reply(cls, reply: Message) -> Registration:
@@ -53,11 +54,13 @@ class Registration:
         timeout = reply.get("heartbeat_timeout")
         replication = reply.get("replication")
         restore = reply.get("restore")
+        slots = reply.get("embedding_slots")
         return cls(node_id, rank, parse_policy(reply.get("policy")), float(interval),
                    float(timeout) if type(timeout) in (int, float) and timeout else 5.0,
                    replication if type(replication) is int else None,
                    restore["path"] if isinstance(restore, dict)
-                   and isinstance(restore.get("path"), str) else None)
+                   and isinstance(restore.get("path"), str) else None,
+                   slots if type(slots) is int else 0)
 
 
 class SchedulerLink:

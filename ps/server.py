@@ -119,6 +119,7 @@ class ShardServer:
         self._registered(registration)
         self.replicas = Replicator(self._context, security, registration.heartbeat_timeout,
                                    sender=self.node_id)
+        self.replicas.slots.required = registration.embedding_slots
         if restore:
             self._restore(restore)
         self.updates: UpdateExecutor = ThreadedUpdates(
@@ -172,6 +173,8 @@ class ShardServer:
                 if scheduler in events:
                     self._read_scheduler()
                 self.primary.read(events)
+                if self.replicas.slots.handoffs:
+                    self._report_handoffs()
                 if self._sock in events:
                     for _ in range(64):  # drain a burst before the next heartbeat check
                         self._core.handle_one(self._invoke, self._before)
@@ -244,7 +247,17 @@ class ShardServer:
                                   "incarnation": self.incarnation}
         if self.checkpoints.report is not None:
             fields["checkpoint"] = self.checkpoints.report
+        handed_off = self.replicas.slots.ready(self.replicas.links)
+        if handed_off:
+            fields["handed_off"] = handed_off
         self.link.send_heartbeat(now, fields)
+
+    def _report_handoffs(self) -> None:
+        """A slot's next owner acknowledged its rows: tell the scheduler at once."""
+        ready = len(self.replicas.slots.ready(self.replicas.links))
+        if ready > self.replicas.slots.reported:
+            self.link.now()
+        self.replicas.slots.reported = ready
 
     def _read_scheduler(self) -> None:
         for reply in self.link.replies():
@@ -274,6 +287,8 @@ class ShardServer:
                 self.embedding.release()
         if self.peer_gate.held:
             self.peer_gate.release(self.replicas.heard_at, self._redo_peer_op)
+        if self.replicas.slots.incoming:  # learn soon that slots moving here are ours
+            self.link.hurry()
 
     def _refused(self, reply: Message) -> bool:
         """The scheduler refused a heartbeat; False when this server must stop."""
@@ -298,6 +313,7 @@ class ShardServer:
             log.warning("registration failed (%s); serving on", err.message)
             return True
         self._registered(registration)
+        self.replicas.slots.required = registration.embedding_slots
         # declared dead and back: own nothing until told
         for held in self.replicas.forget_roles():
             self._core.fail(held.identity, held.request_id, NotOwnerError(
@@ -319,6 +335,7 @@ class ShardServer:
         """Adopt what a ``register`` reply says (the first one, or one after being forgotten)."""
         if registration.replication is not None:
             self.peer_gate.replication = registration.replication
+        self.peer_gate.slots = registration.embedding_slots
         if registration.restore is not None:
             log.warning("%s: the chunks of this rank were lost with its previous process; "
                         "restoring them from %s", self.node_id, registration.restore)

@@ -12,6 +12,8 @@
                               ``plan_dense_table``: the chunk planner (pure)
 ``replication.py``            ``assign_backups``, ``drop_server``, ``assignments_for``,
                               ``check_replication``: chain replication's placement (pure)
+``resharding.py``             :class:`Resharding`, ``rendezvous_owners``: embedding slots placed
+                              by rendezvous hashing, moved as servers are added or drained
 ``recovery.py``               ``parse_table_report``, ``merge_chunks``: servers' reports (pure)
 ``policy.py``                 :class:`ConsistencyPolicy` and ``parse_policy`` (pure)
 ``policy_control.py``         :class:`PolicyControl`: the policy in force and its changes

@@ -126,7 +126,8 @@ def restore_job(path: Path, expected_servers: int) -> RestoredJob:
                           f"servers; this job expects {expected_servers} (--servers "
                           "must match: the shard map names server ranks)")
     tables = {name: PlacedTable(DenseTableSpec(**view["table"]),
-                                [Chunk.from_wire(c) for c in view["chunks"]], ready=True)
+                                [Chunk.from_wire(c) for c in view["chunks"]], ready=True,
+                                slots=int(view.get("slots") or 0))
               for name, view in manifest.get("tables", {}).items()}
     job = RestoredJob(ckpt, manifest, parse_policy(manifest["policy"]), tables,
                       min(manifest.get("clocks", {}).values(), default=0),

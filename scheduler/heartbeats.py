@@ -63,6 +63,8 @@ class Heartbeats:
         now = time.monotonic()
         member = self._members.touch(msg.get("from", ""), now, msg.get("incarnation"))
         observe(member, msg.get("clock"), msg.get("stats"), msg.get("progress"), now)
+        if member.role == "server" and msg.get("handed_off") is not None:
+            self._shard_map.resharding.handed_off(member.rank, msg.get("handed_off"))
         reply: dict[str, Any] = {"epoch": self._members.epoch, "shutdown": self._shutting_down(),
                                  **self._shard_map.replica_fields(member, msg.get("map_epoch"))}
         if self._recovery.failed is not None:

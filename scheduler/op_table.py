@@ -23,7 +23,8 @@ FIELDS: dict[str, tuple[Field, ...]] = {
                  Field("rank_hint", int), Field("clock", int), Field("tables", dict),
                  Field("incarnation", int), Field("host", str)),
     "heartbeat": (Field("clock", int), Field("stats", dict), Field("progress", dict),
-                  Field("map_epoch", int), Field("checkpoint", dict), Field("incarnation", int)),
+                  Field("map_epoch", int), Field("checkpoint", dict), Field("incarnation", int),
+                  Field("handed_off", list)),
     "wait_servers": (),
     "declare_table": (_TABLE, Field("size", int, required=True), Field("chunk_elems", int),
                       Field("rule", dict, required=True)),
@@ -35,6 +36,8 @@ FIELDS: dict[str, tuple[Field, ...]] = {
     "set_policy": (Field("policy", str, required=True, nonempty=True),),
     "status": (),
     "checkpoint": (Field("dir", str, required=True, nonempty=True),),
+    "add_embedding_server": (Field("rank", int, required=True),),
+    "drain_embedding_server": (Field("rank", int, required=True),),
 }
 
 ROLES: dict[str, frozenset[Role]] = {
@@ -42,6 +45,7 @@ ROLES: dict[str, frozenset[Role]] = {
     "wait_servers": WORKERS | ADMINS, "declare_table": WORKERS, "table_ready": WORKERS,
     "get_table": ANYONE, "barrier": WORKERS, "leave": WORKERS,
     "shutdown": ADMINS, "set_policy": ADMINS, "checkpoint": ADMINS, "status": ANYONE,
+    "add_embedding_server": ADMINS, "drain_embedding_server": ADMINS,
 }
 
 

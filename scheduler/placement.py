@@ -28,6 +28,8 @@ class PlacedTable:
     ready: bool = False
     #: Copies of each chunk (1: none; 2: a primary and a backup on another server).
     replication: int = 1
+    #: The embedding slot map (``--embedding-slots``): its number of slots; 0 for a table.
+    slots: int = 0
 
 
 def plan_dense_table(size: int, chunk_elems: int, num_servers: int) -> list[Chunk]:

@@ -79,13 +79,16 @@ def drop_server(chunks: list[Chunk], dead: int) -> tuple[list[Chunk], list[int]]
 
 
 def assignments_for(tables: dict[str, PlacedTable], rank: int) -> dict[str, Any]:
-    """What server ``rank`` must know of the replicated tables: for each, its spec and every
-    chunk it is primary or backup of, as ``[id, offset, length, primary, backup]``."""
+    """What server ``rank`` must know of the replicated tables (and of the embedding slot
+    map): for each, its spec and every chunk it is primary or backup of, as ``[id, offset,
+    length, primary, backup]``."""
     mine: dict[str, Any] = {}
     for name, table in tables.items():
-        if table.replication < 2:
+        if table.replication < 2 and not table.slots:
             continue
         chunks = [[c.chunk_id, c.offset, c.length, c.server, c.backup]
                   for c in table.chunks if rank in (c.server, c.backup)]
         mine[name] = {"table": table.spec.to_wire(), "chunks": chunks}
+        if table.slots:  # the embedding slot map: a backup is the slot's next owner
+            mine[name]["slots"] = table.slots
     return mine

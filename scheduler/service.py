@@ -45,6 +45,7 @@ from hogshard.scheduler.policy_control import PolicyControl
 from hogshard.scheduler.recovery import parse_table_report
 from hogshard.scheduler.rejoin import Rejoin
 from hogshard.scheduler.replication import check_replication
+from hogshard.scheduler.resharding import check_slots
 from hogshard.scheduler.server_recovery import ServerRecovery
 from hogshard.scheduler.shard_map import ShardMap
 from hogshard.scheduler.waiters import Ready, Reply, Waiters
@@ -69,9 +70,11 @@ class Scheduler:
         restore: str | None = None,
         security: Security | None = None,
         replication: int = 1,
+        embedding_slots: int = 0,
     ) -> None:
         consistency = parse_policy(policy)
         check_replication(replication, consistency)
+        check_slots(embedding_slots, replication)
         if expected_servers < 1:
             raise ConfigError(f"expected_servers must be at least 1; got {expected_servers}")
         self.expected_servers = expected_servers
@@ -92,7 +95,8 @@ class Scheduler:
         self.members = MembershipTable(heartbeat_timeout,
                                        epoch=restored.epoch if restored is not None else 0)
         self.shard_map = ShardMap(self.members, expected_servers, replication,
-                                  restored.tables if restored is not None else None)
+                                  restored.tables if restored is not None else None,
+                                  embedding_slots)
         self.policy = PolicyControl(consistency, replication, heartbeat_interval)
         self.barriers = Barriers()
         self.recovery = ServerRecovery(LostShards(heartbeat_timeout), self.shard_map,
@@ -130,6 +134,10 @@ class Scheduler:
             "set_policy": self._set_policy,
             "status": self._status,
             "checkpoint": lambda msg: self.checkpoints.request(msg.header["dir"]),
+            "add_embedding_server": lambda msg: self.shard_map.resharding.add(
+                msg.header["rank"], self.members.live("server")),
+            "drain_embedding_server": lambda msg: self.shard_map.resharding.drain(
+                msg.header["rank"]),
         })
 
     @property
@@ -212,7 +220,9 @@ class Scheduler:
         if role == "server":
             self.shard_map.fill_backups()
         self._log_membership()
-        extra = {"restore": restore} if restore is not None else {}
+        extra: Reply = {"restore": restore} if restore is not None else {}
+        if self.shard_map.resharding.slots:
+            extra["embedding_slots"] = self.shard_map.resharding.slots
         return {**extra,
             "node_id": member.node_id,
             "rank": member.rank,
@@ -295,6 +305,8 @@ class Scheduler:
             ],
             "tables": self.shard_map.views(),
             "map_history": list(self.shard_map.history),
+            **({"embedding_slots": self.shard_map.resharding.status()}
+               if self.shard_map.resharding.slots else {}),
             "errors": dict(self.errors),
             **self.recovery.status(),
         }

@@ -30,6 +30,7 @@ from hogshard.scheduler.membership import Member, Roster, server_list
 from hogshard.scheduler.placement import PlacedTable, plan_dense_table
 from hogshard.scheduler.recovery import MAX_CHUNKS, MAX_TABLE_ELEMS, TableReport, merge_chunks
 from hogshard.scheduler.replication import MAP_HISTORY, assign_backups, assignments_for, drop_server
+from hogshard.scheduler.resharding import Resharding
 
 log = logging.getLogger(__name__)
 
@@ -44,13 +45,16 @@ class ShardMap:
     clock (ms), so a restarted scheduler never repeats an earlier one."""
 
     def __init__(self, roster: Roster, expected_servers: int, replication: int = 1,
-                 tables: dict[str, PlacedTable] | None = None) -> None:
+                 tables: dict[str, PlacedTable] | None = None, embedding_slots: int = 0
+                 ) -> None:
         self._roster = roster
         self.expected_servers = expected_servers
         self.replication = replication
         self.tables: dict[str, PlacedTable] = dict(tables or {})
         self.map_epoch = int(time.time() * 1000)
         self.history: list[dict[str, Any]] = []
+        #: Embedding rows in virtual slots that move between servers (0 slots: off).
+        self.resharding = Resharding(self, embedding_slots)
 
     # ---- declared tables --------------------------------------------------------------------
 
@@ -116,6 +120,7 @@ class ShardMap:
             "epoch": self._roster.epoch,
             "map_epoch": self.map_epoch,
             "servers": server_list(self._roster.live("server")),
+            **({"slots": table.slots} if table.slots else {}),
         }
 
     def views(self) -> dict[str, dict[str, Any]]:
@@ -155,6 +160,7 @@ class ShardMap:
     def servers_lost(self, dead: list[Member]) -> None:
         """Promote the backups of every chunk a dead server was primary of, then give the
         chunks left without a backup a new one on a live server."""
+        self.resharding.servers_lost(dead)
         for member in dead:
             if member.role != "server":
                 continue
@@ -175,10 +181,15 @@ class ShardMap:
 
     def _place_embedding_shards(self) -> None:
         """Once the expected servers are live, embedding shard i goes to the i-th of them by
-        rank (the routing an unreplicated job uses), with a backup on another."""
+        rank (the routing an unreplicated job uses), with a backup on another; or, with
+        embedding slots, every slot to its rendezvous owner among them."""
         servers = self._roster.live("server")
-        if self.replication < 2 or EMBEDDING_MAP in self.tables \
-                or len(servers) < self.expected_servers:
+        if EMBEDDING_MAP in self.tables or len(servers) < self.expected_servers:
+            return
+        if self.resharding.slots:
+            self.resharding.place(servers[:self.expected_servers])
+            return
+        if self.replication < 2:
             return
         spec = DenseTableSpec(EMBEDDING_MAP, len(servers), 1, {})
         table = PlacedTable(spec, [Chunk(i, i, 1, m.rank) for i, m in enumerate(servers)],

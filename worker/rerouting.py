@@ -50,6 +50,10 @@ class Route:
     table: DenseTable
     chunk_ids: list[int]
     build: Build
+    #: Send it again to the new owners as soon as the map moves. False where the old owner
+    #: stays up and answers every request it took (embedding slots that move): sent again
+    #: only when refused, so no push is applied twice.
+    follow: bool = True
 
 
 class Rerouter:
@@ -133,7 +137,7 @@ class Rerouter:
         client = self._client
         for pending in client._book.waiting():
             route = pending.route
-            if route is None:
+            if route is None or not route.follow:
                 continue
             owners = {route.table.by_id[c].server for c in route.chunk_ids}
             if owners != {pending.server} or pending.server not in client._servers \
@@ -155,7 +159,7 @@ class Rerouter:
             fields, arrays, on_reply = route.build(chunks)
             child = self._client._send_request(
                 rank, pending.op, fields, arrays, on_reply,
-                Route(route.table, [c.chunk_id for c in chunks], route.build),
+                Route(route.table, [c.chunk_id for c in chunks], route.build, route.follow),
                 wait_for_room=False)  # it replaces a request already counted
             child.parent, child.attempts = pending, pending.attempts
         log.debug("%s: %s#%d sent again to servers %s", self._client.node_id, pending.op,

@@ -6,7 +6,9 @@ client joined, so every worker (and any other language's client) agrees without 
 scheduler. With ``--replication 2`` the scheduler keeps where each shard lives (a primary and a
 backup, the pseudo-table ``__embeddings__``): requests name their ``shard``, pushes carry a push
 id, and they follow a promoted backup like dense requests do. One request per shard carries
-every table of a step.
+every table of a step. With ``--embedding-slots N`` the same pseudo-table maps each of N slots
+(``splitmix64(id) % N``) to a server: one request per server carries the ids of its slots and
+``slots: N``, and a request refused while its slots move is sent again to their new owners.
 
 Example::
 
@@ -19,7 +21,7 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -79,7 +81,7 @@ def _find_embedding_map(client: PSClient) -> None:
     except UnknownTableError:
         return  # no replication: rows hashed over the servers the client joined with
     table = DenseTable.from_reply(reply.header)
-    if table.replication > 1:
+    if table.replication > 1 or table.slots:
         client.embedding_map = table
         follow_map(client, table, reply.header)
 
@@ -92,18 +94,40 @@ def _shards(client: PSClient) -> list[tuple[int, int]]:
                                                    key=lambda c: c.chunk_id)]
 
 
-def _split(client: PSClient, ids: Sequence[np.ndarray]) -> list[dict[int, np.ndarray]]:
-    """Per id array: {shard: positions into it} for every shard, by the stable hash (one
-    hash and one sort for all the arrays)."""
-    count = len(_shards(client))
+def _group(ids: Sequence[np.ndarray], every: np.ndarray, keys: np.ndarray, count: int
+           ) -> list[list[np.ndarray]]:
+    """Per id array: the positions into it of the ids of each group, ``keys`` giving the group
+    (0 .. count-1) of each id of ``every`` (the arrays joined; one sort for all of them)."""
     sizes = np.array([a.size for a in ids], np.int64)
     starts = np.concatenate([[0], np.cumsum(sizes)])
-    every = np.concatenate(ids) if len(ids) > 1 else ids[0]
-    key = np.repeat(np.arange(len(ids), dtype=np.int64) * count, sizes) + shard_of(every, count)
+    key = np.repeat(np.arange(len(ids), dtype=np.int64) * count, sizes) + keys
     order = np.argsort(key, kind="stable")
     bounds = np.concatenate([[0], np.cumsum(np.bincount(key, minlength=len(ids) * count))])
-    return [{i: order[bounds[t * count + i]:bounds[t * count + i + 1]] - starts[t]
-             for i in range(count)} for t in range(len(ids))]
+    return [[order[bounds[t * count + i]:bounds[t * count + i + 1]] - starts[t]
+             for i in range(count)] for t in range(len(ids))]
+
+
+#: One request to send: (server rank, shard, positions of its ids per table, and with
+#: embedding slots the slot of each of those ids per table).
+Destination = tuple[int, int, list[np.ndarray], list[np.ndarray] | None]
+
+
+def _destinations(client: PSClient, ids: list[np.ndarray]) -> list[Destination]:
+    """Where the ids go: one request per embedding shard, or with embedding slots one per
+    server that holds slots (every such server gets one, empty or not)."""
+    every = (np.concatenate(ids) if len(ids) > 1 else ids[0]) if ids else np.empty(0, INT64)
+    table = client.embedding_map
+    if table is None or not table.slots:
+        shards = _shards(client)
+        groups = _group(ids, every, shard_of(every, len(shards)), len(shards))
+        return [(rank, shard, [g[shard] for g in groups], None) for shard, rank in shards]
+    slots = shard_of(every, table.slots)
+    ranks = sorted(table.by_server)
+    groups = _group(ids, every, np.searchsorted(ranks, table.owner_of[slots]), len(ranks))
+    starts = np.concatenate([[0], np.cumsum([a.size for a in ids])]).astype(np.int64)
+    return [(rank, i, [g[i] for g in groups],
+             [slots[starts[t] + g[i]] for t, g in enumerate(groups)])
+            for i, rank in enumerate(ranks)]
 
 
 def _check_ids(handle: EmbeddingHandle, ids: np.ndarray) -> np.ndarray:
@@ -120,9 +144,9 @@ def _plan(
     op: str,
     what: str,
     noun: str,
-) -> list[tuple[np.ndarray, np.ndarray, dict[int, np.ndarray]]]:
-    """Per table: its checked ids, the (len x dim) float32 array that goes with them, and the
-    positions of the ids each server owns."""
+) -> list[np.ndarray]:
+    """Per table: its checked ids (each with a (len x dim) float32 array that goes with
+    them)."""
     if not (len(tables) == len(ids) == len(arrays)):
         raise ConfigError(f"{op} needs one id array and one {noun} per table")
     checked = []
@@ -132,8 +156,7 @@ def _plan(
             raise ConfigError(f"table {handle.name!r}: {what} must be float32 of shape "
                               f"({table_ids.size}, {handle.dim})")
         checked.append(table_ids)
-    splits = _split(client, checked) if checked else []
-    return list(zip(checked, arrays, splits, strict=True))
+    return checked
 
 
 def _fields(client: PSClient, tables: Sequence[EmbeddingHandle], clock: int | None,
@@ -141,17 +164,38 @@ def _fields(client: PSClient, tables: Sequence[EmbeddingHandle], clock: int | No
     fields: dict[str, Any] = {"tables": [h.name for h in tables]}
     if clock is not None:
         fields["clock"] = clock
-    if client.embedding_map is not None:
+    if client.embedding_map is not None and client.embedding_map.slots:
+        fields["slots"] = client.embedding_map.slots
+    elif client.embedding_map is not None:
         fields["shard"] = shard
     return fields
 
 
-def _route(client: PSClient, shard: int, fields: dict[str, Any], arrays: list[np.ndarray],
-           on_reply: Any = None) -> Route | None:
-    """How to send a request again, unchanged, when its shard moves (replication only)."""
-    if client.embedding_map is None:
-        return None
-    return Route(client.embedding_map, [shard], lambda _chunks: (fields, arrays, on_reply))
+#: A request for some of a destination's ids (positions per table): fields, arrays, reply
+#: handler.
+Build = Callable[[list[np.ndarray]], tuple[dict[str, Any], list[np.ndarray], Any]]
+
+
+def _send(client: PSClient, op: str, where: Destination, build: Build) -> Future:
+    """Send the request for a destination; under replication or with embedding slots, with
+    the route that sends it again when its shard or slots move."""
+    rank, shard, positions, slots = where
+    fields, arrays, on_reply = build(positions)
+    if op == "emb_push":
+        client.bytes_pushed += sum(a.nbytes for a in arrays)
+    route = None
+    if client.embedding_map is not None and slots is None:
+        route = Route(client.embedding_map, [shard], lambda _chunks: (fields, arrays, on_reply))
+    elif client.embedding_map is not None and slots is not None:
+        def subset(chunks: list[Any]) -> tuple[dict[str, Any], list[np.ndarray], Any]:
+            keep = np.array([c.chunk_id for c in chunks], np.int64)
+            return build([p[np.isin(s, keep)] for p, s in zip(positions, slots, strict=True)])
+
+        held = np.unique(np.concatenate(slots)) if slots else np.empty(0, np.int64)
+        if not held.size:  # an empty request still follows one of its server's slots
+            held = np.flatnonzero(client.embedding_map.owner_of == rank)[:1]
+        route = Route(client.embedding_map, held.tolist(), subset, follow=False)
+    return client._request(rank, op, fields, arrays, on_reply=on_reply, route=route)
 
 
 def pull_rows(
@@ -163,26 +207,30 @@ def pull_rows(
     codec: str = "none",
 ) -> Future:
     """Fetch the rows of ``ids[t]`` of every table into ``outs[t]`` (float32, len x dim),
-    written when the future completes. One request per shard for all the tables. ``codec``
-    ``fp16`` or ``bf16``: the rows travel in half precision (proto/codecs/pull.py)."""
-    plans = _plan(client, tables, ids, outs, "pull_rows", "out", "output")
+    written when the future completes. One request per shard (or per server holding
+    embedding slots) for all the tables. ``codec`` ``fp16`` or ``bf16``: the rows travel in
+    half precision (proto/codecs/pull.py)."""
+    checked = _plan(client, tables, ids, outs, "pull_rows", "out", "output")
     decoder = _row_codec(codec)
     futures = []
-    for shard, rank in _shards(client):
-        def land(message: Any, shard: int = shard) -> None:
-            if message.get("codec", "none") != codec:
-                raise ProtocolError(f"emb_pull asked for {codec} rows; the reply says "
-                                    f"{message.get('codec', 'none')!r}")
-            rows = message.arrays if decoder is None else decode_weights(decoder, message.arrays)
-            for (_, out, split), table_rows in zip(plans, rows, strict=True):
-                out[split[shard]] = table_rows
+    for where in _destinations(client, checked):
+        def build(positions: list[np.ndarray], shard: int = where[1]
+                  ) -> tuple[dict[str, Any], list[np.ndarray], Any]:
+            def land(message: Any) -> None:
+                if message.get("codec", "none") != codec:
+                    raise ProtocolError(f"emb_pull asked for {codec} rows; the reply says "
+                                        f"{message.get('codec', 'none')!r}")
+                rows = message.arrays if decoder is None else decode_weights(decoder,
+                                                                             message.arrays)
+                for out, mine, table_rows in zip(outs, positions, rows, strict=True):
+                    out[mine] = table_rows
 
-        fields = _fields(client, tables, clock, shard)
-        if decoder is not None:
-            fields["codec"] = codec
-        arrays = [table_ids[split[shard]] for table_ids, _, split in plans]
-        futures.append(client._request(rank, "emb_pull", fields, arrays, on_reply=land,
-                                       route=_route(client, shard, fields, arrays, land)))
+            fields = _fields(client, tables, clock, shard)
+            if decoder is not None:
+                fields["codec"] = codec
+            return fields, [t[p] for t, p in zip(checked, positions, strict=True)], land
+
+        futures.append(_send(client, "emb_pull", where, build))
     return Future.gather(futures, client._pump)
 
 
@@ -197,23 +245,27 @@ def push_rows(
     """Send the row gradients ``grads[t]`` (float32, len x dim) of ``ids[t]`` for every table.
     Sum duplicate ids first (the server sums them too, but that costs a sort there). ``codec``
     ``fp16`` or ``bf16``: the gradients travel in half precision."""
-    plans = _plan(client, tables, ids, grads, "push_rows", "grads", "gradient array")
+    checked = _plan(client, tables, ids, grads, "push_rows", "grads", "gradient array")
     encoder = _row_codec(codec)
+    replicated = client.embedding_map is not None and not client.embedding_map.slots
     futures = []
-    for shard, rank in _shards(client):
-        fields = _fields(client, tables, clock, shard)
+    for where in _destinations(client, checked):
+        fields = _fields(client, tables, clock, where[1])
         if encoder is not None:
             fields["codec"] = codec
-        if client.embedding_map is not None:  # the same id on every retry: applied once
+        if replicated:  # the same id on every retry: applied once
             fields["push_id"] = client.new_push_id()
-        arrays = []
-        for table_ids, table_grads, split in plans:
-            mine = table_grads[split[shard]]
-            arrays += [table_ids[split[shard]],
-                       mine if encoder is None else encode_weights(encoder, [mine])[0]]
-        client.bytes_pushed += sum(a.nbytes for a in arrays)
-        futures.append(client._request(rank, "emb_push", fields, arrays,
-                                       route=_route(client, shard, fields, arrays)))
+
+        def build(positions: list[np.ndarray], fields: dict[str, Any] = fields
+                  ) -> tuple[dict[str, Any], list[np.ndarray], Any]:
+            arrays = []
+            for table_ids, table_grads, mine in zip(checked, grads, positions, strict=True):
+                rows = table_grads[mine]
+                arrays += [table_ids[mine],
+                           rows if encoder is None else encode_weights(encoder, [rows])[0]]
+            return fields, arrays, None
+
+        futures.append(_send(client, "emb_push", where, build))
     return Future.gather(futures, client._pump)
 
 

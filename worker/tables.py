@@ -29,11 +29,14 @@ class DenseTable:
     """A worker's handle on a dense table: its chunks grouped by server, and the version of
     each chunk this worker last pulled (sent back with pushes to measure staleness)."""
 
-    def __init__(self, spec: DenseTableSpec, chunks: Sequence[Chunk], replication: int = 1) -> None:
+    def __init__(self, spec: DenseTableSpec, chunks: Sequence[Chunk], replication: int = 1,
+                 slots: int = 0) -> None:
         self.spec = spec
         self.name = spec.name
         self.size = spec.size
         self.replication = replication
+        #: The embedding slot map (``--embedding-slots``): its number of slots; 0 otherwise.
+        self.slots = slots
         self.update(chunks)
         self.pulled_versions = {c.chunk_id: 0 for c in self.chunks}
 
@@ -44,11 +47,15 @@ class DenseTable:
         self.by_server: dict[int, list[Chunk]] = {}
         for chunk in self.chunks:
             self.by_server.setdefault(chunk.server, []).append(chunk)
+        #: The server of each chunk id (slot), for the slot map's vectorised routing.
+        self.owner_of = np.full(max(self.by_id, default=-1) + 1, -1, np.int64)
+        for chunk in self.chunks:
+            self.owner_of[chunk.chunk_id] = chunk.server
 
     @classmethod
     def from_reply(cls, fields: dict[str, Any]) -> DenseTable:
         return cls(DenseTableSpec(**fields["table"]), [Chunk.from_wire(c) for c in fields["chunks"]],
-                   int(fields.get("replication") or 1))
+                   int(fields.get("replication") or 1), int(fields.get("slots") or 0))
 
 
 def by_server(table: DenseTable, chunks: Sequence[Chunk] | None) -> dict[int, list[Chunk]]:

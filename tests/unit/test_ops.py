@@ -94,8 +94,10 @@ def test_op_tables_declare_every_op_once_with_roles() -> None:
         server_ops({op: print for op in FIELDS if op != "emb_push"})
     scheduler = scheduler_ops({op: print for op in (
         "register", "heartbeat", "wait_servers", "declare_table", "table_ready", "get_table",
-        "barrier", "leave", "shutdown", "set_policy", "status", "checkpoint")})
-    for op in ("shutdown", "set_policy", "checkpoint"):
+        "barrier", "leave", "shutdown", "set_policy", "status", "checkpoint",
+        "add_embedding_server", "drain_embedding_server")})
+    for op in ("shutdown", "set_policy", "checkpoint", "add_embedding_server",
+               "drain_embedding_server"):
         assert scheduler[op].roles == ADMINS, op
 
 

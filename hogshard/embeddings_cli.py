@@ -1,0 +1,105 @@
+"""``hogshard embeddings``: move the embedding slots of a running job between servers (a job
+whose scheduler runs with ``--embedding-slots N``; PROTOCOL.md section 13.4).
+
+``add RANK`` puts a live server (e.g. one started after the job's ``--servers``) into the
+placement: the slots it wins by rendezvous hashing move to it, about 1/(S+1) of them.
+``drain RANK`` takes one out: its slots move to the others, after which it holds no rows
+and can be stopped. Training goes on meanwhile. ``--wait SECONDS`` returns once no slot is
+moving (exit 1 if that takes longer); ``show`` prints the placement.
+
+Example::
+
+    hogshard embeddings add --scheduler tcp://sched:7000 --wait 60 2
+    hogshard embeddings drain --scheduler tcp://sched:7000 --wait 60 0
+    hogshard embeddings show --scheduler tcp://sched:7000
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import click
+
+from hogshard.cli_options import call_scheduler, keys_option, option
+from hogshard.proto.config import DEFAULT_SCHEDULER
+
+#: Seconds between two looks at the job's status while waiting for the slots to move.
+POLL_S = 0.2
+
+
+def _common(command: Any) -> Any:
+    for decorate in (keys_option,
+                     option("timeout", default=5.0, type=click.FloatRange(min=0.1),
+                            help="seconds to wait for the scheduler's reply"),
+                     option("scheduler", default=DEFAULT_SCHEDULER,
+                            help="the scheduler's address")):
+        command = decorate(command)
+    return command
+
+
+def _wait_option(command: Any) -> Any:
+    return option("wait", default=0.0, type=click.FloatRange(min=0.0),
+                  help="seconds to wait until no slot is moving (0: return at once)")(command)
+
+
+def _line(placement: dict[str, Any]) -> str:
+    owners = ", ".join(f"server {rank}: {count}" for rank, count in
+                       sorted(placement["owners"].items(), key=lambda kv: int(kv[0])))
+    return (f"{placement['slots']} slots on members {placement['members']} ({owners}); "
+            f"{placement['moving']} moving, {placement['moved']} moved so far")
+
+
+def _placement(scheduler: str, timeout: float, keys: str | None) -> dict[str, Any]:
+    placement = call_scheduler(scheduler, "status", None, timeout, keys).get("embedding_slots")
+    if not isinstance(placement, dict):
+        raise click.ClickException("this job places no embedding slots (start its scheduler "
+                                   "with --embedding-slots N)")
+    return placement
+
+
+def _change(op: str, scheduler: str, timeout: float, keys: str | None, wait: float,
+            rank: int) -> None:
+    placement = call_scheduler(scheduler, op, {"rank": rank}, timeout, keys)
+    click.echo(_line(placement))
+    if wait <= 0:
+        return
+    deadline = time.monotonic() + wait
+    while placement["moving"]:
+        if time.monotonic() >= deadline:
+            raise click.ClickException(f"{placement['moving']} slots still moving after "
+                                       f"{wait:.1f} s")
+        time.sleep(POLL_S)
+        placement = _placement(scheduler, timeout, keys)
+    click.echo(_line(placement))
+
+
+@click.group()
+def embeddings() -> None:
+    """Move the embedding slots of a running job between servers (--embedding-slots)."""
+
+
+@embeddings.command("add")
+@_common
+@_wait_option
+@click.argument("rank", type=click.IntRange(min=0))
+def add(scheduler: str, timeout: float, keys: str | None, wait: float, rank: int) -> None:
+    """Add live server RANK to the embedding placement: the slots it wins move to it."""
+    _change("add_embedding_server", scheduler, timeout, keys, wait, rank)
+
+
+@embeddings.command("drain")
+@_common
+@_wait_option
+@click.argument("rank", type=click.IntRange(min=0))
+def drain(scheduler: str, timeout: float, keys: str | None, wait: float, rank: int) -> None:
+    """Move every slot of server RANK to the others; it can be stopped once none moves."""
+    _change("drain_embedding_server", scheduler, timeout, keys, wait, rank)
+
+
+@embeddings.command("show")
+@_common
+def show(scheduler: str, timeout: float, keys: str | None) -> None:
+    """Print the slots, the placement's members, how many slots each server holds, and how
+    many are moving."""
+    click.echo(_line(_placement(scheduler, timeout, keys)))

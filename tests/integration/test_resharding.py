@@ -1,0 +1,152 @@
+"""Embedding slots moving between real server processes while a worker keeps pushing
+(``hogshard scheduler --embedding-slots``, ``hogshard embeddings add/drain``): a third server
+added mid-job receives about a third of the rows, a drained server hands all of its rows over
+and can then be stopped, and in both cases every acknowledged push is in the rows exactly once
+(the pushes are multiples of 1/64, so the expected rows are exact in float32)."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from hogshard.proto.config import ClientSettings
+from hogshard.proto.transport import RpcChannel
+from hogshard.worker.client import PSClient
+
+SLOTS = 4096
+IDS = 4096
+BATCH = 256
+STEP = np.float32(1 / 64)
+TIMING = ["--heartbeat-interval", "0.2", "--heartbeat-timeout", "1.5"]
+
+
+class Job:
+    """A scheduler with embedding slots, its servers, and a client pushing rows of one table,
+    keeping the rows every acknowledged push should have made."""
+
+    def __init__(self, procs: Any, tmp_path: Path, servers: int) -> None:
+        self.procs = procs
+        address_file = tmp_path / "scheduler.address"
+        scheduler = procs.hogshard("scheduler", "scheduler", "--bind", "tcp://127.0.0.1:0",
+                                   "--address-file", str(address_file), "--servers",
+                                   str(servers), "--embedding-slots", str(SLOTS), *TIMING)
+        procs.wait_until(lambda: address_file.exists() or not scheduler.alive(), 30.0,
+                         "the scheduler's address file", on_timeout=scheduler.tail)
+        self.address = address_file.read_text().strip()
+        self.servers = {rank: self.server(rank) for rank in range(servers)}
+        self.client = PSClient(ClientSettings(scheduler=self.address, request_timeout=60.0))
+        self.channel = RpcChannel(self.client._context, self.address, sender="test")
+        self.table = self.client.embedding_table("e", dim=4, rule={"rule": "sgd", "lr": 1.0},
+                                                  seed=3)
+        assert self.client.embedding_map is not None and self.client.embedding_map.slots
+        self.ids = np.arange(IDS, dtype=np.int64)
+        self.expected = self.pull()
+        self.rng = np.random.default_rng(0)
+        self.pushes = 0
+
+    def server(self, rank: int) -> Any:
+        return self.procs.hogshard(f"server{rank}", "server", "--scheduler", self.address,
+                                   "--rank", str(rank))
+
+    def pull(self) -> np.ndarray:
+        rows = np.empty((IDS, 4), np.float32)
+        self.client.pull_rows([self.table], [self.ids], [rows]).result(60.0)
+        return rows
+
+    def push(self, steps: int = 1) -> None:
+        for _ in range(steps):
+            subset = np.sort(self.rng.choice(IDS, BATCH, replace=False)).astype(np.int64)
+            self.client.push_rows([self.table], [subset],
+                                  [np.full((BATCH, 4), STEP, np.float32)]).result(60.0)
+            self.expected[subset] -= STEP  # acknowledged: applied exactly once
+            self.pushes += 1
+
+    def status(self) -> dict[str, Any]:
+        return dict(self.channel.call("status", timeout=5.0).header)
+
+    def emb_stats(self, rank: int) -> dict[str, Any]:
+        member = next(m for m in self.status()["members"]
+                      if m["node_id"] == f"server-{rank}" and m["state"] == "alive")
+        probe = RpcChannel(self.client._context, member["address"], sender="test")
+        try:
+            return dict(probe.call("emb_stats", timeout=5.0).header)
+        finally:
+            probe.close()
+
+    def live(self, rank: int) -> bool:
+        return any(m["node_id"] == f"server-{rank}" and m["state"] == "alive"
+                   for m in self.status()["members"])
+
+    def change_while_pushing(self, command: str, rank: int) -> tuple[int, str]:
+        """Run ``hogshard embeddings COMMAND --wait 60 RANK`` and push until it returns;
+        returns the pushes acknowledged meanwhile and its output."""
+        cli = self.procs.hogshard(f"embeddings-{command}", "embeddings", command,
+                                  "--scheduler", self.address, "--wait", "60", str(rank))
+        before = self.pushes
+        self.procs.wait_until(lambda: self.push() or not cli.alive(), 90.0,
+                              f"hogshard embeddings {command} to return",
+                              on_timeout=self.procs.report)
+        assert cli.wait(10.0) == 0, cli.tail()
+        return self.pushes - before, cli.output()
+
+    def close(self) -> None:
+        self.channel.close()
+        self.client.close()
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(150, method="signal")
+def test_a_server_added_mid_job_takes_a_third_of_the_rows_and_loses_no_push(
+        procs, tmp_path: Path) -> None:
+    job = Job(procs, tmp_path, servers=2)
+    try:
+        job.push(20)
+        job.servers[2] = job.server(2)
+        procs.wait_until(lambda: job.live(2), 30.0, "server 2 to register",
+                         on_timeout=procs.report)
+        job.push(5)  # server 2 is up but holds no slot: training goes on as before
+        assert job.emb_stats(2)["tables"].get("e", {}).get("rows", 0) == 0
+        pushed, output = job.change_while_pushing("add", 2)
+        assert "moving" in output and pushed >= 1
+        placement = job.status()["embedding_slots"]
+        assert placement["members"] == [0, 1, 2] and placement["moving"] == 0
+        assert 0.9 / 3 * SLOTS <= placement["moved"] <= 1.1 / 3 * SLOTS
+        job.push(20)  # now partly to server 2
+        rows = job.pull()
+        stats = {rank: job.emb_stats(rank) for rank in (0, 1, 2)}
+    finally:
+        job.close()
+    np.testing.assert_array_equal(rows, job.expected)
+    moved_out = sum(s["moved"]["rows_out"] for s in stats.values())
+    assert moved_out == stats[2]["moved"]["rows_in"] > 0
+    assert moved_out <= 1.1 / 3 * IDS, f"{moved_out} of {IDS} rows moved"
+    assert sum(s["tables"]["e"]["rows"] for s in stats.values()) == IDS  # none left twice
+    assert stats[2]["tables"]["e"]["pushes"] > 0
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(150, method="signal")
+def test_a_drained_server_hands_over_every_row_and_can_then_stop(procs, tmp_path: Path) -> None:
+    job = Job(procs, tmp_path, servers=3)
+    try:
+        job.push(20)
+        pushed, output = job.change_while_pushing("drain", 0)
+        assert pushed >= 1 and "members [1, 2]" in output
+        assert job.status()["embedding_slots"]["owners"].get("0", 0) == 0
+        drained = procs.wait_until(
+            lambda: (stats := job.emb_stats(0))["tables"]["e"]["rows"] == 0 and stats, 10.0,
+            "server 0 to drop the rows it handed over", on_timeout=procs.report)
+        assert drained["moved"]["rows_out"] > 0
+        job.servers[0].signal_group(signal.SIGTERM)
+        assert job.servers[0].wait(15.0) is not None
+        job.push(20)  # served by servers 1 and 2 alone
+        rows = job.pull()
+        kept = {rank: job.emb_stats(rank)["tables"]["e"]["rows"] for rank in (1, 2)}
+    finally:
+        job.close()
+    np.testing.assert_array_equal(rows, job.expected)
+    assert sum(kept.values()) == IDS
