@@ -169,6 +169,22 @@ def decode_header(frame: Any, limits: Limits = DEFAULT_LIMITS) -> dict[str, Any]
 
 
 def _decode_array(descriptor: Any, frame: Any, index: int, limits: Limits) -> np.ndarray:
+    if type(descriptor) is dict and type(frame) is zmq.Frame:  # the common case: 1-D, whole
+        name, shape = descriptor.get("dtype"), descriptor.get("shape")
+        dtype = _DTYPE_OF.get(name) if type(name) is str else None
+        if dtype is not None and type(shape) is list and len(shape) == 1 \
+                and type(shape[0]) is int and 0 <= shape[0] * dtype.itemsize == len(frame) \
+                <= limits.max_frame_bytes:
+            buffer: Any = frame  # a zmq.Frame has the buffer protocol
+            array = np.frombuffer(buffer, dtype=dtype)
+            array.flags.writeable = False
+            return array
+    return _decode_array_checked(descriptor, frame, index, limits)
+
+
+def _decode_array_checked(descriptor: Any, frame: Any, index: int, limits: Limits
+                          ) -> np.ndarray:
+    """:func:`_decode_array` for any descriptor, with an error naming what is wrong."""
     if type(descriptor) is not dict:
         raise ProtocolError(f"arrays[{index}] must be a map with 'dtype' and 'shape'")
     dtype_name = descriptor.get("dtype")

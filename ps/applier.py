@@ -56,6 +56,18 @@ class UpdateApplier:
 
     # ---- pushes -----------------------------------------------------------------------------
 
+    def staleness(self, chunks: Sequence[DenseChunk],
+                  pulled_versions: Sequence[int]) -> list[int | None]:
+        """What :meth:`push` will return for these gradients if it runs next: each one's
+        staleness, None where ``+maxstale`` drops it."""
+        accepts = self.policy.modifiers.accepts
+        result: list[int | None] = []
+        for chunk, pulled in zip(chunks, pulled_versions, strict=True):
+            staleness = chunk.version - pulled
+            staleness = staleness if staleness > 0 else 0
+            result.append(staleness if accepts(staleness) else None)
+        return result
+
     def push(
         self,
         table: DenseTable,

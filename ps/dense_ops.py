@@ -18,6 +18,7 @@ Example (what the server's op table does)::
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -42,6 +43,8 @@ from hogshard.ps.update_pool import AppliedUpdate, Ticket
 from hogshard.ps.workers import PolicySchedule, WorkerView
 
 #: Pulls the policy holds back: per connection and in all (more are refused with TOO_LARGE).
+log = logging.getLogger(__name__)
+
 MAX_DEFERRED_PER_PEER = 64
 MAX_DEFERRED = 4096
 
@@ -161,15 +164,27 @@ class DenseOps:
     def _reply_first(self, identity: bytes, msg: Message, table: DenseTable,
                      chunks: list[DenseChunk], grads: list[np.ndarray],
                      versions: list[int]) -> None:
-        """A push acknowledged first, then applied (the next request sees its updates)."""
+        """A push acknowledged first, then taken and applied (the next request sees its
+        updates): the reply carries the staleness the applier will measure, so it leaves
+        before the applier's bookkeeping and the update."""
+        self._switch_if_due(msg.get("clock"))
+        self._replies.reply(identity, msg.request_id,
+                            {"staleness": self._applier.staleness(chunks, versions)})
         self._updates.reply_first()
         try:
-            staleness, _ = self._apply(identity, msg, table, chunks, grads, versions, False,
-                                       release=False)
-            self._replies.reply(identity, msg.request_id, {"staleness": staleness})
+            self._apply(identity, msg, table, chunks, grads, versions, False, release=False)
+        except Exception:  # the reply has left: nothing to answer with the error
+            log.exception("push of table %r from %s failed after its reply", table.name,
+                          msg.get("from"))
         finally:
             self._updates.flush()
         self.release_deferred()
+
+    def _switch_if_due(self, clock: Any) -> None:
+        """Take up the policy the scheduler announced from ``clock`` on, if it is due."""
+        policy = self._schedule.due(clock)
+        if policy is not None:
+            self._applier.switch(policy)
 
     def _shm_gradients(self, msg: Message) -> list[np.ndarray]:
         """A push naming shared memory: its gradients, read in place (not with codecs, nor for
@@ -213,9 +228,7 @@ class DenseOps:
         updates are applied under (``record``: the updates are wanted, for the backups)."""
         sender = str(msg.get("from"))
         clock = msg.get("clock")
-        policy = self._schedule.due(clock)
-        if policy is not None:
-            self._applier.switch(policy)
+        self._switch_if_due(clock)
         if self._applier.policy.modifiers.dc_lambda:
             self._updates.settle()  # compensation reads the weights
         known = self._view.note(sender, time.monotonic())

@@ -496,3 +496,21 @@ def test_a_worker_that_says_it_left_completes_the_hardsync_step() -> None:
     assert gate.rig.applier.complete_groups(gate.view.live()) == 1
     assert gate.allows("worker-0", 1)  # the step was applied without it
     assert gate.rig.weights() == [-1.0, -1.0, -1.0]
+
+
+@pytest.mark.parametrize("spec", ["async", "async+maxstale=1", "softsync:2", "ssp:1+lr=staleness"])
+def test_staleness_predicts_what_push_returns(spec: str) -> None:
+    """A push acknowledged before it is taken carries ``staleness``'s answer: the same list
+    ``push`` returns, drops by ``+maxstale`` included."""
+    rig = Rig(spec)
+    pulled_at = [0, 0, 1, 3, 0, 2]
+    for step, pulled in enumerate(pulled_at):
+        chunks = [rig.chunk(0), rig.chunk(1)]
+        versions = [min(pulled, c.version) for c in chunks]
+        predicted = rig.applier.staleness(chunks, versions)
+        sender = WORKERS[step % len(WORKERS)]
+        taken = rig.applier.push(rig.table, chunks, [np.ones(3, F32)] * 2, versions, sender,
+                                 set(WORKERS))
+        assert predicted == taken
+    if spec == "async+maxstale=1":
+        assert rig.stats.dropped > 0  # the case the prediction must get right
