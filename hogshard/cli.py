@@ -207,6 +207,10 @@ def worker(scheduler: str, rank: int | None, num_workers: int | None, codec: str
         help="seconds of silence after which a member is declared dead")
 @option("replication", default=1, type=click.IntRange(min=1, max=2),
         help="copies of each dense chunk: 2 keeps a backup on another server")
+@option("embedding-slots", default=0, type=click.IntRange(min=0, max=1 << 16),
+        help="the scheduler's --embedding-slots: embedding rows in this many virtual slots, "
+        "which 'hogshard embeddings add/drain' can move between servers mid-job (with "
+        "--replication 1); 0: rows hashed over the servers, fixed")
 @codec_option()
 @click.option("--progress/--no-progress", default=True, show_default=True,
               help="show a progress bar")
@@ -216,7 +220,7 @@ def worker(scheduler: str, rank: int | None, num_workers: int | None, codec: str
 @keys_option
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def launch(servers: int, workers: int, policy: str, heartbeat_timeout: float, replication: int,
-           codec: str | None,
+           embedding_slots: int, codec: str | None,
            progress: bool, verbose: bool, checkpoint_every: float | None,
            checkpoint_dir: str | None, restore: str | None, keys: str | None,
            command: tuple[str, ...]) -> None:
@@ -230,7 +234,9 @@ def launch(servers: int, workers: int, policy: str, heartbeat_timeout: float, re
     check_command(command)
     cluster = or_exit(lambda: LocalCluster(servers, workers, policy, list(command),
                                            heartbeat_timeout=heartbeat_timeout,
-                                           replication=replication, progress=progress, codec=codec,
+                                           replication=replication,
+                                           embedding_slots=embedding_slots,
+                                           progress=progress, codec=codec,
                                            service_log_level="INFO" if verbose else "WARNING",
                                            checkpoint_every=checkpoint_every,
                                            checkpoint_dir=checkpoint_dir, restore=restore,

@@ -34,6 +34,7 @@ from hogshard.proto.roles import Role
 from hogshard.proto.security import load_security
 from hogshard.proto.transport import RpcChannel
 from hogshard.scheduler.replication import check_replication
+from hogshard.scheduler.resharding import check_slots
 from hogshard.status import ClusterView
 from hogshard.tuning import with_malloc_settings
 
@@ -98,6 +99,7 @@ class LocalCluster:
     checkpoint_dir: str | None = None
     restore: str | None = None
     keys: str | None = None
+    embedding_slots: int = 0
     out: IO[str] = field(default_factory=lambda: sys.stdout)
     _children: list[Child] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -114,6 +116,7 @@ class LocalCluster:
             raise ConfigError("no worker command given; expected: hogshard launch ... -- CMD ...")
         load_security(self.keys, Role.ADMIN)  # a bad keys folder is refused before anything starts
         check_replication(self.replication, parse_policy(self.policy))
+        check_slots(self.embedding_slots, self.replication)
 
     # ---- output -----------------------------------------------------------------------------
 
@@ -164,7 +167,8 @@ class LocalCluster:
             "--policy", self.policy, "--servers", str(self.servers),
             "--heartbeat-interval", str(self.heartbeat_interval),
             "--heartbeat-timeout", str(self.heartbeat_timeout),
-            "--replication", str(self.replication), *self._checkpoint_args(),
+            "--replication", str(self.replication),
+            "--embedding-slots", str(self.embedding_slots), *self._checkpoint_args(),
             *self._keys_args(),
         ), dict(os.environ))
         deadline = time.monotonic() + self.startup_timeout

@@ -6,7 +6,9 @@ and can then be stopped, and in both cases every acknowledged push is in the row
 
 from __future__ import annotations
 
+import json
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -150,3 +152,31 @@ def test_a_drained_server_hands_over_every_row_and_can_then_stop(procs, tmp_path
         job.close()
     np.testing.assert_array_equal(rows, job.expected)
     assert sum(kept.values()) == IDS
+
+
+_SHOW_PLACEMENT = """
+import json, sys
+from hogshard.worker.client import PSClient
+client = PSClient.from_env()
+json.dump(client.status().get("embedding_slots"), open(sys.argv[1], "w"))
+client.close()
+"""
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(90, method="signal")
+def test_launch_places_embedding_slots_when_asked(procs, tmp_path: Path) -> None:
+    placement_file = tmp_path / "placement.json"
+    code, output = procs.run("launch-slots", [
+        sys.executable, "-m", "hogshard", "launch", "--servers", "2", "--workers", "1",
+        "--embedding-slots", "64", "--no-progress", "--",
+        sys.executable, "-c", _SHOW_PLACEMENT, str(placement_file)], 60.0)
+    assert code == 0, output
+    placement = json.loads(placement_file.read_text())
+    assert placement["slots"] == 64 and placement["members"] == [0, 1], placement
+    assert sum(placement["owners"].values()) == 64 and len(placement["owners"]) == 2, placement
+
+    code, output = procs.run("launch-slots-replicated", [
+        sys.executable, "-m", "hogshard", "launch", "--replication", "2",
+        "--embedding-slots", "64", "--no-progress", "--", sys.executable, "-c", "pass"], 30.0)
+    assert code != 0 and "--replication 1 only" in output and "Traceback" not in output, output
