@@ -80,6 +80,13 @@ class SlotRoles:
                             if backup == rank != primary)
         return gone
 
+    def report(self) -> dict[str, Any] | None:
+        """What ``register`` tells a restarted scheduler: ``{count, owned}`` (None before the
+        slot map is known, or in a job without slots)."""
+        if not self.count:
+            return None
+        return {"count": self.count, "owned": np.flatnonzero(self._owned).tolist()}
+
     def check(self, count: Any, id_arrays: list[np.ndarray], rank: int, epoch: Any) -> None:
         """Raise NotOwnerError unless this server serves the slot of every id (arrays that are
         not 1-D int64 are left for the table's own checks). ``count`` None: a request that

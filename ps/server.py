@@ -302,7 +302,8 @@ class ShardServer:
         self.updates.settle()
         try:
             registration = self.link.register(
-                self._register_fields(self.rank, self._table_report()), timeout=5.0)
+                self._register_fields(self.rank, self._table_report(),
+                                      self.replicas.slots.report()), timeout=5.0)
             if registration.rank != self.rank:
                 raise FencedError(f"the scheduler gave rank {registration.rank} to this "
                                   f"process, which holds rank {self.rank}")
@@ -323,12 +324,15 @@ class ShardServer:
         self.schedule.reset()
         return True
 
-    def _register_fields(self, rank_hint: int | None, tables: dict[str, Any]) -> dict[str, Any]:
+    def _register_fields(self, rank_hint: int | None, tables: dict[str, Any],
+                         slots: dict[str, Any] | None = None) -> dict[str, Any]:
         fields: dict[str, Any] = {"role": "server", "address": self.address,
                                   "rank_hint": rank_hint, "incarnation": self.incarnation,
                                   "host": self.host}
         if tables:  # a restarted scheduler relearns the shard map from these
             fields["tables"] = tables
+        if slots is not None:  # and where the embedding slots are
+            fields["embedding_slots"] = slots
         return fields
 
     def _registered(self, registration: Registration) -> None:

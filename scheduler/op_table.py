@@ -21,7 +21,7 @@ _TABLE = Field("table", str, required=True, nonempty=True)
 FIELDS: dict[str, tuple[Field, ...]] = {
     "register": (Field("role", str, required=True), Field("address", str),
                  Field("rank_hint", int), Field("clock", int), Field("tables", dict),
-                 Field("incarnation", int), Field("host", str)),
+                 Field("incarnation", int), Field("host", str), Field("embedding_slots", dict)),
     "heartbeat": (Field("clock", int), Field("stats", dict), Field("progress", dict),
                   Field("map_epoch", int), Field("checkpoint", dict), Field("incarnation", int),
                   Field("handed_off", list)),

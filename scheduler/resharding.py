@@ -90,15 +90,38 @@ def slot_table(slots: int, members: Sequence[int]) -> PlacedTable:
                        ready=True, slots=slots)
 
 
+def parse_slot_report(report: Any, slots: int) -> list[int]:
+    """Validate a re-registering server's ``embedding_slots`` field, ``{count, owned}``: the
+    slots it owns (sorted, unique); empty when it counts another number of slots than the
+    job (it is then told nothing of its own, and logged)."""
+    if not isinstance(report, dict) or type(report.get("count")) is not int \
+            or not isinstance(report.get("owned"), list) or len(report["owned"]) > MAX_SLOTS:
+        raise ProtocolError("register.embedding_slots must be {count: int, owned: [slot, ...]} "
+                            f"with at most {MAX_SLOTS} slots")
+    owned = report["owned"]
+    if not all(type(s) is int and 0 <= s < report["count"] for s in owned):
+        raise ProtocolError("register.embedding_slots.owned must list slots 0 .. count - 1")
+    if report["count"] != slots:
+        log.error("a server reports %d embedding slots; this job has %d: its report is "
+                  "ignored", report["count"], slots)
+        return []
+    return sorted(set(owned))
+
+
 class Resharding:
     """The placement's members and the slots in motion. ``members`` is empty until the slot
-    map is placed (once the expected servers are live)."""
+    map is placed (once the expected servers are live). A restarted scheduler places the
+    slots where the servers that register again say they are (:meth:`report`), waiting up to
+    ``grace`` seconds for every slot to be reported."""
 
-    def __init__(self, shard_map: SlotTables, slots: int) -> None:
+    def __init__(self, shard_map: SlotTables, slots: int, grace: float = 5.0) -> None:
         self._map = shard_map
         self.slots = slots
+        self.grace = grace
         self.members: list[int] = []
         self.moved = 0  # slots handed to a new owner so far
+        self._reports: dict[int, list[int]] = {}  # rank -> the slots it says it owns
+        self._first_report_at: float | None = None
         restored = self.table  # a slot map restored from a checkpoint: its owners are members
         if restored is not None:
             self.slots = restored.slots
@@ -109,13 +132,68 @@ class Resharding:
         table = self._map.tables.get(EMBEDDING_MAP)
         return table if table is not None and table.slots else None
 
-    def place(self, servers: list[Member]) -> None:
-        """Place the slot map over ``servers`` (the expected ones, live), once."""
+    @property
+    def reported(self) -> bool:
+        """Whether servers reported slots that are not placed yet (a restarted scheduler)."""
+        return bool(self._reports) and self.table is None
+
+    def report(self, rank: int, owned: list[int], now: float) -> None:
+        """Server ``rank``, registering again, owns ``owned`` (from
+        :func:`parse_slot_report`); ignored once the slot map is placed."""
         if not self.slots or self.table is not None:
+            return
+        self._reports[rank] = owned
+        if self._first_report_at is None:
+            self._first_report_at = now
+
+    def place(self, servers: list[Member], now: float) -> None:
+        """Place the slot map over ``servers`` (the expected ones, live), once: where the
+        servers' reports put the slots if any came, else by rendezvous."""
+        if not self.slots or self.table is not None:
+            return
+        if self._reports and self._place_reported(now):
+            return
+        if self.table is not None or (self._reports and not self._grace_over(now)):
             return
         self.members = [m.rank for m in servers]
         self._map.tables[EMBEDDING_MAP] = slot_table(self.slots, self.members)
         self._map.changed(f"embedding slots placed on servers {self.members}")
+
+    def _grace_over(self, now: float) -> bool:
+        return self._first_report_at is None or now - self._first_report_at >= self.grace
+
+    def _place_reported(self, now: float) -> bool:
+        """Place the slots as reported; False while some are missing within the grace, or
+        when no report names any slot (then they are placed afresh)."""
+        owners = np.full(self.slots, -1, np.int64)
+        for rank, owned in sorted(self._reports.items()):
+            taken = [s for s in owned if owners[s] >= 0]
+            if taken:  # the lower rank keeps them
+                log.error("embedding slots %s reported by servers %d and %d; kept on server "
+                          "%d", taken[:8], int(owners[taken[0]]), rank, int(owners[taken[0]]))
+            owners[[s for s in owned if owners[s] < 0]] = rank
+        missing = owners < 0
+        if missing.any() and not self._grace_over(now):
+            return False  # a server that owns them may not have registered again yet
+        members = sorted({int(r) for r in owners[~missing]})
+        if not members:
+            log.error("no server reported an embedding slot within %.1f s; the slots are "
+                      "placed afresh and start from their initial rows", self.grace)
+            return False
+        if missing.any():
+            log.error("%d embedding slots were reported by no server within %.1f s; they go "
+                      "to their rendezvous owners among servers %s and start from their "
+                      "initial rows", int(missing.sum()), self.grace, members)
+            owners[missing] = rendezvous_owners(self.slots, members)[missing]
+        self.members = members
+        spec = DenseTableSpec(EMBEDDING_MAP, self.slots, 1, {})
+        self._map.tables[EMBEDDING_MAP] = PlacedTable(
+            spec, [Chunk(s, s, 1, int(r)) for s, r in enumerate(owners)], ready=True,
+            slots=self.slots)
+        self._reports.clear()
+        self._map.changed(f"embedding slots placed where servers {members} reported them")
+        log.info("embedding slots: placement relearnt from the servers (members %s)", members)
+        return True
 
     def moving(self) -> int:
         table = self.table

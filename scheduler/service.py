@@ -45,7 +45,7 @@ from hogshard.scheduler.policy_control import PolicyControl
 from hogshard.scheduler.recovery import parse_table_report
 from hogshard.scheduler.rejoin import Rejoin
 from hogshard.scheduler.replication import check_replication
-from hogshard.scheduler.resharding import check_slots
+from hogshard.scheduler.resharding import check_slots, parse_slot_report
 from hogshard.scheduler.server_recovery import ServerRecovery
 from hogshard.scheduler.shard_map import ShardMap
 from hogshard.scheduler.waiters import Ready, Reply, Waiters
@@ -96,7 +96,7 @@ class Scheduler:
                                        epoch=restored.epoch if restored is not None else 0)
         self.shard_map = ShardMap(self.members, expected_servers, replication,
                                   restored.tables if restored is not None else None,
-                                  embedding_slots)
+                                  embedding_slots, report_grace=heartbeat_timeout)
         self.policy = PolicyControl(consistency, replication, heartbeat_interval)
         self.barriers = Barriers()
         self.recovery = ServerRecovery(LostShards(heartbeat_timeout), self.shard_map,
@@ -175,6 +175,7 @@ class Scheduler:
             self._log_membership()
             self.rejoin.members_gone(dead)
         self.recovery.tick(now)
+        self.shard_map.place_reported_slots()
         self.checkpoints.tick(now)
         self._waiters.release()
 
@@ -212,11 +213,16 @@ class Scheduler:
             start_clock = msg.get("clock")  # a worker rejoining a restarted scheduler
         reported = parse_table_report(msg.get("tables")) \
             if role == "server" and msg.get("tables") is not None else {}
+        owned_slots = parse_slot_report(msg.get("embedding_slots"),
+                                        self.shard_map.resharding.slots) \
+            if role == "server" and msg.get("embedding_slots") is not None else None
         member, restore = self.rejoin.join(role, str(msg.get("address", "")),
                                            msg.get("rank_hint"), start_clock,
                                            msg.get("incarnation"))
         member.host = msg.get("host")
         self.shard_map.adopt(member.rank, reported)
+        if owned_slots is not None:
+            self.shard_map.resharding.report(member.rank, owned_slots, time.monotonic())
         if role == "server":
             self.shard_map.fill_backups()
         self._log_membership()

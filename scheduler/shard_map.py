@@ -45,8 +45,8 @@ class ShardMap:
     clock (ms), so a restarted scheduler never repeats an earlier one."""
 
     def __init__(self, roster: Roster, expected_servers: int, replication: int = 1,
-                 tables: dict[str, PlacedTable] | None = None, embedding_slots: int = 0
-                 ) -> None:
+                 tables: dict[str, PlacedTable] | None = None, embedding_slots: int = 0,
+                 report_grace: float = 5.0) -> None:
         self._roster = roster
         self.expected_servers = expected_servers
         self.replication = replication
@@ -54,7 +54,7 @@ class ShardMap:
         self.map_epoch = int(time.time() * 1000)
         self.history: list[dict[str, Any]] = []
         #: Embedding rows in virtual slots that move between servers (0 slots: off).
-        self.resharding = Resharding(self, embedding_slots)
+        self.resharding = Resharding(self, embedding_slots, report_grace)
 
     # ---- declared tables --------------------------------------------------------------------
 
@@ -187,7 +187,7 @@ class ShardMap:
         if EMBEDDING_MAP in self.tables or len(servers) < self.expected_servers:
             return
         if self.resharding.slots:
-            self.resharding.place(servers[:self.expected_servers])
+            self.resharding.place(servers[:self.expected_servers], time.monotonic())
             return
         if self.replication < 2:
             return
@@ -196,6 +196,12 @@ class ShardMap:
                             ready=True)
         self.tables[EMBEDDING_MAP] = table
         self._replicate_new_table(table)
+
+    def place_reported_slots(self) -> None:
+        """Place the embedding slots the servers reported, once their grace has run out
+        (called by the scheduler's timed work; a no-op otherwise)."""
+        if self.resharding.reported:
+            self._place_embedding_shards()
 
     def fill_backups(self) -> None:
         """Place a backup for each chunk of a replicated table that has none, if a second

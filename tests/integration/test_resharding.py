@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from hogshard.proto.config import ClientSettings
+from hogshard.proto.errors import HogshardError
 from hogshard.proto.transport import RpcChannel
 from hogshard.worker.client import PSClient
 
@@ -38,6 +39,7 @@ class Job:
                                    str(servers), "--embedding-slots", str(SLOTS), *TIMING)
         procs.wait_until(lambda: address_file.exists() or not scheduler.alive(), 30.0,
                          "the scheduler's address file", on_timeout=scheduler.tail)
+        self.scheduler = scheduler
         self.address = address_file.read_text().strip()
         self.servers = {rank: self.server(rank) for rank in range(servers)}
         self.client = PSClient(ClientSettings(scheduler=self.address, request_timeout=60.0))
@@ -152,6 +154,48 @@ def test_a_drained_server_hands_over_every_row_and_can_then_stop(procs, tmp_path
         job.close()
     np.testing.assert_array_equal(rows, job.expected)
     assert sum(kept.values()) == IDS
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(150, method="signal")
+def test_a_restarted_scheduler_keeps_the_slots_where_they_moved(procs, tmp_path: Path) -> None:
+    """After server 2 was added (beyond --servers 2), the scheduler is SIGKILLed and started
+    again on its address: it places the slots where the servers say they are, so no row is
+    dropped and every acknowledged push is still in the rows."""
+    job = Job(procs, tmp_path, servers=2)
+    try:
+        job.push(10)
+        job.servers[2] = job.server(2)
+        procs.wait_until(lambda: job.live(2), 30.0, "server 2 to register",
+                         on_timeout=procs.report)
+        job.change_while_pushing("add", 2)
+        before = job.status()["embedding_slots"]
+        job.push(5)
+        job.scheduler.signal_group(signal.SIGKILL)
+        assert job.scheduler.wait(10.0) == -signal.SIGKILL
+        restarted = procs.hogshard("scheduler-restarted", "scheduler", "--bind", job.address,
+                                   "--servers", "2", "--embedding-slots", str(SLOTS), *TIMING)
+        restarted.wait_for_output(r"scheduler listening on", 30.0)
+
+        def relearnt() -> dict[str, Any] | None:
+            try:
+                placement = job.status().get("embedding_slots")
+            except HogshardError:
+                return None
+            return placement if placement and placement["owners"] else None
+
+        after = procs.wait_until(relearnt, 30.0, "the slot placement relearnt",
+                                 on_timeout=restarted.tail)
+        job.push(10)  # the servers serve their slots again once they have the map
+        rows = job.pull()
+        held = {rank: job.emb_stats(rank)["tables"]["e"]["rows"] for rank in (0, 1, 2)}
+        output = restarted.output()
+    finally:
+        job.close()
+    assert after["owners"] == before["owners"] and after["members"] == [0, 1, 2]
+    assert "placement relearnt from the servers" in output, output
+    np.testing.assert_array_equal(rows, job.expected)
+    assert sum(held.values()) == IDS and held[2] > 0
 
 
 _SHOW_PLACEMENT = """

@@ -5,6 +5,8 @@ membership table alone: no sockets."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -12,7 +14,12 @@ from hogshard.proto.errors import ConfigError, ConflictError, ProtocolError
 from hogshard.proto.tables import EMBEDDING_MAP
 from hogshard.scheduler.membership import MembershipTable
 from hogshard.scheduler.replication import assignments_for
-from hogshard.scheduler.resharding import check_slots, rendezvous_owners, slot_table
+from hogshard.scheduler.resharding import (
+    check_slots,
+    parse_slot_report,
+    rendezvous_owners,
+    slot_table,
+)
 from hogshard.scheduler.shard_map import ShardMap
 
 SLOTS = 4096
@@ -176,3 +183,86 @@ def test_a_slot_map_restored_from_a_checkpoint_keeps_its_owners_as_members() -> 
     assert shards.resharding.members == [0, 2] and shards.resharding.slots == 64
     shards.fill_backups()
     assert shards.tables[EMBEDDING_MAP] is restored[EMBEDDING_MAP]  # not placed afresh
+
+
+# ---- a restarted scheduler --------------------------------------------------------------------
+
+
+class RestartedJob:
+    """A restarted scheduler's shard map and membership; times are seconds since it began
+    (the shard map reads the monotonic clock)."""
+
+    def __init__(self, expected: int, grace: float = 60.0) -> None:
+        self.start = time.monotonic()
+        self.members = MembershipTable(heartbeat_timeout=grace)
+        self.shards = ShardMap(self.members, expected, embedding_slots=64, report_grace=grace)
+
+    def rejoin(self, rank: int, owned: list[int], at: float) -> None:
+        """What ``register`` does for a server that registers again with its slots."""
+        now = self.start + at
+        self.members.register("server", f"inproc://s{rank}", now=now, rank_hint=rank)
+        self.shards.resharding.report(rank, parse_slot_report({"count": 64, "owned": owned},
+                                                              64), now)
+        self.shards.fill_backups()
+
+    def place(self, at: float) -> None:
+        """The scheduler's timed work ``at`` seconds in."""
+        self.shards.resharding.place(self.members.live("server"), self.start + at)
+
+
+def test_a_restarted_scheduler_keeps_the_slots_where_the_servers_say_they_are() -> None:
+    """After an add (slots on 0, 1 and 2 although --servers is 2), the placement is relearnt
+    from the servers, not placed afresh over the first two."""
+    after_add = rendezvous_owners(64, [0, 1, 2])
+    job = RestartedJob(expected=2)
+    job.rejoin(0, np.flatnonzero(after_add == 0).tolist(), at=0.0)
+    job.rejoin(1, np.flatnonzero(after_add == 1).tolist(), at=0.1)
+    assert EMBEDDING_MAP not in job.shards.tables  # server 2's slots are not reported yet
+    job.rejoin(2, np.flatnonzero(after_add == 2).tolist(), at=0.2)
+    assert [server for server, _ in owners(job.shards)] == after_add.tolist()
+    assert job.shards.resharding.members == [0, 1, 2] and job.shards.resharding.moving() == 0
+    job.rejoin(3, [0, 1], at=0.3)  # a report after placement changes nothing
+    assert [server for server, _ in owners(job.shards)] == after_add.tolist()
+
+
+def test_slots_no_server_reports_within_the_grace_go_to_rendezvous_owners() -> None:
+    job = RestartedJob(expected=2, grace=30.0)
+    job.rejoin(0, list(range(0, 40)), at=0.0)
+    job.rejoin(1, list(range(40, 60)), at=0.5)  # slots 60-63 were on a server that is gone
+    job.place(at=29.9)
+    assert EMBEDDING_MAP not in job.shards.tables
+    job.place(at=30.1)
+    placed = [server for server, _ in owners(job.shards)]
+    assert placed[:40] == [0] * 40 and placed[40:60] == [1] * 20
+    assert placed[60:] == rendezvous_owners(64, [0, 1])[60:].tolist()
+
+
+def test_a_drained_server_is_not_a_member_again_and_the_lower_rank_keeps_a_double_claim(
+        ) -> None:
+    job = RestartedJob(expected=2)
+    job.rejoin(2, [5, 6], at=0.0)  # slot 5: a stale claim
+    job.rejoin(0, [], at=0.1)  # drained before the restart
+    assert EMBEDDING_MAP not in job.shards.tables
+    job.rejoin(1, [s for s in range(64) if s != 6], at=0.2)
+    assert job.shards.resharding.members == [1, 2]
+    placed = [server for server, _ in owners(job.shards)]
+    assert placed[5] == 1 and placed[6] == 2 and placed.count(1) == 63
+
+
+def test_reports_naming_no_slot_fall_back_to_a_fresh_placement_after_the_grace() -> None:
+    job = RestartedJob(expected=2, grace=30.0)
+    job.rejoin(0, [], at=0.0)
+    job.rejoin(1, [], at=0.1)
+    job.place(at=29.0)
+    assert EMBEDDING_MAP not in job.shards.tables
+    job.place(at=30.5)
+    assert [server for server, _ in owners(job.shards)] == rendezvous_owners(64, [0, 1]).tolist()
+
+
+def test_bad_slot_reports_are_refused_and_other_counts_ignored() -> None:
+    for bad in ([1, 2], {"count": 64}, {"count": "64", "owned": []},
+                {"count": 64, "owned": [64]}, {"count": 64, "owned": [True]}):
+        with pytest.raises(ProtocolError):
+            parse_slot_report(bad, 64)
+    assert parse_slot_report({"count": 32, "owned": [1, 2]}, 64) == []
+    assert parse_slot_report({"count": 64, "owned": [3, 1, 3]}, 64) == [1, 3]
