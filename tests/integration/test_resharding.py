@@ -56,6 +56,12 @@ class Job:
         return self.procs.hogshard(f"server{rank}", "server", "--scheduler", self.address,
                                    "--rank", str(rank))
 
+    def start_server(self, rank: int) -> None:
+        """Start a server beyond the placement's and wait until it has registered."""
+        self.servers[rank] = self.server(rank)
+        self.procs.wait_until(lambda: self.live(rank), 30.0, f"server {rank} to register",
+                              on_timeout=self.procs.report)
+
     def pull(self) -> np.ndarray:
         rows = np.empty((IDS, 4), np.float32)
         self.client.pull_rows([self.table], [self.ids], [rows]).result(60.0)
@@ -109,9 +115,7 @@ def test_a_server_added_mid_job_takes_a_third_of_the_rows_and_loses_no_push(
     job = Job(procs, tmp_path, servers=2)
     try:
         job.push(20)
-        job.servers[2] = job.server(2)
-        procs.wait_until(lambda: job.live(2), 30.0, "server 2 to register",
-                         on_timeout=procs.report)
+        job.start_server(2)
         job.push(5)  # server 2 is up but holds no slot: training goes on as before
         assert job.emb_stats(2)["tables"].get("e", {}).get("rows", 0) == 0
         pushed, output = job.change_while_pushing("add", 2)
@@ -165,9 +169,7 @@ def test_a_restarted_scheduler_keeps_the_slots_where_they_moved(procs, tmp_path:
     job = Job(procs, tmp_path, servers=2)
     try:
         job.push(10)
-        job.servers[2] = job.server(2)
-        procs.wait_until(lambda: job.live(2), 30.0, "server 2 to register",
-                         on_timeout=procs.report)
+        job.start_server(2)
         job.change_while_pushing("add", 2)
         before = job.status()["embedding_slots"]
         job.push(5)
