@@ -117,8 +117,8 @@ class EmbeddingStore:
     # ---- checkpoint -------------------------------------------------------------------------
 
     def save(self, path: str | Path) -> int:
-        """Write every table's touched rows and optimizer state to ``path`` (an ``.npz``,
-        written atomically); returns the rows written."""
+        """Write every table's touched rows, optimizer state and admission sketch to ``path``
+        (an ``.npz``, written atomically); returns the rows written."""
         arrays: dict[str, np.ndarray] = {}
         specs, total = [], 0
         for i, table in enumerate(self.tables.values()):
@@ -127,6 +127,8 @@ class EmbeddingStore:
             arrays[f"{i}.ids"], arrays[f"{i}.weights"] = ids, table.rows_at(slots)
             for key, array in table.state.items():
                 arrays[f"{i}.state.{key}"] = array[slots]
+            if table.sketch is not None:  # ids on their way to admission keep their counts
+                arrays[f"{i}.sketch"] = table.sketch.counts
             total += ids.size
         arrays["specs"] = np.frombuffer(json.dumps(specs).encode(), dtype=np.uint8)
         path = Path(path)
@@ -151,6 +153,8 @@ class EmbeddingStore:
                         table.state[key][slots] = data[f"{i}.state.{key}"]
                     table.slot_ids[slots] = ids
                     table.index.insert(ids, slots)
+                    if table.sketch is not None and f"{i}.sketch" in data.files:
+                        table.sketch.restore(data[f"{i}.sketch"])
                     tables[table.name] = table
         except (OSError, KeyError, ValueError) as err:
             raise HogshardError(f"cannot load embedding checkpoint {path}: {err}") from None

@@ -48,6 +48,13 @@ class CountMinSketch:
             return np.stack([(splitmix64(keys ^ salt) % np.uint64(self.width)).astype(np.int64)
                              for salt in _SALTS[: self.counts.shape[0]]])
 
+    def restore(self, counts: np.ndarray) -> None:
+        """Take the counts of a checkpointed sketch (ValueError unless they fit this one)."""
+        if counts.shape != self.counts.shape or counts.dtype != self.counts.dtype:
+            raise ValueError(f"a sketch of {counts.shape} {counts.dtype} counts does not fit "
+                             f"one of {self.counts.shape} {self.counts.dtype}")
+        self.counts[...] = counts
+
     def add(self, ids: np.ndarray) -> np.ndarray:
         """Count each of ``ids`` (unique) once more; returns their estimates after it."""
         columns = self._columns(ids)

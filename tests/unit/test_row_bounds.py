@@ -60,6 +60,23 @@ def test_a_row_is_created_on_its_nth_push_and_earlier_pushes_are_dropped() -> No
     assert store.summary()["admitted"] == 1 and store.summary()["rejected"] == 2
 
 
+def test_a_checkpoint_keeps_the_admission_counts(tmp_path) -> None:
+    """An id pushed twice before a checkpoint (admit_after=3) is admitted by the first push
+    after the restore, as without the restart."""
+    store = store_with(admit_after=3)
+    push(store, ids_of(7))
+    push(store, ids_of(7))
+    store.save(tmp_path / "shard.emb.npz")
+    restored = store_with()
+    restored.load(tmp_path / "shard.emb.npz")
+    table = restored.table("t")
+    assert table.rows == 0 and table.sketch is not None
+    push(restored, ids_of(7))
+    assert table.rows == 1 and table.counters["admitted"] == 1
+    with pytest.raises(ValueError, match="does not fit"):
+        table.sketch.restore(np.zeros((2, 3), np.uint32))
+
+
 def test_rows_untouched_for_ttl_pushes_expire() -> None:
     store = store_with(ttl=16)
     table = store.table("t")
