@@ -34,6 +34,9 @@ class Observed(Protocol):
     @property
     def policy_version(self) -> int: ...
 
+    @property
+    def embedding_moves(self) -> dict[str, int]: ...
+
 
 def _read(server: Observed) -> dict[str, Any]:
     stats = server.stats
@@ -45,6 +48,7 @@ def _read(server: Observed) -> dict[str, Any]:
         "chunks": sum(len(t.chunks) for t in list(server.store.tables.values())),
         "policy_version": server.policy_version,
         "embeddings": server.embeddings.stats(),
+        "moves": dict(server.embedding_moves),
     }
 
 #: Per embedding table: (metric suffix, stats key, help, is a counter).
@@ -119,6 +123,16 @@ class ServerCollector:
             for table, stats in sorted(s["embeddings"].items()):
                 family.add_metric([*values, str(table)], float(stats[key]))
             yield family
+        if s["moves"]:  # a job with embedding slots
+            for unit in ("slots", "rows"):
+                moved = CounterMetricFamily(
+                    f"hogshard_server_embedding_{unit}_moved",
+                    f"embedding {unit} handed to a next owner (out) or received (in)",
+                    labels=[*names, "direction"])
+                for direction in ("out", "in"):
+                    moved.add_metric([*values, direction],
+                                     float(s["moves"].get(f"{unit}_{direction}", 0)))
+                yield moved
         yield staleness_histogram("hogshard_server_staleness",
                                   "staleness of applied pushes, in clocks",
                                   {int(k): int(v) for k, v in wire["staleness"]}, labels)

@@ -147,6 +147,12 @@ class ShardServer:
         return self.schedule.version
 
     @property
+    def embedding_moves(self) -> dict[str, int]:
+        """Embedding slots and rows moved out and in ({} in a job without slots)."""
+        slots = self.replicas.slots
+        return dict(slots.moved) if slots.count else {}
+
+    @property
     def pending_pulls(self) -> int:
         """Pulls the policy holds back now."""
         return self.dense.pending_pulls

@@ -43,7 +43,9 @@ def _read(scheduler: Scheduler) -> dict[str, Any]:
     return {"members": members, "errors": dict(scheduler.errors),
             "epoch": scheduler.members.epoch, "tables": len(scheduler.shard_map.tables),
             "uptime": now - scheduler.started_at, "policy": scheduler.policy.policy.spec,
-            "policy_version": scheduler.policy.version}
+            "policy_version": scheduler.policy.version,
+            "slots": scheduler.shard_map.resharding.status()
+            if scheduler.shard_map.resharding.table is not None else None}
 
 
 class SchedulerCollector:
@@ -90,6 +92,18 @@ class SchedulerCollector:
                                  labels=["policy", "version"])
         info.add_metric([s["policy"], str(s["policy_version"])], 1)
         yield info
+        if s["slots"] is not None:  # a job with embedding slots, once they are placed
+            owned = GaugeMetricFamily("hogshard_embedding_slots",
+                                      "embedding slots each server owns", labels=["server"])
+            for rank, count in sorted(s["slots"]["owners"].items(), key=lambda kv: int(kv[0])):
+                owned.add_metric([rank], count)
+            yield owned
+            yield GaugeMetricFamily("hogshard_embedding_slots_moving",
+                                    "embedding slots moving to another server now",
+                                    value=s["slots"]["moving"])
+            yield CounterMetricFamily("hogshard_embedding_slots_moved",
+                                      "embedding slots handed to a new owner",
+                                      value=s["slots"]["moved"])
         servers = [m for m in s["members"] if m["role"] == "server" and m["stats"]]
         for key, doc in RELAYED.items():
             family = CounterMetricFamily(f"hogshard_cluster_{key}",
