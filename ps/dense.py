@@ -46,6 +46,9 @@ class DenseChunk:
     version: int = 0
     #: The ZeroMQ tracker of the last pull reply that carried ``weights`` without a copy.
     in_flight: Any = None
+    #: The weights of one version in a pull codec, ``(codec name, version, array)``: pulls of
+    #: that version in that codec share it (the array is never written, only replaced).
+    encoded: tuple[str, int, np.ndarray] | None = field(default=None, repr=False)
 
     def writable(self) -> np.ndarray:
         """The weights, safe to update in place. Pull replies send the live buffer without a

@@ -307,7 +307,8 @@ class DenseOps:
         fields: dict[str, Any] = {"versions": versions}
         sent = arrays
         if codec is not None:  # new arrays: nothing of the live weights leaves
-            arrays, track, fields["codec"] = encode_weights(codec, arrays), False, codec.name
+            arrays, track, fields["codec"] = _encoded(codec, chunks, arrays, versions), False, \
+                codec.name
             sent = arrays
         elif type(msg.get("shm")) is int and not self._applier.policy.modifiers.dc_lambda:
             ref, spans, arrays = self.shm.publish(table, chunks, arrays, versions,
@@ -369,3 +370,16 @@ class DenseOps:
             "pending_pulls": len(self._deferred),
             "policy": self._applier.policy.spec,
         }, []
+
+
+def _encoded(codec: Codec, chunks: Sequence[DenseChunk], arrays: Sequence[np.ndarray],
+             versions: Sequence[int]) -> list[np.ndarray]:
+    """Each chunk's weights (``arrays``, of ``versions``) in ``codec``, encoded once per
+    version: pulls of a version that another pull already encoded reuse it."""
+    encoded = []
+    for chunk, array, version in zip(chunks, arrays, versions, strict=True):
+        cached = chunk.encoded
+        if cached is None or cached[0] != codec.name or cached[1] != version:
+            cached = chunk.encoded = (codec.name, version, encode_weights(codec, [array])[0])
+        encoded.append(cached[2])
+    return encoded

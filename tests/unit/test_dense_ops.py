@@ -127,6 +127,32 @@ def test_a_pull_is_answered_with_the_weights_and_versions(parts: Parts) -> None:
         parts.ops.pull(b"w", msg("pull", 3, "worker-0", table="other", chunks=[0]))
 
 
+def test_pulls_in_half_precision_encode_each_version_once(parts: Parts) -> None:
+    """Two workers pulling version 1 in fp16 get the same encoding, made once; a push makes a
+    new version, encoded again; another codec is encoded apart."""
+    parts.push(1, "worker-0", 0.5)
+
+    def pull_in(codec: str, request_id: int) -> list[np.ndarray]:
+        parts.ops.pull(b"w", msg("pull", request_id, "worker-0", chunks=[0, 1], codec=codec))
+        _, (fields, arrays) = parts.out.replies[-1]
+        assert fields["codec"] == codec
+        return arrays
+
+    chunk = parts.store.table("m").chunks[0]
+    first = pull_in("fp16", 2)
+    encoded = chunk.encoded
+    assert encoded is not None and encoded[:2] == ("fp16", 1)
+    again = pull_in("fp16", 3)
+    assert chunk.encoded is encoded  # reused, not encoded again
+    assert [a.tobytes() for a in again] == [a.tobytes() for a in first]
+    assert first[0].dtype == np.float16 and first[0].tolist() == [-0.5, -0.5]
+    parts.push(4, "worker-0", 0.25, versions=[1, 1])
+    assert pull_in("fp16", 5)[0].tolist() == [-0.75, -0.75]
+    assert chunk.encoded is not None and chunk.encoded[1] == 2
+    assert pull_in("bf16", 6)[0].view(np.uint16).tolist() == \
+        (np.array([-0.75, -0.75], np.float32).view(np.uint32) >> 16).astype(np.uint16).tolist()
+
+
 def test_an_ssp_pull_waits_for_the_slowest_worker_then_goes(context: zmq.Context) -> None:
     parts = Parts(context, "ssp:0")
     try:
