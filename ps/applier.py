@@ -93,15 +93,12 @@ class UpdateApplier:
                     )
         modifiers = self.policy.modifiers
         group_size = self.policy.group_size(len(live))
-        result: list[int | None] = []
-        for chunk, grad, pulled in zip(chunks, grads, pulled_versions, strict=True):
-            staleness = max(0, chunk.version - pulled)
-            if not modifiers.accepts(staleness):
+        result = self.staleness(chunks, pulled_versions)  # measured before any is applied
+        for chunk, grad, staleness in zip(chunks, grads, result, strict=True):
+            if staleness is None:
                 self.stats.dropped += 1
-                result.append(None)
                 continue
             self.stats.record_staleness(staleness)
-            result.append(staleness)
             if modifiers.dc_lambda:
                 grad = self._compensate(table.name, chunk, grad, sender)
             self._staleness_sum += staleness

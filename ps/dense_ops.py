@@ -42,9 +42,9 @@ from hogshard.ps.stats import ServerStats
 from hogshard.ps.update_pool import AppliedUpdate, Ticket
 from hogshard.ps.workers import PolicySchedule, WorkerView
 
-#: Pulls the policy holds back: per connection and in all (more are refused with TOO_LARGE).
 log = logging.getLogger(__name__)
 
+#: Pulls the policy holds back: per connection and in all (more are refused with TOO_LARGE).
 MAX_DEFERRED_PER_PEER = 64
 MAX_DEFERRED = 4096
 

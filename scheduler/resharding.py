@@ -151,9 +151,7 @@ class Resharding:
         servers' reports put the slots if any came, else by rendezvous."""
         if not self.slots or self.table is not None:
             return
-        if self._reports and self._place_reported(now):
-            return
-        if self.table is not None or (self._reports and not self._grace_over(now)):
+        if self._reports and (self._place_reported(now) or not self._grace_over(now)):
             return
         self.members = [m.rank for m in servers]
         self._map.tables[EMBEDDING_MAP] = slot_table(self.slots, self.members)
