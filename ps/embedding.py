@@ -30,6 +30,7 @@ Example::
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 import numpy as np
@@ -52,6 +53,9 @@ _NO_IDS = np.empty(0, INT64)
 #: What :meth:`EmbeddingTable.missing` finds: each id's slot (-1: no row) and the missing ids.
 Found = tuple[np.ndarray, np.ndarray]
 #: How each half-precision ``storage`` holds a row element (bf16: the upper half of a float32).
+#: Pulls whose slots a push of the same ids reuses (about one per worker pulling the table).
+RECALLED_PULLS = 8
+
 STORE_DTYPES = {"fp16": np.dtype("<f2"), "bf16": np.dtype("<u2")}
 
 
@@ -76,6 +80,9 @@ class EmbeddingTable:
         self.free = np.empty(0, INT64)
         self.tick = 0
         self.push_clock = 0  # pushes applied to this table
+        self.generation = 0  # bumped when rows are dropped: their slots may hold other ids
+        # (ids, slots, generation) of the last pulls: a push of the same ids skips the lookup
+        self._pulled: deque[tuple[np.ndarray, np.ndarray, int]] = deque(maxlen=RECALLED_PULLS)
         self.sketch = CountMinSketch() if spec.admit_after and spec.admit_after > 1 else None
         self.counters = {"created": 0, "evicted": 0, "expired": 0, "admitted": 0,
                          "rejected": 0, "pulls": 0, "pushes": 0, "ids_pulled": 0,
@@ -197,6 +204,7 @@ class EmbeddingTable:
     def _drop(self, victims: np.ndarray) -> None:
         """Forget the rows in slots ``victims`` (their slots are reused)."""
         self.index.remove(self.slot_ids[victims])
+        self.generation += 1
         self.slot_ids[victims] = -1
         self.free = np.concatenate([self.free, victims])
 
@@ -253,6 +261,7 @@ class EmbeddingTable:
         if self.sketch is None:
             slots = self.slots_for(ids, found, new_rows)  # may grow (replace) self.weights
             rows = self.rows_at(slots)
+            self._pulled.append((ids.copy(), slots, self.generation))
         else:
             slots = self.index.lookup(ids)
             held = slots >= 0
@@ -277,7 +286,7 @@ class EmbeddingTable:
         if self.sketch is not None:
             ids, grads = self._admitted(ids, grads)
         self.push_clock += 1
-        slots = self.slots_for(ids)
+        slots = self.slots_for(ids, None if self.sketch is not None else self._recall(ids))
         w = self.rows_at(slots)
         state = {key: array[slots] for key, array in self.state.items()}
         self.rule.apply(w, grads, state)
@@ -288,6 +297,15 @@ class EmbeddingTable:
         self.counters["pushes"] += 1
         self.counters["ids_pushed"] += int(ids.size)
         self._expire()
+
+    def _recall(self, ids: np.ndarray) -> Found | None:
+        """The slots of ``ids`` as a recent pull of exactly these ids found them, if no row has
+        been dropped since (a push that follows its pull need not look its ids up again)."""
+        for pulled, slots, generation in self._pulled:
+            if pulled.size == ids.size and generation == self.generation \
+                    and (pulled == ids).all():
+                return slots, _NO_IDS
+        return None
 
     def _admitted(self, ids: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The (unique) ids of a push that have rows or are admitted now, with their

@@ -231,3 +231,57 @@ def test_checkpoint_round_trip(tmp_path) -> None:
     other.push(["t"], [ids], [np.ones((3, 3), np.float32)])
     store.push(["t"], [ids], [np.ones((3, 3), np.float32)])
     np.testing.assert_array_equal(other.pull(["t"], [ids])[0], store.pull(["t"], [ids])[0])
+
+
+def _lookups(table) -> list[np.ndarray]:
+    """Record the ids ``table`` looks up in its index from now on."""
+    seen: list[np.ndarray] = []
+    lookup = table.index.lookup
+
+    def counted(ids: np.ndarray) -> np.ndarray:
+        seen.append(ids.copy())
+        return lookup(ids)
+
+    table.index.lookup = counted
+    return seen
+
+
+def test_a_push_of_the_ids_just_pulled_reuses_their_slots() -> None:
+    store = store_with({"rule": "sgd", "lr": 1.0}, dim=2)
+    table = store.table("t")
+    ids, other = ids_of(5, 9, 12), ids_of(40, 41)
+    before = store.pull(["t"], [ids])[0]
+    store.pull(["t"], [other])  # another worker's pull in between
+    seen = _lookups(table)
+    store.push(["t"], [ids], [np.ones((3, 2), np.float32)])
+    assert seen == []
+    np.testing.assert_array_equal(store.pull(["t"], [ids])[0], before - 1)
+    store.push(["t"], [ids_of(5, 9)], [np.ones((2, 2), np.float32)])  # not a pull's ids
+    assert [s.tolist() for s in seen] == [[5, 9, 12], [5, 9]]
+    np.testing.assert_allclose(store.pull(["t"], [ids])[0], before - [[2], [2], [1]], rtol=1e-6)
+
+
+def test_a_push_after_rows_were_dropped_finds_its_rows_again() -> None:
+    """A pull's slots are not reused once rows have been evicted: the slots may hold other
+    ids by then."""
+    store = store_with({"rule": "sgd", "lr": 1.0}, dim=2, max_rows=4)
+    first, second = ids_of(1, 2, 3, 4), ids_of(10, 11, 12, 13)
+    store.pull(["t"], [first])
+    others = store.pull(["t"], [second])[0]  # evicts the first rows; their slots are reused
+    store.push(["t"], [first], [np.ones((4, 2), np.float32)])
+    table = store.table("t")
+    start = init_rows(0, "t", first, 2, table.spec.scale)
+    np.testing.assert_array_equal(store.pull(["t"], [first])[0], start - 1)
+    assert table.counters["evicted"] >= 4
+    held = table.index.lookup(second)
+    np.testing.assert_array_equal(table.rows_at(held[held >= 0]), others[held >= 0])
+
+
+def test_ids_changed_by_the_caller_after_a_pull_are_looked_up() -> None:
+    store = store_with({"rule": "sgd", "lr": 1.0}, dim=2)
+    buffer = ids_of(1, 2)
+    store.pull(["t"], [buffer])
+    start = store.pull(["t"], [ids_of(3, 4)])[0]
+    buffer[:] = [3, 4]  # the same array, other ids
+    store.push(["t"], [buffer], [np.ones((2, 2), np.float32)])
+    np.testing.assert_array_equal(store.pull(["t"], [ids_of(3, 4)])[0], start - 1)
