@@ -69,6 +69,7 @@ class Segment:
         self.fd, self.size, self.pid = fd, size, os.getpid()
         self._map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         self._bytes = np.frombuffer(self._map, dtype=np.uint8)
+        self._address = self._bytes.ctypes.data
 
     @classmethod
     def create(cls, name: str, size: int) -> Segment:
@@ -92,7 +93,7 @@ class Segment:
 
     def owns(self, array: np.ndarray, offset: int) -> bool:
         """Whether ``array`` is this segment's memory at byte ``offset`` already."""
-        return array.__array_interface__["data"][0] == self._bytes.ctypes.data + offset
+        return array.__array_interface__["data"][0] == self._address + offset
 
     def publish(self, header: int, data: int, weights: np.ndarray, version: int) -> None:
         """Write a slot under its seqlock (``header``, ``data``: byte offsets)."""

@@ -177,6 +177,16 @@ class PSClient:
         """
         return self.shm.gradient_buffer(table)
 
+    def shared_gradient_buffer(self, table: DenseTable) -> np.ndarray | None:
+        """:meth:`gradient_buffer` where uncompressed pushes of ``table`` reach a server of this
+        host through shared memory (the table unreplicated, a chunk of at least
+        ``HOGSHARD_SHM_MIN_BYTES`` on such a server); None where every push travels in frames.
+
+        Example: ``grads = client.shared_gradient_buffer(table)`` (then ``if grads is None: grads
+        = np.zeros(table.size, np.float32)``)"""
+        return self.shm.gradient_buffer(table) if self.shm.takes_pushes(table, self._hosts) \
+            else None
+
     @classmethod
     def from_env(cls, context: zmq.Context | None = None) -> PSClient:
         """A client configured from the ``HOGSHARD_*`` environment variables."""

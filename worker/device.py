@@ -149,6 +149,11 @@ class HostMirror:
     def new_buffer(self) -> HostBuffer:
         return HostBuffer(torch.empty_like(self.flat))
 
+    def gather_grads_in(self, array: np.ndarray) -> None:
+        """Gather the gradients in ``array`` (flat float32, the parameters' total size; e.g.
+        the client's shared-memory gradient buffer) from now on."""
+        self.grads = HostBuffer(torch.from_numpy(array))
+
     def copy_grad(self, start: int, stop: int, grad: torch.Tensor) -> None:
         self.grads.tensor[start:stop].copy_(grad.reshape(-1))
 

@@ -23,6 +23,7 @@ import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from hogshard.proto.codecs.lowrank import layer_matrix
@@ -32,7 +33,7 @@ from hogshard.proto.tables import DEFAULT_CHUNK_ELEMS
 from hogshard.worker.auto_codec import prepare_compression
 from hogshard.worker.client import DenseTable, PSClient
 from hogshard.worker.compression import CompressionPolicy, Compressor
-from hogshard.worker.device import HostBuffer, make_mirror
+from hogshard.worker.device import HostBuffer, HostMirror, make_mirror
 from hogshard.worker.embedding import RemoteEmbeddingBag, push_gradients
 from hogshard.worker.futures import Future
 from hogshard.worker.overlap import DEFAULT_BUCKET_BYTES, GradientBuckets, make_buckets
@@ -106,6 +107,11 @@ class PSOptimizer:
         if self.compressor is not None:  # powersgd compresses each parameter on its own
             self.compressor.set_layers(table, [layer_matrix(p.shape) for p in self.params])
             self._pull_codec = prepare_compression(client, self.compressor, self.table, rule)
+        if self.compressor is None and isinstance(self._mirror, HostMirror):
+            shared = client.shared_gradient_buffer(self.table)
+            if shared is not None:  # co-located pushes read the gradients where they are gathered
+                self._mirror.gather_grads_in(shared)
+                self._grads = shared
         self.steps = 0
         self.embeddings = list(embeddings)  # RemoteEmbeddingBags pushed with every step
         if overlap is None:  # by default where it can help: the table fills several buckets
@@ -136,6 +142,13 @@ class PSOptimizer:
         client = self.client
         return client.push(self.table, self._grads, clock=client.clock,
                            compressor=self.compressor, chunks=chunks)
+
+    @property
+    def gradients(self) -> np.ndarray:
+        """The flat float32 host array each step gathers the gradients in and pushes from (in
+        the client's shared-memory segment when a server of this host takes the table's pushes
+        through it; a CPU model without a codec)."""
+        return self._grads
 
     @property
     def clock(self) -> int:

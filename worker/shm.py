@@ -19,7 +19,7 @@ Example (what ``PSClient`` does)::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -53,6 +53,14 @@ class ShmLink:
     def reaches(self, chunks: Sequence[Chunk]) -> bool:
         """Whether any of ``chunks`` (float32) is large enough to travel through a segment."""
         return any(4 * c.length >= self.settings.shm_min_bytes for c in chunks)
+
+    def takes_pushes(self, table: DenseTable, hosts: Mapping[int, Any]) -> bool:
+        """Whether uncompressed pushes of ``table`` write some chunk into its segment: the
+        table is unreplicated and a chunk large enough has its server on this host (``hosts``:
+        server rank -> the host identity it reported)."""
+        return table.replication == 1 and any(
+            4 * c.length >= self.settings.shm_min_bytes and self.colocated(hosts.get(c.server))
+            for c in table.chunks)
 
     def segment(self, table: DenseTable) -> Segment:
         """The table's push segment (a float32 slot for every element, at its offset)."""

@@ -220,3 +220,55 @@ def test_kill_9_leaves_no_segment_behind(cluster_factory, procs, zmq_ctx, victim
         assert worker.wait(60.0) == 1, worker.tail()  # its requests fail; it exits
     assert holders(table) == []
     assert dev_shm() == before
+
+
+def train_model(zmq_ctx: zmq.Context, address: str, table_name: str,
+                shm: ShmSettings) -> tuple[np.ndarray, bool]:
+    """A CPU model trained by PSOptimizer for a few seeded steps: its weights, and whether its
+    gradients were gathered in the client's shared-memory gradient buffer."""
+    import torch
+
+    from hogshard import PSOptimizer
+
+    settings = ClientSettings(scheduler=address, connect_timeout=30.0, request_timeout=30.0)
+    client = PSClient(settings, zmq_ctx, shm=shm)
+    try:
+        torch.manual_seed(5)
+        model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.Tanh(),
+                                    torch.nn.Linear(1024, 8))  # 271,368 floats: 3 chunks
+        if client.rank != 0:  # only rank 0's optimizer declares its table
+            init = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
+            client.dense_table(table_name, init.size, {"rule": "sgd", "lr": 0.1}, init=init,
+                               chunk_elems=CHUNK_ELEMS)
+        opt = PSOptimizer(client, model.named_parameters(), rule="sgd", lr=0.1,
+                          table=table_name, chunk_elems=CHUNK_ELEMS)
+        for _ in range(STEPS):
+            x, y = torch.randn(32, 256), torch.randn(32, 8)
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+        opt.pull()
+        weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
+        shared = np.shares_memory(opt.gradients, client.gradient_buffer(opt.table))
+        return weights.copy(), shared
+    finally:
+        client.close()
+
+
+def test_an_optimizer_gathers_gradients_in_shared_memory_and_pushes_them_without_a_copy(
+        cluster_factory, zmq_ctx):
+    """With a server on its host, PSOptimizer's gradients live in the push segment: the two
+    large chunks reach the server through it with no copy, the small one in frames; the
+    weights are those of the same steps with shared memory off, bit for bit."""
+    cluster = cluster_factory(servers=1)
+    before = shm_bytes(zmq_ctx, cluster)
+    on, shared_on = train_model(zmq_ctx, cluster.address, "model-on", ShmSettings())
+    used = shm_bytes(zmq_ctx, cluster)
+    assert shared_on
+    assert used[0] - before[0] == STEPS * 2 * 4 * CHUNK_ELEMS
+    off, shared_off = train_model(zmq_ctx, cluster.address, "model-off", ShmSettings(shm=0))
+    elsewhere, shared_elsewhere = train_model(zmq_ctx, cluster.address, "model-elsewhere",
+                                              ShmSettings(host_id="another-host"))
+    assert not shared_off and not shared_elsewhere
+    assert shm_bytes(zmq_ctx, cluster)[0] == used[0]
+    assert on.tobytes() == off.tobytes() == elsewhere.tobytes()
