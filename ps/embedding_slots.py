@@ -29,7 +29,7 @@ import numpy as np
 
 from hogshard.proto.errors import NotOwnerError
 from hogshard.proto.hashing import shard_of
-from hogshard.ps.embedding_replica import shard_rows
+from hogshard.ps.embedding_replica import snapshot
 from hogshard.ps.embedding_store import EmbeddingStore
 
 log = logging.getLogger(__name__)
@@ -124,14 +124,8 @@ class SlotRoles:
         pending.clear()
         sent = {}
         for owner, slots in by_owner.items():
-            specs, keys, arrays = [], [], []
-            for table in embeddings.tables.values():
-                ids, rows, state = shard_rows(table, slots, self.count)
-                specs.append(table.spec.to_wire())
-                keys.append(sorted(state))
-                arrays += [ids, rows, *(state[k] for k in sorted(state))]
-            sent[owner] = send(owner, "emb_snapshot", {
-                "shards": slots, "tables": specs, "state_keys": keys}, arrays)
+            fields, arrays = snapshot(embeddings, slots, self.count)
+            sent[owner] = send(owner, "emb_snapshot", {"shards": slots, **fields}, arrays)
             self.handoffs.update({slot: (owner, sent[owner]) for slot in slots})
         return sent
 

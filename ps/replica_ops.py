@@ -25,11 +25,11 @@ import numpy as np
 
 from hogshard.proto.errors import ConflictError, ProtocolError
 from hogshard.proto.ops import Field
-from hogshard.proto.tables import EMBEDDING_MAP, EmbeddingSpec
+from hogshard.proto.tables import EMBEDDING_MAP
 from hogshard.proto.wire import Message
 from hogshard.ps.dense import FLOAT32, DenseChunk, DenseStore, DenseTable, check_arrays
 from hogshard.ps.embedding_ops import apply_rows
-from hogshard.ps.embedding_replica import install_rows
+from hogshard.ps.embedding_replica import install_snapshot
 from hogshard.ps.embedding_store import EmbeddingStore
 from hogshard.ps.peer_gate import PeerGate
 from hogshard.ps.replication import Replicator
@@ -134,22 +134,12 @@ class BackupOps:
         """Install embedding ``shard`` (or the slots in ``shards``) whole: ``tables`` lists
         each table's spec and ``state_keys`` its row-state keys; the arrays are, per table,
         ids, rows and states."""
-        specs, keys = msg.header["tables"], msg.header["state_keys"]
         shards = [msg.get("shard")] if msg.get("shards") is None else msg.get("shards")
-        if len(keys) != len(specs) or shards == [None]:
-            raise ProtocolError("'emb_snapshot': needs 'shard' or 'shards', and fields "
-                                "'tables' and 'state_keys' listing one entry per table")
+        if shards == [None]:
+            raise ProtocolError("'emb_snapshot': needs 'shard' or 'shards'")
         if not self._admit(identity, msg, EMBEDDING_MAP, shards):
             return None
-        arrays, rows_in = list(msg.arrays), 0
-        for wire, table_keys in zip(specs, keys, strict=True):
-            spec = EmbeddingSpec.from_wire(wire)
-            self._embeddings.create(spec)
-            table = self._embeddings.table(spec.name)
-            ids, rows = arrays.pop(0), arrays.pop(0)
-            state = {key: arrays.pop(0) for key in table_keys}
-            install_rows(table, np.asarray(ids), np.asarray(rows), state)
-            rows_in += int(np.asarray(ids).size)
+        rows_in = install_snapshot(self._embeddings, msg.header, msg.arrays)
         self._replicas.mark_replicated(EMBEDDING_MAP)
         if msg.get("shards") is not None:  # slots handed to this server (their next owner)
             self._replicas.slots.moved["slots_in"] += len(shards)
@@ -168,6 +158,6 @@ FIELDS = {
     "emb_replicate": (Field("shard", int, required=True), Field("tables", list, required=True),
                       Field("push_id", int), Field("seq", int), Field("map_epoch", int)),
     "emb_snapshot": (Field("shard", int), Field("shards", list), Field("tables", list, required=True),
-                     Field("state_keys", list, required=True), Field("seq", int),
-                     Field("map_epoch", int)),
+                     Field("state_keys", list, required=True), Field("sketches", list),
+                     Field("seq", int), Field("map_epoch", int)),
 }

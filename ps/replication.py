@@ -35,7 +35,7 @@ from hogshard.proto.tables import EMBEDDING_MAP
 from hogshard.proto.transport import ERROR, connect_dealer, request_header, send
 from hogshard.proto.wire import Message, decode
 from hogshard.ps.dense import DenseChunk, DenseStore, DenseTable
-from hogshard.ps.embedding_replica import shard_rows
+from hogshard.ps.embedding_replica import snapshot
 from hogshard.ps.embedding_slots import SlotRoles
 from hogshard.ps.embedding_store import EmbeddingStore
 from hogshard.ps.update_pool import AppliedUpdate
@@ -282,14 +282,8 @@ class Replicator:
             backup = self.roles.get(EMBEDDING_MAP, {}).get(shard, (-1, -1))[1]
             if backup not in self.links:
                 continue
-            specs, keys, arrays = [], [], []
-            for table in embeddings.tables.values():
-                ids, rows, state = shard_rows(table, shard, self.embedding_shards)
-                specs.append(table.spec.to_wire())
-                keys.append(sorted(state))
-                arrays += [ids, rows, *(state[k] for k in sorted(state))]
-            sent[backup] = self.send(backup, "emb_snapshot", {
-                "shard": shard, "tables": specs, "state_keys": keys}, arrays)
+            fields, arrays = snapshot(embeddings, shard, self.embedding_shards)
+            sent[backup] = self.send(backup, "emb_snapshot", {"shard": shard, **fields}, arrays)
         return sent
 
     def forward(self, table: DenseTable, applied: Sequence[AppliedUpdate],

@@ -50,10 +50,20 @@ class CountMinSketch:
 
     def restore(self, counts: np.ndarray) -> None:
         """Take the counts of a checkpointed sketch (ValueError unless they fit this one)."""
+        self._check_fits(counts)
+        self.counts[...] = counts
+
+    def merge(self, counts: np.ndarray) -> None:
+        """Take the counts of another server's sketch of the same table: each counter keeps the
+        larger of the two, so no id counted by either is under-counted (ValueError unless the
+        counts fit this sketch)."""
+        self._check_fits(counts)
+        np.maximum(self.counts, counts, out=self.counts)
+
+    def _check_fits(self, counts: np.ndarray) -> None:
         if counts.shape != self.counts.shape or counts.dtype != self.counts.dtype:
             raise ValueError(f"a sketch of {counts.shape} {counts.dtype} counts does not fit "
                              f"one of {self.counts.shape} {self.counts.dtype}")
-        self.counts[...] = counts
 
     def add(self, ids: np.ndarray) -> np.ndarray:
         """Count each of ``ids`` (unique) once more; returns their estimates after it."""

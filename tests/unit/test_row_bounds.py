@@ -9,6 +9,7 @@ import pytest
 from hogshard.proto.errors import ProtocolError
 from hogshard.proto.hashing import init_rows
 from hogshard.proto.tables import EmbeddingSpec
+from hogshard.ps.embedding_replica import install_snapshot, snapshot
 from hogshard.ps.embedding_store import EmbeddingStore
 from hogshard.ps.row_bounds import CountMinSketch
 
@@ -75,6 +76,45 @@ def test_a_checkpoint_keeps_the_admission_counts(tmp_path) -> None:
     assert table.rows == 1 and table.counters["admitted"] == 1
     with pytest.raises(ValueError, match="does not fit"):
         table.sketch.restore(np.zeros((2, 3), np.uint32))
+
+
+def test_a_snapshot_carries_the_admission_counts_to_the_next_owner() -> None:
+    """An id pushed twice (admit_after=3) on the server its slot moves away from is admitted by
+    its first push on the next owner; the next owner's own counts stay (the larger of each)."""
+    old, new = store_with(admit_after=3), store_with(admit_after=3)
+    push(old, ids_of(7))
+    push(old, ids_of(7, 11))  # 11: admitted nowhere yet
+    push(old, ids_of(12))
+    push(old, ids_of(12))
+    push(old, ids_of(12))  # admitted: a row moves
+    push(new, ids_of(11))
+    push(new, ids_of(11))  # counted twice on the next owner already
+    fields, arrays = snapshot(old, [0], 1)
+    assert fields["sketches"] == [True] and len(arrays) == 3  # ids, rows (sgd: no state), sketch
+    assert install_snapshot(new, fields, arrays) == 1
+    table = new.table("t")
+    assert table.sketch is not None
+    # 11: the larger of its two counts (1 there, 2 here), not their sum
+    assert table.sketch.estimate(ids_of(7, 11, 12)).tolist() == [2, 2, 3]
+    push(new, ids_of(7, 11))
+    assert table.rows == 3 and table.counters["admitted"] == 2
+
+
+def test_a_snapshot_without_admission_has_no_sketches_and_a_bad_one_is_refused() -> None:
+    plain = EmbeddingStore()
+    plain.create(EmbeddingSpec("p", 2, None, RULE))
+    plain.pull(["p"], [ids_of(1, 2)])
+    fields, arrays = snapshot(plain, [0], 1)
+    assert "sketches" not in fields and len(arrays) == 2
+    receiver = EmbeddingStore()
+    assert install_snapshot(receiver, fields, arrays) == 2
+    counted = store_with(admit_after=3)
+    fields, arrays = snapshot(counted, [0], 1)
+    with pytest.raises(ProtocolError, match="carries 2 arrays"):
+        install_snapshot(store_with(admit_after=3), fields, arrays[:2])
+    with pytest.raises(ProtocolError, match="does not fit"):
+        install_snapshot(store_with(admit_after=3), fields,
+                         [*arrays[:2], np.zeros((2, 3), np.uint32)])
 
 
 def test_rows_untouched_for_ttl_pushes_expire() -> None:
