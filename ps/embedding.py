@@ -52,10 +52,9 @@ INT64, FLOAT32 = np.dtype("<i8"), np.dtype("<f4")
 _NO_IDS = np.empty(0, INT64)
 #: What :meth:`EmbeddingTable.missing` finds: each id's slot (-1: no row) and the missing ids.
 Found = tuple[np.ndarray, np.ndarray]
-#: How each half-precision ``storage`` holds a row element (bf16: the upper half of a float32).
 #: Pulls whose slots a push of the same ids reuses (about one per worker pulling the table).
 RECALLED_PULLS = 8
-
+#: How each half-precision ``storage`` holds a row element (bf16: the upper half of a float32).
 STORE_DTYPES = {"fp16": np.dtype("<f2"), "bf16": np.dtype("<u2")}
 
 
