@@ -284,12 +284,16 @@ class RemoteEmbeddingBag(nn.Module):
         if torch.is_grad_enabled():
             weight.requires_grad_(True)
             self._touched.append((fetched.ids, weight))
+        inverse = to_device(fetched.inverse, device)
+        if offsets is None and per_sample_weights is None and inverse.dim() == 2 \
+                and inverse.shape[1] == 1:  # bags of one id: the pooled row is the row itself
+            return F.embedding(inverse.view(-1), weight)
         if offsets is not None:
             offsets = to_device(offsets, device)
         if per_sample_weights is not None:
             per_sample_weights = to_device(per_sample_weights, device)
-        return F.embedding_bag(to_device(fetched.inverse, device), weight, offsets,
-                               mode=self.mode, per_sample_weights=per_sample_weights)
+        return F.embedding_bag(inverse, weight, offsets, mode=self.mode,
+                               per_sample_weights=per_sample_weights)
 
     def row_gradients(self) -> tuple[np.ndarray, np.ndarray] | None:
         """The (ids, summed row gradients) of every forward since the last call, or None."""

@@ -58,3 +58,41 @@ def test_rows_come_to_the_device_and_gradients_go_back(cluster_factory, device: 
         assert bag.row_gradients() is None  # no-grad forwards record nothing
     finally:
         client.close()
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(90, method="signal")
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+def test_bags_of_one_id_pool_to_the_row_itself(cluster_factory, device: str, mode: str) -> None:
+    """A batch of one id per bag (DLRM's layout, ``[batch, 1]``) pools to each id's row,
+    exactly, in both modes, and a step moves each row by its summed gradient."""
+    address = cluster_factory(servers=2, policy="async").address
+    client = PSClient(ClientSettings(scheduler=address, request_timeout=30.0))
+    try:
+        torch.manual_seed(0)
+        bag = RemoteEmbeddingBag(client, f"single-{mode}", 1000, DIM, mode=mode,
+                                 rule={"rule": "sgd", "lr": LR}, seed=SEED, init_scale=SCALE)
+        head = nn.Linear(DIM, 1)
+        nn.ModuleList([bag, head]).to(device)
+        opt = PSOptimizer(client, head.named_parameters(), rule="sgd", lr=LR, embeddings=[bag])
+        ids = torch.tensor([[5], [1], [5], [9]], device=device)
+        uniq = np.array([1, 5, 9])
+        rows = torch.from_numpy(init_rows(SEED, f"single-{mode}", uniq, DIM, SCALE))
+        index = torch.tensor([1, 0, 1, 2])
+
+        pooled = bag(ids)
+        assert pooled.shape == (4, DIM) and pooled.device.type == device
+        torch.testing.assert_close(pooled.cpu(), rows[index], rtol=0, atol=0)
+        opt.zero_grad()
+        head(pooled).sum().backward()
+        weight = head.weight.detach().cpu().reshape(-1).clone()
+        opt.step()
+
+        prefetch([(bag, ids)])
+        with torch.no_grad():
+            after = bag(ids)
+        counts = torch.tensor([1.0, 2.0, 1.0])  # occurrences of 1, 5, 9
+        expected = rows - LR * counts[:, None] * weight[None, :]
+        torch.testing.assert_close(after.cpu(), expected[index], rtol=0, atol=1e-6)
+    finally:
+        client.close()
