@@ -58,7 +58,7 @@ def snapshot(store: EmbeddingStore, shard: int | Sequence[int], shards: int
         arrays += [ids, rows, *(state[k] for k in sorted(state))]
         sketches.append(table.sketch is not None)
         if table.sketch is not None:  # ids part-way to admission keep their counts
-            arrays.append(table.sketch.counts)
+            arrays.append(table.sketch.counts.copy())  # pushes count on while it is sent
     fields: dict[str, Any] = {"tables": specs, "state_keys": keys}
     if any(sketches):
         fields["sketches"] = sketches
@@ -79,14 +79,14 @@ def install_snapshot(store: EmbeddingStore, fields: dict[str, Any],
     if len(arrays) != expected:
         raise ProtocolError(f"'emb_snapshot' carries {len(arrays)} arrays; its tables need "
                             f"{expected}")
-    left, installed = list(arrays), 0
+    left, installed = iter(arrays), 0
     for wire, table_keys, has_sketch in zip(specs, keys, sketches, strict=True):
         spec = EmbeddingSpec.from_wire(wire)
         store.create(spec)
         table = store.table(spec.name)
-        ids, rows = np.asarray(left.pop(0)), np.asarray(left.pop(0))
-        state = {key: left.pop(0) for key in table_keys}
-        counts = np.asarray(left.pop(0)) if has_sketch else None
+        ids, rows = np.asarray(next(left)), np.asarray(next(left))
+        state = {key: next(left) for key in table_keys}
+        counts = np.asarray(next(left)) if has_sketch else None
         if counts is not None and table.sketch is not None:
             try:
                 table.sketch.merge(counts)

@@ -59,8 +59,7 @@ class ShmLink:
         table is unreplicated and a chunk large enough has its server on this host (``hosts``:
         server rank -> the host identity it reported)."""
         return table.replication == 1 and any(
-            4 * c.length >= self.settings.shm_min_bytes and self.colocated(hosts.get(c.server))
-            for c in table.chunks)
+            self.reaches([c]) and self.colocated(hosts.get(c.server)) for c in table.chunks)
 
     def segment(self, table: DenseTable) -> Segment:
         """The table's push segment (a float32 slot for every element, at its offset)."""
