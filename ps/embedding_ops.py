@@ -25,6 +25,7 @@ import numpy as np
 from hogshard.proto.codecs.pull import decode_weights, encode_weights, pull_codec
 from hogshard.proto.errors import HogshardError, NotOwnerError, ProtocolError
 from hogshard.proto.ops import Field
+from hogshard.proto.packed_rows import counts_of, pack, split_ids, split_rows
 from hogshard.proto.tables import EMBEDDING_MAP, EmbeddingSpec
 from hogshard.proto.wire import Message
 from hogshard.ps.embedding_store import EmbeddingStore
@@ -37,16 +38,43 @@ from hogshard.ps.workers import WorkerView
 Reply = tuple[dict[str, Any], list[np.ndarray]]
 
 
+def pulled_ids(msg: Message) -> list[np.ndarray]:
+    """An ``emb_pull``'s id array per table (split from the one array of a packed pull)."""
+    counts = msg.get("counts")
+    if counts is None:
+        return msg.arrays
+    counts = counts_of(counts, len(msg.get("tables")))
+    if len(msg.arrays) != 1:
+        raise ProtocolError(f"a packed emb_pull carries one id array; got {len(msg.arrays)}")
+    return split_ids(msg.arrays[0], counts)
+
+
+def pushed_rows(embeddings: EmbeddingStore, msg: Message
+                ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """An ``emb_push``'s (ids, float32 gradient rows) per table, decoded, split from the two
+    arrays of a packed push."""
+    arrays, codec, counts = msg.arrays, pull_codec(msg.get("codec")), msg.get("counts")
+    if counts is None:
+        return arrays[0::2], arrays[1::2] if codec is None else decode_weights(codec,
+                                                                              arrays[1::2])
+    names = msg.get("tables")
+    counts = counts_of(counts, len(names))
+    if len(arrays) != 2:
+        raise ProtocolError(f"a packed emb_push carries an id array and a gradient array; got "
+                            f"{len(arrays)} arrays")
+    dims = [table.spec.dim for table in embeddings.resolve(names)]
+    flat = arrays[1] if codec is None else decode_weights(codec, arrays[1:])[0]
+    return split_ids(arrays[0], counts), split_rows(flat, counts, dims, "gradients")
+
+
 def apply_rows(embeddings: EmbeddingStore, stats: ServerStats, msg: Message) -> dict[str, Any]:
     """Apply an ``emb_push`` (or a forwarded one) and count it; its reply fields."""
-    arrays = msg.arrays
-    codec = pull_codec(msg.get("codec"))
-    grads = arrays[1::2] if codec is None else decode_weights(codec, arrays[1::2])
-    embeddings.push(msg.get("tables"), arrays[0::2], grads)
+    ids, grads = pushed_rows(embeddings, msg)
+    embeddings.push(msg.get("tables"), ids, grads)
     stats.pushes += 1
-    stats.updates += len(arrays) // 2
-    stats.bytes_in += sum(a.nbytes for a in arrays)
-    return {"rows": [int(a.size) for a in arrays[0::2]]}
+    stats.updates += len(ids)
+    stats.bytes_in += sum(a.nbytes for a in msg.arrays)
+    return {"rows": [int(a.size) for a in ids]}
 
 
 class EmbeddingOps:
@@ -136,7 +164,9 @@ class EmbeddingOps:
     def _serve_pull(self, msg: Message) -> Reply:
         self._shard(msg)
         codec = pull_codec(msg.get("codec"))
-        rows = self._embeddings.pull(msg.get("tables"), msg.arrays)
+        rows = self._embeddings.pull(msg.get("tables"), pulled_ids(msg))
+        if msg.get("counts") is not None:
+            rows = [pack(rows)]
         fields: dict[str, Any] = {}
         if codec is not None:  # half-precision rows (proto/codecs/pull.py)
             rows, fields["codec"] = encode_weights(codec, rows), codec.name
@@ -193,9 +223,10 @@ FIELDS = {
                    Field("admit_after", int), Field("ttl", int), Field("storage", str),
                    Field("policy", str)),
     "emb_pull": (Field("tables", list, required=True), Field("shard", int),
-                 Field("slots", int), Field("clock", int)),
+                 Field("slots", int), Field("clock", int), Field("counts", list)),
     "emb_push": (Field("tables", list, required=True), Field("shard", int),
-                 Field("slots", int), Field("push_id", int), Field("clock", int)),
+                 Field("slots", int), Field("push_id", int), Field("clock", int),
+                 Field("counts", list)),
     "emb_stats": (),
     "emb_save": _PATH,
     "emb_load": _PATH,

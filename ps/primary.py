@@ -104,7 +104,9 @@ class Primary:
         needs: dict[int, int] = {}
         if push_id is not None and (push_id, shard) in self._replicas.recent:
             self._stats.duplicates += 1
-            fields: dict[str, Any] = {"rows": [int(a.size) for a in msg.arrays[0::2]],
+            counts = msg.get("counts")
+            fields: dict[str, Any] = {"rows": counts if counts is not None
+                                      else [int(a.size) for a in msg.arrays[0::2]],
                                       "duplicate": True}
             needs = self._replicas.forwarded_so_far()
         else:
@@ -115,7 +117,7 @@ class Primary:
             if backup in self._replicas.links:
                 needs[backup] = self._replicas.send(backup, "emb_replicate", {
                     "tables": msg.get("tables"), "shard": shard, "push_id": push_id,
-                    "codec": msg.get("codec")},  # fp16 rows stay fp16 to the backup
+                    "codec": msg.get("codec"), "counts": msg.get("counts")},  # as sent
                     list(msg.arrays))
         self.hold(identity, msg.request_id, fields, needs)
 

@@ -31,6 +31,7 @@ from hogshard.proto.codecs import Codec
 from hogshard.proto.codecs.pull import PULL_CODECS, decode_weights, encode_weights, pull_codec
 from hogshard.proto.errors import ConfigError, ProtocolError, UnknownTableError
 from hogshard.proto.hashing import shard_of
+from hogshard.proto.packed_rows import pack, split_rows
 from hogshard.proto.rule_specs import ROW_RULES, check_rule_spec
 from hogshard.proto.tables import EMBEDDING_MAP, EmbeddingSpec
 from hogshard.worker.futures import Future
@@ -160,8 +161,9 @@ def _plan(
 
 
 def _fields(client: PSClient, tables: Sequence[EmbeddingHandle], clock: int | None,
-            shard: int) -> dict[str, Any]:
-    fields: dict[str, Any] = {"tables": [h.name for h in tables]}
+            shard: int, counts: list[int]) -> dict[str, Any]:
+    """The header of a packed row request (PROTOCOL.md section 7.2)."""
+    fields: dict[str, Any] = {"tables": [h.name for h in tables], "counts": counts}
     if clock is not None:
         fields["clock"] = clock
     if client.embedding_map is not None and client.embedding_map.slots:
@@ -212,23 +214,30 @@ def pull_rows(
     half precision (proto/codecs/pull.py)."""
     checked = _plan(client, tables, ids, outs, "pull_rows", "out", "output")
     decoder = _row_codec(codec)
+    dims = [h.dim for h in tables]
     futures = []
     for where in _destinations(client, checked):
         def build(positions: list[np.ndarray], shard: int = where[1]
                   ) -> tuple[dict[str, Any], list[np.ndarray], Any]:
+            counts = [p.size for p in positions]
+
             def land(message: Any) -> None:
                 if message.get("codec", "none") != codec:
                     raise ProtocolError(f"emb_pull asked for {codec} rows; the reply says "
                                         f"{message.get('codec', 'none')!r}")
-                rows = message.arrays if decoder is None else decode_weights(decoder,
-                                                                             message.arrays)
+                if len(message.arrays) != 1:
+                    raise ProtocolError(f"a packed emb_pull's reply carries one array; got "
+                                        f"{len(message.arrays)}")
+                flat = message.arrays[0] if decoder is None else decode_weights(
+                    decoder, message.arrays)[0]
+                rows = split_rows(flat, counts, dims, "rows")
                 for out, mine, table_rows in zip(outs, positions, rows, strict=True):
                     out[mine] = table_rows
 
-            fields = _fields(client, tables, clock, shard)
+            fields = _fields(client, tables, clock, shard, counts)
             if decoder is not None:
                 fields["codec"] = codec
-            return fields, [t[p] for t, p in zip(checked, positions, strict=True)], land
+            return fields, [pack([t[p] for t, p in zip(checked, positions, strict=True)])], land
 
         futures.append(_send(client, "emb_pull", where, build))
     return Future.gather(futures, client._pump)
@@ -248,22 +257,29 @@ def push_rows(
     checked = _plan(client, tables, ids, grads, "push_rows", "grads", "gradient array")
     encoder = _row_codec(codec)
     replicated = client.embedding_map is not None and not client.embedding_map.slots
+    dims = [h.dim for h in tables]
+    push_ids = {}  # per destination: the same id on every retry (replicated: applied once)
     futures = []
     for where in _destinations(client, checked):
-        fields = _fields(client, tables, clock, where[1])
-        if encoder is not None:
-            fields["codec"] = codec
-        if replicated:  # the same id on every retry: applied once
-            fields["push_id"] = client.new_push_id()
+        if replicated:
+            push_ids[where[1]] = client.new_push_id()
 
-        def build(positions: list[np.ndarray], fields: dict[str, Any] = fields
+        def build(positions: list[np.ndarray], shard: int = where[1]
                   ) -> tuple[dict[str, Any], list[np.ndarray], Any]:
-            arrays = []
-            for table_ids, table_grads, mine in zip(checked, grads, positions, strict=True):
-                rows = table_grads[mine]
-                arrays += [table_ids[mine],
-                           rows if encoder is None else encode_weights(encoder, [rows])[0]]
-            return fields, arrays, None
+            counts = [p.size for p in positions]
+            fields = _fields(client, tables, clock, shard, counts)
+            if encoder is not None:
+                fields["codec"] = codec
+            if replicated:
+                fields["push_id"] = push_ids[shard]
+            rows = np.empty(sum(n * dim for n, dim in zip(counts, dims, strict=True)), FLOAT32)
+            for table_grads, mine, part in zip(grads, positions,
+                                               split_rows(rows, counts, dims, "gradients"),
+                                               strict=True):
+                np.take(table_grads, mine, axis=0, out=part)
+            ids_packed = pack([t[p] for t, p in zip(checked, positions, strict=True)])
+            return fields, [ids_packed,
+                            rows if encoder is None else encode_weights(encoder, [rows])[0]], None
 
         futures.append(_send(client, "emb_push", where, build))
     return Future.gather(futures, client._pump)

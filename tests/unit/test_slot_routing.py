@@ -53,9 +53,10 @@ def test_each_id_goes_to_the_owner_of_its_slot() -> None:
     assert [rank for rank, *_ in client.sent] == [0, 1, 2]
     seen = []
     for rank, op, fields, (sent_ids, grads), _, route in client.sent:
-        assert op == "emb_push" and fields == {"tables": ["e"], "slots": SLOTS}
+        assert op == "emb_push"
+        assert fields == {"tables": ["e"], "slots": SLOTS, "counts": [sent_ids.size]}
         slots = shard_of(sent_ids, SLOTS)
-        assert all(OWNERS[s] == rank for s in slots) and grads.shape == (sent_ids.size, 2)
+        assert all(OWNERS[s] == rank for s in slots) and grads.shape == (sent_ids.size * 2,)
         assert route.follow is False and route.chunk_ids == sorted(set(slots.tolist()))
         seen += sent_ids.tolist()
     assert sorted(seen) == list(range(100))
@@ -71,10 +72,10 @@ def test_a_refused_pull_is_rebuilt_for_the_slots_of_each_new_owner() -> None:
     assert rank == 0 and fields["slots"] == SLOTS
     some = [Chunk(s, s, 1, 1) for s in route.chunk_ids[:2]]  # two of its slots moved
     sub_fields, (sub_ids,), land = route.build(some)
-    assert sub_fields["slots"] == SLOTS
+    assert sub_fields["slots"] == SLOTS and sub_fields["counts"] == [sub_ids.size]
     assert set(shard_of(sub_ids, SLOTS).tolist()) == set(route.chunk_ids[:2])
     rows = np.stack([sub_ids, -sub_ids], axis=1).astype(np.float32)
-    land(Message({"v": 1, "op": "ok", "id": 1}, [rows]))
+    land(Message({"v": 1, "op": "ok", "id": 1}, [rows.reshape(-1)]))  # packed: one flat array
     np.testing.assert_array_equal(out[sub_ids, 0], sub_ids)  # landed where they belong
     untouched = np.setdiff1d(ids, sub_ids)
     assert (out[untouched] == 0).all()
