@@ -47,6 +47,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import numpy as np
@@ -67,12 +68,18 @@ from hogshard.worker.sparse import EmbeddingHandle
 class _Fetched:
     """Rows pulled for one batch of indices: the unique ids, the inverse map, the rows."""
 
-    def __init__(self, indices: torch.Tensor, dim: int, device: torch.device) -> None:
+    def __init__(self, indices: torch.Tensor, dim: int, device: torch.device,
+                 counted: bool) -> None:
         flat = indices.detach().reshape(-1).to("cpu", torch.int64).numpy()
         self.key = indices
-        self.ids, inverse, self.counts = np.unique(flat, return_inverse=True,
-                                                   return_counts=True)
-        self.inverse = torch.from_numpy(inverse.reshape(indices.shape).astype(np.int64))
+        self.counts: np.ndarray | None = None  # lookups per unique id: ``counted`` (a cache)
+        if counted:
+            self.ids, inverse, self.counts = np.unique(flat, return_inverse=True,
+                                                       return_counts=True)
+        else:
+            self.ids, inverse = np.unique(flat, return_inverse=True)
+        self.inverse = torch.from_numpy(inverse.reshape(indices.shape).astype(np.int64,
+                                                                               copy=False))
         self.rows_tensor = host_empty((self.ids.size, dim), device)  # pinned for a GPU
         self.rows = self.rows_tensor.numpy()
         self.future: Future | None = None
@@ -101,6 +108,15 @@ class _Fetched:
         for _, positions, rows in self.refreshes:
             self.rows[positions] = rows
         self.refreshes = []
+
+
+@dataclass(slots=True)
+class _StepState:
+    """A bag's state from one step to the next."""
+
+    prefetched: _Fetched | None = None  # rows pulled for the next forward
+    touched: list[tuple[np.ndarray, torch.Tensor]] = field(default_factory=list)  # (ids, leaf)
+    pushing: Future | None = None  # the row push not yet waited for (pipeline)
 
 
 def _by_cache(pairs: Sequence[tuple[RemoteEmbeddingBag, _Fetched]]
@@ -157,7 +173,8 @@ def _pull(bags: Sequence[RemoteEmbeddingBag], fetched: Sequence[_Fetched],
         f.pulled_at = f.clock if bag.pipeline == "exact" else client.clock
     for cache, tables, cached in _by_cache(pairs):
         missed = cache.split_tables(tables, [f.ids for f in cached], cached[0].clock,
-                                    [f.rows for f in cached], [f.counts for f in cached])
+                                    [f.rows for f in cached],
+                                    [cast(np.ndarray, f.counts) for f in cached])  # counted
         for f, positions in zip(cached, missed, strict=True):
             f.missed = positions
             f.missed_rows = np.empty((positions.size, f.rows.shape[1]), np.float32)
@@ -228,7 +245,7 @@ class RemoteEmbeddingBag(nn.Module):
                               f"older than policy {policy!r} allows; use ssp:S (S >= 1) or "
                               "async")
         self.pipeline = pipeline
-        self._pushing: Future | None = None  # the row push not yet waited for (pipeline)
+        self._step = _StepState()  # plain attributes: nn.Module's __setattr__ costs per step
         self.client = client
         self.mode = mode
         self.embedding_dim = embedding_dim
@@ -242,15 +259,13 @@ class RemoteEmbeddingBag(nn.Module):
         self.cache = (RowCache(embedding_dim, cache_staleness, cache_rows)
                       if cache_staleness is not None else cache)
         self.cache_table = self.cache.add_table() if self.cache is not None else 0
-        self._prefetched: _Fetched | None = None
-        self._touched: list[tuple[np.ndarray, torch.Tensor]] = []
         # no parameters to follow .to(); an empty buffer carries the device
         self.register_buffer("_device_anchor", torch.empty(0, device=device), persistent=False)
 
     @property
     def device(self) -> torch.device:
         """Where the pooled output (and the rows it is made of) live."""
-        return cast(torch.Tensor, self._device_anchor).device
+        return cast(torch.Tensor, self._buffers["_device_anchor"]).device
 
     def extra_repr(self) -> str:
         return (f"{self.handle.name!r}, {self.num_embeddings}, {self.embedding_dim}, "
@@ -258,7 +273,7 @@ class RemoteEmbeddingBag(nn.Module):
 
     def fetch(self, indices: torch.Tensor) -> _Fetched:
         """Start pulling the rows of ``indices`` (used by :func:`prefetch`)."""
-        fetched = _Fetched(indices, self.embedding_dim, self.device)
+        fetched = _Fetched(indices, self.embedding_dim, self.device, self.cache is not None)
         fetched.future = _pull([self], [fetched])
         return fetched
 
@@ -273,8 +288,7 @@ class RemoteEmbeddingBag(nn.Module):
         offsets: torch.Tensor | None = None,
         per_sample_weights: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        fetched = self._prefetched
-        self._prefetched = None
+        fetched, self._step.prefetched = self._step.prefetched, None
         if fetched is None or fetched.key is not indices:
             fetched = self.fetch(indices)
         assert fetched.landing is not None
@@ -283,7 +297,7 @@ class RemoteEmbeddingBag(nn.Module):
         weight = to_device(fetched.rows_tensor, device)
         if torch.is_grad_enabled():
             weight.requires_grad_(True)
-            self._touched.append((fetched.ids, weight))
+            self._step.touched.append((fetched.ids, weight))
         inverse = to_device(fetched.inverse, device)
         if offsets is None and per_sample_weights is None and inverse.dim() == 2 \
                 and inverse.shape[1] == 1:  # bags of one id: the pooled row is the row itself
@@ -297,7 +311,7 @@ class RemoteEmbeddingBag(nn.Module):
 
     def row_gradients(self) -> tuple[np.ndarray, np.ndarray] | None:
         """The (ids, summed row gradients) of every forward since the last call, or None."""
-        touched, self._touched = self._touched, []
+        touched, self._step.touched = self._step.touched, []
         with_grads = [(ids, w.grad) for ids, w in touched if w.grad is not None]
         if not with_grads:
             return None
@@ -318,11 +332,12 @@ def prefetch(pairs: Sequence[tuple[RemoteEmbeddingBag, torch.Tensor]]) -> Future
     forward on that same ``indices`` tensor uses them."""
     if not pairs:
         return None
-    fetched = [_Fetched(indices, bag.embedding_dim, bag.device) for bag, indices in pairs]
+    fetched = [_Fetched(indices, bag.embedding_dim, bag.device, bag.cache is not None)
+               for bag, indices in pairs]
     future = _pull([bag for bag, _ in pairs], fetched)
     for (bag, _), f in zip(pairs, fetched, strict=True):
         f.future = future
-        bag._prefetched = f
+        bag._step.prefetched = f
     return future
 
 
@@ -337,11 +352,12 @@ def prefetch_next(pairs: Sequence[tuple[RemoteEmbeddingBag, torch.Tensor]]) -> F
                           "RemoteEmbeddingBag(pipeline='exact' or 'stale')")
     if not pairs:
         return None
-    fetched = [_Fetched(indices, bag.embedding_dim, bag.device) for bag, indices in pairs]
+    fetched = [_Fetched(indices, bag.embedding_dim, bag.device, bag.cache is not None)
+               for bag, indices in pairs]
     future = _pull([bag for bag, _ in pairs], fetched, upcoming=True)
     for (bag, _), f in zip(pairs, fetched, strict=True):
         f.future = future
-        bag._prefetched = f
+        bag._step.prefetched = f
     return future
 
 
@@ -379,7 +395,7 @@ def push_gradients(
     if not any(bag.pipeline for bag in pushers):
         return future
     for bag in pushers:
-        bag._pushing = future
+        bag._step.pushing = future
     return None
 
 
@@ -389,7 +405,7 @@ def _refresh(client: PSClient, bags: Sequence[RemoteEmbeddingBag],
     the push changes (one request per server)."""
     handles, ids, outs, owners = [], [], [], []
     for bag, pushed_ids in zip(bags, pushed, strict=True):
-        f = bag._prefetched
+        f = bag._step.prefetched
         if bag.pipeline != "exact" or f is None or not f.upcoming:
             continue
         pulled = f.pulled()
@@ -419,6 +435,6 @@ def flush(client: PSClient, bags: Sequence[RemoteEmbeddingBag]) -> None:
     pipeline's); call it before other workers rely on this one's updates (a barrier)."""
     timeout = client.settings.request_timeout
     for bag in bags:
-        pushing, bag._pushing = bag._pushing, None
+        pushing, bag._step.pushing = bag._step.pushing, None
         if pushing is not None:
             pushing.result(timeout)
