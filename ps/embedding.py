@@ -107,15 +107,19 @@ class EmbeddingTable:
                    + self.index.nbytes + (self.sketch.nbytes if self.sketch else 0))
 
     def _resize(self, capacity: int) -> None:
-        def grown(old: np.ndarray, shape: tuple[int, ...], dtype: Any, fill: float) -> np.ndarray:
-            new = np.full((capacity, *shape), fill, dtype=dtype)
+        def grown(old: np.ndarray, shape: tuple[int, ...], dtype: Any, fill: float | None
+                  ) -> np.ndarray:
+            new = np.empty((capacity, *shape), dtype=dtype)
             new[: old.shape[0]] = old
+            if fill is not None:
+                new[old.shape[0]:] = fill
             return new
 
-        self.weights = grown(self.weights, (self.spec.dim,), self.store_dtype, 0)
+        # rows and their state are written when a slot is handed out (slots_for, load)
+        self.weights = grown(self.weights, (self.spec.dim,), self.store_dtype, None)
         for key, (shape, dtype) in self.layout.items():
             old = self.state.get(key, np.empty((0, *shape), dtype))
-            self.state[key] = grown(old, shape, dtype, self.rule.state_fill(key))
+            self.state[key] = grown(old, shape, dtype, None)
         self.slot_ids = grown(self.slot_ids, (), INT64, -1)
         self.last_used = grown(self.last_used, (), INT64, 0)
         self.last_push = grown(self.last_push, (), INT64, 0)
