@@ -33,6 +33,7 @@ class ErrorCode(enum.StrEnum):
     FENCED = "FENCED"
     SERVER_LOST = "SERVER_LOST"
     FORBIDDEN = "FORBIDDEN"
+    SHM_UNAVAILABLE = "SHM_UNAVAILABLE"
 
 
 class HogshardError(Exception):
@@ -150,6 +151,14 @@ class ForbiddenError(HogshardError):
     code = ErrorCode.FORBIDDEN
 
 
+class ShmUnavailableError(HogshardError):
+    """A shared-memory segment another process named cannot be opened here (another user,
+    another PID namespace, the process gone): nothing was done; send the request again in
+    frames."""
+
+    code = ErrorCode.SHM_UNAVAILABLE
+
+
 _BY_CODE: dict[ErrorCode, type[HogshardError]] = {
     ErrorCode.MALFORMED: ProtocolError,
     ErrorCode.BAD_VERSION: VersionMismatchError,
@@ -168,6 +177,7 @@ _BY_CODE: dict[ErrorCode, type[HogshardError]] = {
     ErrorCode.FENCED: FencedError,
     ErrorCode.SERVER_LOST: ServerLostError,
     ErrorCode.FORBIDDEN: ForbiddenError,
+    ErrorCode.SHM_UNAVAILABLE: ShmUnavailableError,
 }
 
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hogshard.proto.errors import ProtocolError, RequestTimeoutError
+from hogshard.proto.errors import ProtocolError, RequestTimeoutError, ShmUnavailableError
 
 #: Every segment's name starts with it (what a peer's reference must point at).
 NAME_PREFIX = "hogshard-"
@@ -134,17 +134,17 @@ class PeerSegments:
             target, inode = os.readlink(path), os.stat(path).st_ino
         except OSError as err:
             self._maps.pop((pid, fd), None)
-            raise SegmentError(f"shared-memory segment {path}: {err.strerror}") from None
+            raise ShmUnavailableError(f"shared-memory segment {path}: {err.strerror}") from None
         known = self._maps.get((pid, fd))
         if known is not None and known.inode == inode:
             return known.map
-        if not target.startswith("/memfd:" + NAME_PREFIX):
-            raise SegmentError(f"shared-memory segment {path} is {target!r}, not a hogshard "
-                               "memory file")
+        if not target.startswith("/memfd:" + NAME_PREFIX):  # e.g. seen from another namespace
+            raise ShmUnavailableError(f"shared-memory segment {path} is {target!r}, not a "
+                                      "hogshard memory file")
         try:
             handle = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError as err:
-            raise SegmentError(f"shared-memory segment {path}: {err.strerror}") from None
+            raise ShmUnavailableError(f"shared-memory segment {path}: {err.strerror}") from None
         try:
             if fcntl.fcntl(handle, fcntl.F_GET_SEALS) & _SEALS != _SEALS:
                 raise SegmentError(f"shared-memory segment {path} is not sealed")

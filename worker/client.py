@@ -35,6 +35,7 @@ from hogshard.proto.errors import (
     ErrorCode,
     RequestTimeoutError,
     ServerLostError,
+    ShmUnavailableError,
 )
 from hogshard.proto.malloc import tune_malloc
 from hogshard.proto.security import load_security
@@ -345,13 +346,25 @@ class PSClient:
                     log.debug("dropping reply to unknown request %d", message.request_id)
                     continue
                 self.traffic.count_received(pending.op, frames)
-                if message.op == ERROR and pending.route is not None \
-                        and message.get("code") == ErrorCode.NOT_OWNER.value:
+                code = message.get("code") if message.op == ERROR else None
+                if code == ErrorCode.NOT_OWNER.value and pending.route is not None:
                     self.rerouter.retry_later(pending)
+                elif code == ErrorCode.SHM_UNAVAILABLE.value and pending.route is not None:
+                    self._in_frames(pending, f"server {pending.server}: "
+                                             f"{message.get('message')}")
                 elif message.op == ERROR:
-                    pending.fail(str(message.get("code")), str(message.get("message")))
+                    pending.fail(str(code), str(message.get("message")))
                 else:
-                    pending.settle(message)
+                    try:
+                        pending.settle(message)
+                    except ShmUnavailableError as err:
+                        self._in_frames(pending, err.message)
+
+    def _in_frames(self, pending: PendingRequest, reason: str) -> None:
+        """A segment could not be opened (here, or by the server): shared memory off, and the
+        request sent again in frames (nothing of it was applied)."""
+        self.shm.turn_off(reason)
+        self.rerouter.resend(pending)
 
     # ---- control plane ----------------------------------------------------------------------
 

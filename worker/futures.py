@@ -17,7 +17,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hogshard.proto.errors import HogshardError, RequestTimeoutError, error_from_reply
+from hogshard.proto.errors import (
+    HogshardError,
+    RequestTimeoutError,
+    ShmUnavailableError,
+    error_from_reply,
+)
 from hogshard.proto.wire import Message
 
 Pump = Callable[[float], None]
@@ -42,9 +47,13 @@ class PendingRequest:
     link: int = 0  # which socket to ``server`` it went out on (PSClient._links)
 
     def settle(self, message: Message) -> None:
+        """Land a reply. Raises :class:`ShmUnavailableError` (the request is not done) when
+        it names a segment this process cannot open: send it again in frames."""
         try:
             if self.on_reply is not None:
                 self.on_reply(message)
+        except ShmUnavailableError:
+            raise
         except (ValueError, TypeError, HogshardError) as exc:
             self.error = HogshardError(f"bad '{self.op}' reply from server {self.server}: {exc}")
         self.reply = message

@@ -103,7 +103,7 @@ class Rerouter:
         if due:
             self._retrying = [(t, p) for t, p in self._retrying if t > now]
             for pending in due:
-                self._resend(pending)
+                self.resend(pending)
 
     def _refresh(self, now: float) -> None:
         self._refreshed_at = now
@@ -143,9 +143,10 @@ class Rerouter:
             if owners != {pending.server} or pending.server not in client._servers \
                     or client._links.get(pending.server) != pending.link:
                 client._book.pop(pending.request_id)
-                self._resend(pending)
+                self.resend(pending)
 
-    def _resend(self, pending: PendingRequest) -> None:
+    def resend(self, pending: PendingRequest) -> None:
+        """Build ``pending`` again from its route and send it to its chunks' owners now."""
         route = pending.route
         groups: dict[int, list[Chunk]] = {}
         for chunk_id in route.chunk_ids:

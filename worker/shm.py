@@ -19,6 +19,7 @@ Example (what ``PSClient`` does)::
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -31,6 +32,8 @@ from hogshard.proto.tables import Chunk
 from hogshard.worker.futures import PendingRequest
 from hogshard.worker.tables import DenseTable
 
+log = logging.getLogger(__name__)
+
 
 class ShmLink:
     """The push segments of one client and the server segments it reads pulls from."""
@@ -41,10 +44,19 @@ class ShmLink:
         self.peers = PeerSegments()
         self._segments: dict[str, Segment] = {}
         self._busy: dict[tuple[str, str, int], PendingRequest] = {}
+        self.turned_off: str | None = None  # why shared memory is off since, if it is
 
     def colocated(self, server_host: Any) -> bool:
         """Whether to use shared memory with a server that reported ``server_host``."""
-        return bool(self.settings.shm and self.host and server_host == self.host)
+        return bool(self.settings.shm and self.host and server_host == self.host
+                    and self.turned_off is None)
+
+    def turn_off(self, reason: str) -> None:
+        """Use frames from now on: a segment could not be opened across this link (another
+        user or PID namespace behind the same host identity)."""
+        if self.turned_off is None:
+            log.warning("shared memory turned off, frames from now on: %s", reason)
+            self.turned_off = reason
 
     @property
     def min_bytes(self) -> int:

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,6 +13,7 @@ import zmq
 
 from hogshard.proto.errors import HogshardError
 from hogshard.proto.transport import RpcChannel
+from tests.conftest import PYTHON
 
 STARTUP_S = 30.0  # a cold `python -m hogshard` on a loaded 2-core machine takes a few seconds
 
@@ -79,15 +80,21 @@ def cluster_factory(procs: Any, tmp_path: Path, zmq_ctx: zmq.Context):
 
     def start(servers: int = 2, policy: str = "async", heartbeat_interval: float = 0.2,
               heartbeat_timeout: float = 3.0, scheduler_args: Sequence[str] = (),
-              server_args: Callable[[int], Sequence[str]] | None = None) -> Cluster:
-        """``scheduler_args`` go to the scheduler, ``server_args(i)`` to server ``i``."""
+              server_args: Callable[[int], Sequence[str]] | None = None,
+              server_env: Mapping[str, str] | None = None,
+              server_prefix: Sequence[str] = ()) -> Cluster:
+        """``scheduler_args`` go to the scheduler, ``server_args(i)`` to server ``i``;
+        ``server_env`` adds to the servers' environment, ``server_prefix`` comes before their
+        command (e.g. ``setpriv`` to run them as another user)."""
         scheduler, address = start_scheduler(
             procs, tmp_path, "--policy", policy, "--servers", str(servers),
             "--heartbeat-interval", str(heartbeat_interval),
             "--heartbeat-timeout", str(heartbeat_timeout), *scheduler_args,
         )
-        server_procs = [procs.hogshard(f"server{i}", "server", "--scheduler", address,
-                                       *(server_args(i) if server_args else ()))
+        server_procs = [procs.spawn(f"server{i}", [*server_prefix, PYTHON, "-m", "hogshard",
+                                                   "server", "--scheduler", address,
+                                                   *(server_args(i) if server_args else ())],
+                                    env=server_env)
                         for i in range(servers)]
         channel = RpcChannel(zmq_ctx, address, sender="test")
         channels.append(channel)

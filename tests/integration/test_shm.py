@@ -147,9 +147,15 @@ def test_bad_segment_reference_is_refused_and_the_server_stays_up(cluster_factor
                                    init=weights.copy(), chunk_elems=CHUNK_ELEMS)
         address, pid = cluster.server_address(0), os.getpid()
         nbytes = 4 * CHUNK_ELEMS
-        cases = {
+        unreachable = {  # what another user or PID namespace behind the same host id sees
             "not a memfd": [pid, sys.stdout.fileno(), [[0, nbytes]]],
             "no such process": [2 ** 22 + 1, 3, [[0, nbytes]]],
+        }
+        for what, ref in unreachable.items():
+            reply = bad_push(zmq_ctx, address, "bad-shm", 0, ref)
+            assert reply.op == "error" and reply.get("code") == "SHM_UNAVAILABLE", \
+                (what, reply.header)
+        cases = {
             "not sealed": [pid, unsealed_fd, [[0, nbytes]]],
             "out of bounds": [*small.ref, [[0, nbytes]]],
             "misaligned": [*small.ref, [[2, 4]]],

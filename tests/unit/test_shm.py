@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from hogshard.proto.config import ShmSettings
-from hogshard.proto.errors import ConfigError, RequestTimeoutError
+from hogshard.proto.errors import ConfigError, RequestTimeoutError, ShmUnavailableError
 from hogshard.proto.shm import SLOT_HEADER, PeerSegments, Segment, SegmentError, host_identity
 
 
@@ -37,8 +37,10 @@ def test_a_peer_reads_what_was_written_and_refuses_bad_spans(segment):
         for offset, nbytes in [(4096, 4), (0, 4100), (2, 4), (0, 3), (-4, 4), (True, 4)]:
             with pytest.raises(SegmentError):
                 peers.floats(*segment.ref, offset, nbytes)
-        with pytest.raises(SegmentError, match="not a hogshard memory file"):
+        with pytest.raises(ShmUnavailableError, match="not a hogshard memory file"):
             peers.floats(os.getpid(), 0, 0, 4)
+        with pytest.raises(ShmUnavailableError, match="No such file"):
+            peers.floats(os.getpid(), 10_000, 0, 4)
     finally:
         peers.close()
 
