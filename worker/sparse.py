@@ -6,7 +6,8 @@ client joined, so every worker (and any other language's client) agrees without 
 scheduler. With ``--replication 2`` the scheduler keeps where each shard lives (a primary and a
 backup, the pseudo-table ``__embeddings__``): requests name their ``shard``, pushes carry a push
 id, and they follow a promoted backup like dense requests do. One request per shard carries
-every table of a step. With ``--embedding-slots N`` the same pseudo-table maps each of N slots
+every table of a step, packed (PROTOCOL.md section 7.2: ``counts``, one frame of ids for all the
+tables, one of rows or gradient rows). With ``--embedding-slots N`` the same pseudo-table maps each of N slots
 (``splitmix64(id) % N``) to a server: one request per server carries the ids of its slots and
 ``slots: N``, and a request refused while its slots move is sent again to their new owners.
 
