@@ -35,8 +35,11 @@ def another_user_can_run_hogshard() -> str | None:
         return "needs root, to run a process as another user"
     if shutil.which("setpriv") is None:
         return "needs setpriv (util-linux)"
-    probe = subprocess.run([*AS_NOBODY, sys.executable, "-c", "import hogshard"],
-                           capture_output=True, timeout=60)
+    try:
+        probe = subprocess.run([*AS_NOBODY, sys.executable, "-c", "import hogshard"],
+                               capture_output=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return f"cannot run a process as user 65534: {err}"
     if probe.returncode:
         return f"user 65534 cannot import hogshard here: {probe.stderr.decode()[-200:]}"
     return None
