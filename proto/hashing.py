@@ -22,6 +22,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Sequence
 
@@ -86,6 +87,7 @@ def uniform01(keys: np.ndarray) -> np.ndarray:
     return (splitmix64(keys) >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
 
 
+@functools.lru_cache(maxsize=4096)  # a pure function, asked again by every request
 def table_key(seed: int, table: str) -> np.uint64:
     """The 64-bit key of (seed, table name) that every row key of the table mixes in."""
     mixed = ((int(seed) * 0x2545F4914F6CDD1D) ^ name_key(table)) & 0xFFFFFFFFFFFFFFFF
