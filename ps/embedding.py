@@ -36,12 +36,6 @@ from typing import Any
 import numpy as np
 
 from hogshard.proto.codecs.pull import decode_weights, encode_weights, pull_codec
-from hogshard.proto.errors import (
-    DtypeError,
-    ProtocolError,
-    ShapeError,
-    TooLargeError,
-)
 from hogshard.proto.hashing import init_rows
 from hogshard.proto.slot_index import SlotIndex
 from hogshard.proto.tables import EmbeddingSpec
@@ -123,43 +117,6 @@ class EmbeddingTable:
         self.slot_ids = grown(self.slot_ids, (), INT64, -1)
         self.last_used = grown(self.last_used, (), INT64, 0)
         self.last_push = grown(self.last_push, (), INT64, 0)
-
-    # ---- validation -------------------------------------------------------------------------
-
-    def check_ids(self, ids: np.ndarray, what: str = "ids", reading: bool = False) -> None:
-        """Raise a typed error unless ``ids`` is a 1-D int64 array of valid ids (and, unless
-        a pull under admission, which creates no row, touches at most ``max_rows``)."""
-        if ids.dtype != INT64:
-            raise DtypeError(f"table {self.name!r}: {what} have dtype {ids.dtype.str}; expected "
-                             "int64 ('<i8')")
-        if ids.ndim != 1:
-            raise ShapeError(f"table {self.name!r}: {what} have shape {list(ids.shape)}; "
-                             "expected [n]")
-        if ids.size and ids.min() < 0:
-            raise ProtocolError(f"table {self.name!r}: negative id {int(ids.min())}; expected "
-                                "ids >= 0")
-        n = self.spec.num_embeddings
-        if n is not None and ids.size and ids.max() >= n:
-            raise ProtocolError(f"table {self.name!r}: id {int(ids.max())} out of range; "
-                                f"expected ids in [0, {n})")
-        cap = self.spec.max_rows
-        if reading and self.sketch is not None:
-            return
-        if cap is not None and ids.size > cap and np.unique(ids).size > cap:
-            raise TooLargeError(f"table {self.name!r}: one request touches more than max_rows="
-                                f"{cap} rows")
-
-    def check_grads(self, ids: np.ndarray, grads: np.ndarray) -> None:
-        self.check_ids(ids)
-        if grads.dtype != FLOAT32:
-            raise DtypeError(f"table {self.name!r}: gradients have dtype {grads.dtype.str}; "
-                             "expected float32 ('<f4')")
-        if grads.shape != (ids.size, self.spec.dim):
-            raise ShapeError(f"table {self.name!r}: gradients have shape {list(grads.shape)}; "
-                             f"expected [{ids.size}, {self.spec.dim}] (one row per id, dim "
-                             f"{self.spec.dim})")
-        if not np.isfinite(grads).all():
-            raise ProtocolError(f"table {self.name!r}: gradients hold NaN or infinity; expected finite values")
 
     # ---- rows -------------------------------------------------------------------------------
 

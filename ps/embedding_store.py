@@ -30,6 +30,7 @@ from hogshard.proto.errors import ConflictError, HogshardError, ProtocolError, U
 from hogshard.proto.hashing import init_rows_of_tables
 from hogshard.proto.tables import EmbeddingSpec
 from hogshard.ps.embedding import FLOAT32, EmbeddingTable, Found
+from hogshard.ps.row_checks import check_grads, check_ids
 
 
 def _initial_rows(tables: Sequence[EmbeddingTable], found: Sequence[Found | None]
@@ -85,8 +86,7 @@ class EmbeddingStore:
         if len(ids) != len(tables):
             raise ProtocolError(f"{len(tables)} tables but {len(ids)} id arrays; expected one "
                                 "id array per table")
-        for table, table_ids in zip(tables, ids, strict=True):
-            table.check_ids(table_ids, reading=True)
+        check_ids(tables, ids, reading=True)
         if len({t.name for t in tables}) < len(tables):  # a table twice: one after the other
             return [t.read(i) for t, i in zip(tables, ids, strict=True)]
         found = [None if t.sketch else t.missing(i) for t, i in zip(tables, ids, strict=True)]
@@ -99,8 +99,7 @@ class EmbeddingStore:
         if len(ids) != len(tables) or len(grads) != len(tables):
             raise ProtocolError(f"{len(tables)} tables but {len(ids)} id and {len(grads)} "
                                 "gradient arrays; expected one of each per table")
-        for table, table_ids, table_grads in zip(tables, ids, grads, strict=True):
-            table.check_grads(table_ids, table_grads)
+        check_grads(tables, ids, grads)
         for table, table_ids, table_grads in zip(tables, ids, grads, strict=True):
             table.apply(table_ids, table_grads)
 
