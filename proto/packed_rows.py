@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -33,20 +34,13 @@ def counts_of(counts: Any, tables: int) -> list[int]:
     return counts
 
 
-def _bounds(sizes: Sequence[int]) -> list[int]:
-    bounds = [0]
-    for size in sizes:
-        bounds.append(bounds[-1] + size)
-    return bounds
-
-
 def split_ids(ids: np.ndarray, counts: Sequence[int]) -> list[np.ndarray]:
     """Each table's ids: views into the packed array (1-D, ``sum(counts)`` ids; the dtype is
     left for the table's own check)."""
     if ids.ndim != 1 or ids.size != sum(counts):
         raise ShapeError(f"packed ids have shape {list(ids.shape)}; 'counts' says "
                          f"[{sum(counts)}]")
-    bounds = _bounds(counts)
+    bounds = list(itertools.accumulate(counts, initial=0))
     return [ids[bounds[t]:bounds[t + 1]] for t in range(len(counts))]
 
 
@@ -58,7 +52,7 @@ def split_rows(flat: np.ndarray, counts: Sequence[int], dims: Sequence[int], wha
     if flat.ndim != 1 or flat.size != sum(sizes):
         raise ShapeError(f"packed {what} have shape {list(flat.shape)}; 'counts' and the "
                          f"tables' dims say [{sum(sizes)}]")
-    bounds = _bounds(sizes)
+    bounds = list(itertools.accumulate(sizes, initial=0))
     return [flat[bounds[t]:bounds[t + 1]].reshape(n, dim)
             for t, (n, dim) in enumerate(zip(counts, dims, strict=True))]
 

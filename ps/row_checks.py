@@ -25,16 +25,6 @@ from hogshard.proto.errors import DtypeError, ProtocolError, ShapeError, TooLarg
 from hogshard.ps.embedding import FLOAT32, INT64, EmbeddingTable
 
 
-def _joined(ids: Sequence[np.ndarray]) -> tuple[list[int], np.ndarray, np.ndarray]:
-    """The non-empty id arrays' positions, their ids in one array, and where each starts
-    in it."""
-    nonempty = [t for t, a in enumerate(ids) if a.size]
-    every = ids[nonempty[0]] if len(nonempty) == 1 else np.concatenate(
-        [ids[t] for t in nonempty]) if nonempty else np.empty(0, INT64)
-    starts = np.cumsum([0] + [ids[t].size for t in nonempty[:-1]], dtype=np.int64)
-    return nonempty, every, starts
-
-
 def check_ids(tables: Sequence[EmbeddingTable], ids: Sequence[np.ndarray],
               reading: bool = False) -> None:
     """Raise a typed error unless every ``ids[t]`` is a 1-D int64 array of valid ids of
@@ -47,8 +37,10 @@ def check_ids(tables: Sequence[EmbeddingTable], ids: Sequence[np.ndarray],
         if table_ids.ndim != 1:
             raise ShapeError(f"table {table.name!r}: ids have shape {list(table_ids.shape)}; "
                              "expected [n]")
-    nonempty, every, starts = _joined(ids)
+    nonempty = [t for t, table_ids in enumerate(ids) if table_ids.size]
     if nonempty:
+        every = np.concatenate([ids[t] for t in nonempty])
+        starts = np.cumsum([0] + [ids[t].size for t in nonempty[:-1]])
         lows = np.minimum.reduceat(every, starts)
         highs = np.maximum.reduceat(every, starts)
         for t, low, high in zip(nonempty, lows.tolist(), highs.tolist(), strict=True):
