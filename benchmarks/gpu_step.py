@@ -28,6 +28,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -125,6 +126,17 @@ def measure(steps: dict[str, Callable[[], None]], rounds: int, per_round: int,
     return times
 
 
+def summarise(size: str, params: int, times: dict[str, list[float]]) -> list[dict[str, Any]]:
+    """One row per mode: its median ms per step and its ratio to ``local``'s median."""
+    local = statistics.median(times["local"])
+    rows = []
+    for mode, samples in times.items():
+        median = statistics.median(samples)
+        rows.append({"size": size, "params": params, "mode": mode, "step_ms": median * 1e3,
+                     "vs_local": median / local, "samples_ms": [t * 1e3 for t in samples]})
+    return rows
+
+
 def skip(reason: str, json_path: Path | None) -> int:
     print(f"gpu_step: skipped: {reason}", file=sys.stderr)
     if json_path is not None:
@@ -142,21 +154,19 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     address = start_servers(Path(tempfile.mkdtemp(prefix="hogshard-gpu-step-")), args.servers)
     rows = []
-    for size in args.sizes:
-        client = PSClient(ClientSettings(scheduler=address))
-        try:
+    # One client for every size: a second one would register as rank 1, which waits for
+    # rank 0 to declare its tables instead of declaring them itself.
+    client = PSClient(ClientSettings(scheduler=address))
+    try:
+        for size in args.sizes:
             params, steps = steppers(size, args, client, device)
             times = measure(steps, rounds, per_round, device)
-        finally:
-            client.close()
-        del steps
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-        local = statistics.median(times["local"])
-        for mode, samples in times.items():
-            median = statistics.median(samples)
-            rows.append({"size": size, "params": params, "mode": mode, "step_ms": median * 1e3,
-                         "vs_local": median / local, "samples_ms": [t * 1e3 for t in samples]})
+            del steps
+            rows += summarise(size, params, times)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    finally:
+        client.close()
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (script check)"
     load = os.getloadavg()
     print(f"{gpu}, torch {torch.__version__}, batch {args.batch}, {args.servers} server(s); "
