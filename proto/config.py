@@ -107,6 +107,7 @@ def _values_from_env(cls: Any, environ: Mapping[str, str] | None) -> dict[str, A
 
 #: Chunks of at least this many bytes go through shared memory between co-located peers.
 DEFAULT_SHM_MIN_BYTES = 256 * 1024
+MAX_SHM_COPY_THREADS = 64
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,9 @@ class ShmSettings:
     ``shm``: 1 (default) uses it with every server that shares this process's host identity,
     0 turns it off (every byte goes in ZeroMQ frames); ``shm_min_bytes``: the smallest chunk
     sent or fetched through it; ``host_id``: the host identity to report instead of the one
-    read from /proc (processes that report the same one must share memory and user).
+    read from /proc (processes that report the same one must share memory and user);
+    ``shm_copy_threads``: threads that copy a pull's chunks out of the server's segment at
+    once (0, the default: half the cores, at most 8; 1: the calling thread alone).
 
     Example::
 
@@ -127,6 +130,7 @@ class ShmSettings:
     shm: int = 1
     shm_min_bytes: int = DEFAULT_SHM_MIN_BYTES
     host_id: str | None = None
+    shm_copy_threads: int = 0
 
     def __post_init__(self) -> None:
         if self.shm not in (0, 1):
@@ -134,6 +138,16 @@ class ShmSettings:
         if self.shm_min_bytes < 4:
             raise ConfigError(f"{env_name('shm_min_bytes')}={self.shm_min_bytes}: expected "
                               ">= 4")
+        if not 0 <= self.shm_copy_threads <= MAX_SHM_COPY_THREADS:
+            raise ConfigError(f"{env_name('shm_copy_threads')}={self.shm_copy_threads}: "
+                              f"expected 0 (automatic) to {MAX_SHM_COPY_THREADS}")
+
+    @property
+    def copy_threads(self) -> int:
+        """How many threads copy a pull's chunks: the setting, or half the cores (1-8)."""
+        if self.shm_copy_threads:
+            return self.shm_copy_threads
+        return max(1, min(8, (os.cpu_count() or 1) // 2))
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ShmSettings:

@@ -118,6 +118,33 @@ class _Mapped:
     map: mmap.mmap
 
 
+class PublishedSlot:
+    """A slot a server publishes weights in: a seqlock word, a version word, then the data.
+
+    Example: ``version = PublishedSlot(words, data, "[pid, fd]").copy_into(out)``"""
+
+    def __init__(self, words: np.ndarray, data: np.ndarray, name: str) -> None:
+        self.words = words
+        self.data = data
+        self.name = name
+
+    def copy_into(self, out: np.ndarray, timeout: float = 1.0) -> int:
+        """Copy the data into ``out`` once no write overlapped the copy; returns its version.
+        The copy releases the GIL, so several slots can be copied on threads at once."""
+        words, source = self.words, self.data
+        deadline = time.monotonic() + timeout
+        while True:
+            before = int(words[0])
+            if before % 2 == 0:
+                out[:] = source
+                version = int(words[1])
+                if int(words[0]) == before:
+                    return version
+            if time.monotonic() > deadline:
+                raise RequestTimeoutError(f"a published slot of {self.name} stayed in "
+                                          f"writing for {timeout:.1f} s")
+
+
 class PeerSegments:
     """The segments of other processes this one has mapped (read-only), by reference."""
 
@@ -171,19 +198,14 @@ class PeerSegments:
     def read_slot(self, pid: object, fd: object, header: object, data: object,
                   out: np.ndarray, timeout: float = 1.0) -> int:
         """Copy a published slot into ``out`` under its seqlock; returns its version."""
-        words = self.floats(pid, fd, header, SLOT_HEADER).view("<u8")
-        source = self.floats(pid, fd, data, out.nbytes)
-        deadline = time.monotonic() + timeout
-        while True:
-            before = int(words[0])
-            if before % 2 == 0:
-                out[:] = source
-                version = int(words[1])
-                if int(words[0]) == before:
-                    return version
-            if time.monotonic() > deadline:
-                raise RequestTimeoutError(f"a published slot of [{pid}, {fd}] stayed in "
-                                          f"writing for {timeout:.1f} s")
+        return self.slot(pid, fd, header, data, out.nbytes).copy_into(out, timeout)
+
+    def slot(self, pid: object, fd: object, header: object, data: object,
+             nbytes: int) -> PublishedSlot:
+        """A published slot of a peer's segment (mapped now), to copy from later, from any
+        thread."""
+        return PublishedSlot(self.floats(pid, fd, header, SLOT_HEADER).view("<u8"),
+                             self.floats(pid, fd, data, nbytes), f"[{pid}, {fd}]")
 
     def prune(self) -> None:
         """Unmap the segments of processes that are gone."""

@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
 import numpy as np
 
 from hogshard.proto.config import ShmSettings
 from hogshard.proto.errors import ProtocolError
-from hogshard.proto.shm import PeerSegments, Segment
+from hogshard.proto.shm import PeerSegments, PublishedSlot, Segment
 from hogshard.proto.tables import Chunk
 from hogshard.worker.futures import PendingRequest
 from hogshard.worker.tables import DenseTable
@@ -45,6 +46,7 @@ class ShmLink:
         self._segments: dict[str, Segment] = {}
         self._busy: dict[tuple[str, str, int], PendingRequest] = {}
         self.turned_off: str | None = None  # why shared memory is off since, if it is
+        self._pool: ThreadPoolExecutor | None = None
 
     def colocated(self, server_host: Any) -> bool:
         """Whether to use shared memory with a server that reported ``server_host``."""
@@ -121,26 +123,47 @@ class ShmLink:
              versions: Sequence[int]) -> list[int | None]:
         """Copy a pull reply's published chunks into ``out``; returns the version read of
         each (it may be newer than the reply says: another pull published it meanwhile), or
-        None for a chunk that came in a frame."""
+        None for a chunk that came in a frame. Several chunks are copied on threads at once
+        (``ShmSettings.copy_threads``)."""
         if not isinstance(ref, list) or len(ref) != 3 or not isinstance(ref[2], list) \
                 or len(ref[2]) != len(chunks):
             raise ProtocolError("pull reply: field 'shm' must be [pid, fd, spans] with a span "
                                 f"or null for each of its {len(chunks)} chunks")
         pid, fd, spans = ref
-        read: list[int | None] = []
-        for chunk, span, version in zip(chunks, spans, versions, strict=True):
+        copies: list[tuple[int, PublishedSlot, np.ndarray]] = []
+        for i, (chunk, span) in enumerate(zip(chunks, spans, strict=True)):
             if span is None:
-                read.append(None)
                 continue
             if not isinstance(span, list) or len(span) != 3 or span[2] != 4 * chunk.length:
                 raise ProtocolError(f"pull reply: a span of field 'shm' must be [header, data, "
                                     f"{4 * chunk.length}]; got {span!r}")
-            target = out[chunk.offset:chunk.offset + chunk.length]
-            read.append(max(int(version), self.peers.read_slot(pid, fd, span[0], span[1],
-                                                                target)))
+            copies.append((i, self.peers.slot(pid, fd, span[0], span[1], span[2]),
+                           out[chunk.offset:chunk.offset + chunk.length]))
+        read: list[int | None] = [None] * len(chunks)
+        pool = self._copy_pool() if len(copies) > 1 else None
+        if pool is None:
+            for i, slot, target in copies:
+                read[i] = max(int(versions[i]), slot.copy_into(target))
+        else:
+            futures = [(i, pool.submit(slot.copy_into, target)) for i, slot, target in copies]
+            wait([f for _, f in futures])  # every copy ends before an error is raised
+            for i, future in futures:
+                read[i] = max(int(versions[i]), future.result())
         return read
 
+    def _copy_pool(self) -> ThreadPoolExecutor | None:
+        """The threads that copy pulled chunks, started on first use; None: copy inline."""
+        threads = self.settings.copy_threads
+        if threads <= 1:
+            return None
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(threads, thread_name_prefix="hogshard-shm-copy")
+        return self._pool
+
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
         self.peers.close()
         for segment in self._segments.values():
             segment.close()

@@ -92,6 +92,10 @@ def test_shm_settings_are_checked():
         ShmSettings.from_env({"HOGSHARD_SHM": "2"})
     with pytest.raises(ConfigError):
         ShmSettings(shm_min_bytes=0)
+    assert ShmSettings.from_env({"HOGSHARD_SHM_COPY_THREADS": "3"}).copy_threads == 3
+    assert 1 <= ShmSettings().copy_threads <= 8
+    with pytest.raises(ConfigError, match="HOGSHARD_SHM_COPY_THREADS"):
+        ShmSettings.from_env({"HOGSHARD_SHM_COPY_THREADS": "-1"})
 
 
 WRITER = """
