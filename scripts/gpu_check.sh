@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU checks for CUDA workers, in one go (about 6-8 min on one GPU and 16 cores):
 #   1. every device-parametrised test on cuda (mirror, buckets, prefetch, embeddings, the
-#      exactness of one worker under ssp:0 against torch.optim, with and without overlap),
+#      exactness of one worker under ssp:0 against torch.optim, with and without overlap,
+#      gradients copied from the device into the shared-memory push segment),
 #      and the Fashion-MNIST example with --device cuda and 2 workers against the same job
 #      on the CPU (test_two_cuda_workers_reach_the_accuracy_of_two_cpu_workers);
 #   2. the example once more by hand, --device cuda, 2 workers, its report kept;
@@ -26,7 +27,7 @@ failed=0
 "$PYTHON" -m pytest -q -p no:cacheprovider -rs -k cuda \
   tests/unit/test_device_mirror.py tests/unit/test_overlap.py \
   tests/integration/test_prefetch.py tests/integration/test_embedding_device.py \
-  tests/integration/test_training.py 2>&1 | tee "$OUT/pytest.txt"
+  tests/integration/test_training.py tests/integration/test_shm.py 2>&1 | tee "$OUT/pytest.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || failed=1
 
 timeout 300 "$PYTHON" -m hogshard launch --servers 2 --workers 2 --no-progress -- \

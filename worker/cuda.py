@@ -4,7 +4,9 @@ Two side streams per mirror, one per direction, so gradient copies (device -> ho
 copies (host -> device) can run at once on the GPU's copy engines and beside its kernels:
 
 - ``copy_grad`` (called from a parameter's post-accumulate hook) makes the gradient stream
-  wait for the model's stream, then queues the copy into the pinned gradient buffer; the
+  wait for the model's stream, then queues the copy into the pinned gradient buffer (the
+  client's shared-memory segment, registered as pinned, when a server of this host takes the
+  table's pushes through it: the push then copies nothing on the host); the
   gradient's memory is marked as used by that stream, so freeing it (``zero_grad``) before the
   copy ends is safe. ``fence`` records an event there: a bucket is pushed once it is passed.
 - ``upload`` waits (on the GPU) for the model's earlier kernels, queues the copy of the pinned
@@ -22,12 +24,15 @@ Example (what :func:`hogshard.worker.device.make_mirror` returns for a CUDA mode
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 
 from hogshard.worker.device import Fence, HostBuffer, flatten_into_views, param_ranges
+
+log = logging.getLogger(__name__)
 
 
 class EventFence:
@@ -62,6 +67,24 @@ class CudaMirror:
 
     def new_buffer(self) -> HostBuffer:
         return HostBuffer(torch.empty(self.flat.numel(), dtype=torch.float32, pin_memory=True))
+
+    def gather_grads_in(self, array: np.ndarray) -> bool:
+        """Copy gradients from the device straight into ``array`` (the client's shared-memory
+        gradient buffer) from now on, once CUDA has registered its pages as pinned; False,
+        and the pinned buffer kept, where CUDA refuses."""
+        tensor = torch.from_numpy(array)
+        cudart = torch.cuda.cudart()
+        status = cudart.cudaHostRegister(tensor.data_ptr(), tensor.numel() * 4, 0)
+        if status != cudart.cudaError.success:
+            log.info("gradients stay in a pinned buffer: CUDA did not register the shared "
+                     "gradient buffer (%s)", cudart.cudaGetErrorString(status))
+            try:  # the runtime keeps the error for the next launch check to report: take it
+                torch.zeros(1, device=self.device).add_(1)
+            except RuntimeError:
+                pass
+            return False
+        self.grads = HostBuffer(tensor)
+        return True
 
     def copy_grad(self, start: int, stop: int, grad: torch.Tensor) -> None:
         stream = self._grad_stream

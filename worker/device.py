@@ -106,6 +106,11 @@ class DeviceMirror(Protocol):
         """A fence passed once every gradient copy queued so far is in ``grads``."""
         ...
 
+    def gather_grads_in(self, array: np.ndarray) -> bool:
+        """Gather the gradients in ``array`` (flat float32, the parameters' total size; e.g.
+        the client's shared-memory gradient buffer) from now on; False where it cannot."""
+        ...
+
     def upload(self, source: HostBuffer) -> None:
         """Make the device weights equal ``source`` before the model next uses them; sets
         ``source.busy`` while the copy still reads it."""
@@ -149,10 +154,9 @@ class HostMirror:
     def new_buffer(self) -> HostBuffer:
         return HostBuffer(torch.empty_like(self.flat))
 
-    def gather_grads_in(self, array: np.ndarray) -> None:
-        """Gather the gradients in ``array`` (flat float32, the parameters' total size; e.g.
-        the client's shared-memory gradient buffer) from now on."""
+    def gather_grads_in(self, array: np.ndarray) -> bool:
         self.grads = HostBuffer(torch.from_numpy(array))
+        return True
 
     def copy_grad(self, start: int, stop: int, grad: torch.Tensor) -> None:
         self.grads.tensor[start:stop].copy_(grad.reshape(-1))

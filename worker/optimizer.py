@@ -33,7 +33,7 @@ from hogshard.proto.tables import DEFAULT_CHUNK_ELEMS
 from hogshard.worker.auto_codec import prepare_compression
 from hogshard.worker.client import DenseTable, PSClient
 from hogshard.worker.compression import CompressionPolicy, Compressor
-from hogshard.worker.device import HostBuffer, HostMirror, make_mirror
+from hogshard.worker.device import HostBuffer, make_mirror
 from hogshard.worker.embedding import RemoteEmbeddingBag, push_gradients
 from hogshard.worker.futures import Future
 from hogshard.worker.overlap import DEFAULT_BUCKET_BYTES, GradientBuckets, make_buckets
@@ -107,10 +107,10 @@ class PSOptimizer:
         if self.compressor is not None:  # powersgd compresses each parameter on its own
             self.compressor.set_layers(table, [layer_matrix(p.shape) for p in self.params])
             self._pull_codec = prepare_compression(client, self.compressor, self.table, rule)
-        if self.compressor is None and isinstance(self._mirror, HostMirror):
+        if self.compressor is None:
             shared = client.shared_gradient_buffer(self.table)
-            if shared is not None:  # co-located pushes read the gradients where they are gathered
-                self._mirror.gather_grads_in(shared)
+            # co-located pushes read the gradients where they are gathered
+            if shared is not None and self._mirror.gather_grads_in(shared):
                 self._grads = shared
         self.steps = 0
         self.embeddings = list(embeddings)  # RemoteEmbeddingBags pushed with every step
@@ -147,7 +147,7 @@ class PSOptimizer:
     def gradients(self) -> np.ndarray:
         """The flat float32 host array each step gathers the gradients in and pushes from (in
         the client's shared-memory segment when a server of this host takes the table's pushes
-        through it; a CPU model without a codec)."""
+        through it; a model without a codec)."""
         return self._grads
 
     @property

@@ -229,9 +229,9 @@ def test_kill_9_leaves_no_segment_behind(cluster_factory, procs, zmq_ctx, victim
 
 
 def train_model(zmq_ctx: zmq.Context, address: str, table_name: str,
-                shm: ShmSettings) -> tuple[np.ndarray, bool]:
-    """A CPU model trained by PSOptimizer for a few seeded steps: its weights, and whether its
-    gradients were gathered in the client's shared-memory gradient buffer."""
+                shm: ShmSettings, device: str = "cpu") -> tuple[np.ndarray, bool]:
+    """A model on ``device`` trained by PSOptimizer for a few seeded steps: its weights, and
+    whether its gradients were gathered in the client's shared-memory gradient buffer."""
     import torch
 
     from hogshard import PSOptimizer
@@ -241,20 +241,20 @@ def train_model(zmq_ctx: zmq.Context, address: str, table_name: str,
     try:
         torch.manual_seed(5)
         model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.Tanh(),
-                                    torch.nn.Linear(1024, 8))  # 271,368 floats: 3 chunks
+                                    torch.nn.Linear(1024, 8)).to(device)  # 271,368: 3 chunks
         if client.rank != 0:  # only rank 0's optimizer declares its table
-            init = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
+            init = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu().numpy()
             client.dense_table(table_name, init.size, {"rule": "sgd", "lr": 0.1}, init=init,
                                chunk_elems=CHUNK_ELEMS)
         opt = PSOptimizer(client, model.named_parameters(), rule="sgd", lr=0.1,
                           table=table_name, chunk_elems=CHUNK_ELEMS)
         for _ in range(STEPS):
-            x, y = torch.randn(32, 256), torch.randn(32, 8)
+            x, y = torch.randn(32, 256).to(device), torch.randn(32, 8).to(device)
             opt.zero_grad()
             torch.nn.functional.mse_loss(model(x), y).backward()
             opt.step()
         opt.pull()
-        weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
+        weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu().numpy()
         shared = np.shares_memory(opt.gradients, client.gradient_buffer(opt.table))
         return weights.copy(), shared
     finally:
@@ -262,19 +262,21 @@ def train_model(zmq_ctx: zmq.Context, address: str, table_name: str,
 
 
 def test_an_optimizer_gathers_gradients_in_shared_memory_and_pushes_them_without_a_copy(
-        cluster_factory, zmq_ctx):
-    """With a server on its host, PSOptimizer's gradients live in the push segment: the two
+        cluster_factory, zmq_ctx, device: str):
+    """With a server on its host, PSOptimizer's gradients live in the push segment (on CUDA
+    they are copied there from the device, the segment registered as pinned memory): the two
     large chunks reach the server through it with no copy, the small one in frames; the
     weights are those of the same steps with shared memory off, bit for bit."""
     cluster = cluster_factory(servers=1)
     before = shm_bytes(zmq_ctx, cluster)
-    on, shared_on = train_model(zmq_ctx, cluster.address, "model-on", ShmSettings())
+    on, shared_on = train_model(zmq_ctx, cluster.address, "model-on", ShmSettings(), device)
     used = shm_bytes(zmq_ctx, cluster)
     assert shared_on
     assert used[0] - before[0] == STEPS * 2 * 4 * CHUNK_ELEMS
-    off, shared_off = train_model(zmq_ctx, cluster.address, "model-off", ShmSettings(shm=0))
+    off, shared_off = train_model(zmq_ctx, cluster.address, "model-off", ShmSettings(shm=0),
+                                  device)
     elsewhere, shared_elsewhere = train_model(zmq_ctx, cluster.address, "model-elsewhere",
-                                              ShmSettings(host_id="another-host"))
+                                              ShmSettings(host_id="another-host"), device)
     assert not shared_off and not shared_elsewhere
     assert shm_bytes(zmq_ctx, cluster)[0] == used[0]
     assert on.tobytes() == off.tobytes() == elsewhere.tobytes()
