@@ -28,6 +28,7 @@ from __future__ import annotations
 import fcntl
 import mmap
 import os
+import secrets
 import time
 from dataclasses import dataclass
 
@@ -65,19 +66,22 @@ class SegmentError(ProtocolError):
 class Segment:
     """A sealed anonymous memory file this process owns, mapped read-write."""
 
-    def __init__(self, fd: int, size: int) -> None:
+    def __init__(self, fd: int, size: int, token: str = "") -> None:
         self.fd, self.size, self.pid = fd, size, os.getpid()
+        self.token = token  # the end of its name: tells it apart from another's with the same ref
         self._map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         self._bytes = np.frombuffer(self._map, dtype=np.uint8)
         self._address = self._bytes.ctypes.data
 
     @classmethod
     def create(cls, name: str, size: int) -> Segment:
-        fd = os.memfd_create(NAME_PREFIX + name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        token = secrets.token_hex(8)
+        fd = os.memfd_create(f"{NAME_PREFIX}{name}-{token}",
+                             os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         try:
             os.ftruncate(fd, max(size, 1))
             fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEALS)
-            return cls(fd, max(size, 1))
+            return cls(fd, max(size, 1), token)
         except BaseException:
             os.close(fd)
             raise
@@ -110,6 +114,13 @@ class Segment:
         except BufferError:  # a view still lives (a reply not sent yet): the GC unmaps it
             pass
         os.close(self.fd)
+
+
+def _names_token(target: str, token: str) -> bool:
+    """Whether a memory file's link (``/memfd:NAME (deleted)``) names a segment ending in
+    ``token``."""
+    name = target.removesuffix(" (deleted)")
+    return name.startswith("/memfd:" + NAME_PREFIX) and name.endswith("-" + token)
 
 
 @dataclass
@@ -152,16 +163,22 @@ class PeerSegments:
         self._maps: dict[tuple[int, int], _Mapped] = {}
         self._limit = limit
 
-    def _map(self, pid: object, fd: object) -> mmap.mmap:
+    def _map(self, pid: object, fd: object, token: object = None) -> mmap.mmap:
         if type(pid) is not int or type(fd) is not int or pid <= 0 or fd < 0:
             raise SegmentError(f"shared-memory reference [{pid!r}, {fd!r}]: expected a pid "
                                "and an fd, non-negative integers")
+        if token is not None and (type(token) is not str or not token.isalnum()):
+            raise SegmentError(f"shared-memory token {token!r}: expected letters and digits")
         path = f"/proc/{pid}/fd/{fd}"
         try:
             target, inode = os.readlink(path), os.stat(path).st_ino
         except OSError as err:
             self._maps.pop((pid, fd), None)
             raise ShmUnavailableError(f"shared-memory segment {path}: {err.strerror}") from None
+        if token is not None and not _names_token(target, token):
+            raise ShmUnavailableError(f"shared-memory segment {path} is {target!r}, not the "
+                                      f"segment ending in {token!r} (another process's: the "
+                                      "same pid in another PID namespace)")
         known = self._maps.get((pid, fd))
         if known is not None and known.inode == inode:
             return known.map
@@ -185,9 +202,12 @@ class PeerSegments:
         self._maps[(pid, fd)] = _Mapped(inode, mapped)
         return mapped
 
-    def floats(self, pid: object, fd: object, offset: object, nbytes: object) -> np.ndarray:
-        """A read-only float32 view of a peer's segment (raises :class:`SegmentError`)."""
-        mapped = self._map(pid, fd)
+    def floats(self, pid: object, fd: object, offset: object, nbytes: object,
+               token: object = None) -> np.ndarray:
+        """A read-only float32 view of a peer's segment (raises :class:`SegmentError`, or
+        :class:`ShmUnavailableError` where it cannot be opened or ``token`` does not end its
+        name)."""
+        mapped = self._map(pid, fd, token)
         if type(offset) is not int or type(nbytes) is not int or offset < 0 or nbytes < 0 \
                 or offset % 4 or nbytes % 4 or offset + nbytes > len(mapped):
             raise SegmentError(f"shared-memory span [{offset!r}, {nbytes!r}] of a "
@@ -196,16 +216,16 @@ class PeerSegments:
         return np.frombuffer(mapped, dtype=_FLOAT32, count=nbytes // 4, offset=offset)
 
     def read_slot(self, pid: object, fd: object, header: object, data: object,
-                  out: np.ndarray, timeout: float = 1.0) -> int:
+                  out: np.ndarray, timeout: float = 1.0, token: object = None) -> int:
         """Copy a published slot into ``out`` under its seqlock; returns its version."""
-        return self.slot(pid, fd, header, data, out.nbytes).copy_into(out, timeout)
+        return self.slot(pid, fd, header, data, out.nbytes, token).copy_into(out, timeout)
 
     def slot(self, pid: object, fd: object, header: object, data: object,
-             nbytes: int) -> PublishedSlot:
+             nbytes: int, token: object = None) -> PublishedSlot:
         """A published slot of a peer's segment (mapped now), to copy from later, from any
         thread."""
-        return PublishedSlot(self.floats(pid, fd, header, SLOT_HEADER).view("<u8"),
-                             self.floats(pid, fd, data, nbytes), f"[{pid}, {fd}]")
+        return PublishedSlot(self.floats(pid, fd, header, SLOT_HEADER, token).view("<u8"),
+                             self.floats(pid, fd, data, nbytes, token), f"[{pid}, {fd}]")
 
     def prune(self) -> None:
         """Unmap the segments of processes that are gone."""

@@ -311,10 +311,10 @@ class DenseOps:
                 codec.name
             sent = arrays
         elif type(msg.get("shm")) is int and not self._applier.policy.modifiers.dc_lambda:
-            ref, spans, arrays = self.shm.publish(table, chunks, arrays, versions,
-                                                  max(4, msg.get("shm")))
-            if len(arrays) < len(spans):
-                fields["shm"] = [*ref, spans]
+            shm, arrays = self.shm.publish(table, chunks, arrays, versions,
+                                           max(4, msg.get("shm")))
+            if len(arrays) < len(chunks):
+                fields["shm"] = shm
                 self._stats.shm_bytes_out += sum(a.nbytes for a in sent) - \
                     sum(a.nbytes for a in arrays)
         tracker = self._replies.reply(identity, msg.request_id, fields, arrays, track=track)

@@ -9,7 +9,7 @@ Example (what ``DenseOps`` does)::
 
     plane = ShmPlane()
     grads = plane.gradients(msg.get("shm"), msg.arrays, len(chunks))   # views of the segment
-    ref, spans, rest = plane.publish(table, chunks, arrays, versions, min_bytes=1 << 18)
+    field, rest = plane.publish(table, chunks, arrays, versions, min_bytes=1 << 18)
 """
 
 from __future__ import annotations
@@ -52,13 +52,15 @@ class ShmPlane:
         self._published: dict[str, _Published] = {}
 
     def gradients(self, ref: Any, arrays: Sequence[np.ndarray], count: int) -> list[np.ndarray]:
-        """A push's gradients: ``ref`` is ``[pid, fd, spans]``, a span ``[offset, nbytes]``
-        (or null: the next frame) per chunk. Raises :class:`SegmentError` on a bad one."""
-        if not isinstance(ref, list) or len(ref) != 3 or not isinstance(ref[2], list) \
+        """A push's gradients: ``ref`` is ``[pid, fd, spans]`` or ``[pid, fd, spans, token]``,
+        a span ``[offset, nbytes]`` (or null: the next frame) per chunk. Raises
+        :class:`SegmentError` on a bad one."""
+        if not isinstance(ref, list) or len(ref) not in (3, 4) or not isinstance(ref[2], list) \
                 or len(ref[2]) != count:
-            raise SegmentError(f"'push': field 'shm' must be [pid, fd, spans] with a span or "
-                               f"null for each of its {count} chunks")
-        pid, fd, spans = ref
+            raise SegmentError(f"'push': field 'shm' must be [pid, fd, spans, token] with a "
+                               f"span or null for each of its {count} chunks")
+        pid, fd, spans = ref[:3]
+        token = ref[3] if len(ref) == 4 else None
         frames = iter(arrays)
         grads = []
         for span in spans:
@@ -72,7 +74,7 @@ class ShmPlane:
             if not isinstance(span, list) or len(span) != 2:
                 raise SegmentError(f"'push': a span of field 'shm' must be [offset, nbytes]; "
                                    f"got {span!r}")
-            grads.append(self.peers.floats(pid, fd, span[0], span[1]))
+            grads.append(self.peers.floats(pid, fd, span[0], span[1], token))
         if next(frames, None) is not None:
             raise ProtocolError(f"'push' carries {len(arrays)} frames; its field 'shm' names "
                                 f"{sum(s is None for s in spans)} chunks in frames")
@@ -80,9 +82,10 @@ class ShmPlane:
 
     def publish(self, table: DenseTable, chunks: Sequence[DenseChunk],
                 arrays: Sequence[np.ndarray], versions: Sequence[int], min_bytes: int
-                ) -> tuple[list[int], list[list[int] | None], list[np.ndarray]]:
-        """Publish the chunks of at least ``min_bytes``; returns the segment's reference, a
-        ``[header, data, nbytes]`` slot (or null) per chunk, and the arrays left for frames."""
+                ) -> tuple[list[Any], list[np.ndarray]]:
+        """Publish the chunks of at least ``min_bytes``; returns the reply's ``shm`` field,
+        ``[pid, fd, spans, token]`` with a ``[header, data, nbytes]`` slot (or null) per chunk,
+        and the arrays left for frames."""
         pub = self._published.get(table.name)
         if pub is None or not pub.fits(table):
             if pub is not None:
@@ -101,7 +104,7 @@ class ShmPlane:
                 pub.segment.publish(header, data, array, version)
                 pub.holds[chunk.chunk_id] = (chunk, version)
             spans.append([header, data, array.nbytes])
-        return pub.segment.ref, spans, rest
+        return [*pub.segment.ref, spans, pub.segment.token], rest
 
     def forget(self, table: str) -> None:
         """Drop a table's pull segment (the table was dropped)."""

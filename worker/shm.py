@@ -116,8 +116,9 @@ class ShmLink:
             self._busy[(op, table.name, chunk_id)] = pending
 
     def push_field(self, table: DenseTable, spans: Sequence[list[int] | None]) -> list[Any]:
-        """A push's ``shm`` field: ``[pid, fd, spans]``."""
-        return [*self.segment(table).ref, list(spans)]
+        """A push's ``shm`` field: ``[pid, fd, spans, token]``."""
+        segment = self.segment(table)
+        return [*segment.ref, list(spans), segment.token]
 
     def land(self, ref: Any, chunks: Sequence[Chunk], out: np.ndarray,
              versions: Sequence[int]) -> list[int | None]:
@@ -125,11 +126,12 @@ class ShmLink:
         each (it may be newer than the reply says: another pull published it meanwhile), or
         None for a chunk that came in a frame. Several chunks are copied on threads at once
         (``ShmSettings.copy_threads``)."""
-        if not isinstance(ref, list) or len(ref) != 3 or not isinstance(ref[2], list) \
+        if not isinstance(ref, list) or len(ref) not in (3, 4) or not isinstance(ref[2], list) \
                 or len(ref[2]) != len(chunks):
-            raise ProtocolError("pull reply: field 'shm' must be [pid, fd, spans] with a span "
-                                f"or null for each of its {len(chunks)} chunks")
-        pid, fd, spans = ref
+            raise ProtocolError("pull reply: field 'shm' must be [pid, fd, spans, token] with a "
+                                f"span or null for each of its {len(chunks)} chunks")
+        pid, fd, spans = ref[:3]
+        token = ref[3] if len(ref) == 4 else None
         copies: list[tuple[int, PublishedSlot, np.ndarray]] = []
         for i, (chunk, span) in enumerate(zip(chunks, spans, strict=True)):
             if span is None:
@@ -137,7 +139,7 @@ class ShmLink:
             if not isinstance(span, list) or len(span) != 3 or span[2] != 4 * chunk.length:
                 raise ProtocolError(f"pull reply: a span of field 'shm' must be [header, data, "
                                     f"{4 * chunk.length}]; got {span!r}")
-            copies.append((i, self.peers.slot(pid, fd, span[0], span[1], span[2]),
+            copies.append((i, self.peers.slot(pid, fd, span[0], span[1], span[2], token),
                            out[chunk.offset:chunk.offset + chunk.length]))
         read: list[int | None] = [None] * len(chunks)
         pool = self._copy_pool() if len(copies) > 1 else None

@@ -141,6 +141,7 @@ def test_bad_segment_reference_is_refused_and_the_server_stays_up(cluster_factor
     unsealed_fd = os.memfd_create("hogshard-unsealed")
     os.ftruncate(unsealed_fd, 1 << 20)
     small = Segment.create("small", 4096)
+    other = Segment.create("other", 4 * CHUNK_ELEMS)
     try:
         weights = np.ones(CHUNK_ELEMS, np.float32)
         table = client.dense_table("bad-shm", CHUNK_ELEMS, {"rule": "sgd", "lr": 0.5},
@@ -150,6 +151,8 @@ def test_bad_segment_reference_is_refused_and_the_server_stays_up(cluster_factor
         unreachable = {  # what another user or PID namespace behind the same host id sees
             "not a memfd": [pid, sys.stdout.fileno(), [[0, nbytes]]],
             "no such process": [2 ** 22 + 1, 3, [[0, nbytes]]],
+            # the same pid and fd as another process's segment, seen from its PID namespace
+            "another segment": [*other.ref, [[0, nbytes]], "0123456789abcdef"],
         }
         for what, ref in unreachable.items():
             reply = bad_push(zmq_ctx, address, "bad-shm", 0, ref)
@@ -162,6 +165,8 @@ def test_bad_segment_reference_is_refused_and_the_server_stays_up(cluster_factor
             "spans count": [*small.ref, [[0, 4], [0, 4]]],
             "not a list": [*small.ref, "spans"],
             "bool pid": [True, 3, [[0, nbytes]]],
+            "token not a string": [*small.ref, [[0, 4]], 7],
+            "token with a slash": [*small.ref, [[0, 4]], "../x"],
         }
         for what, ref in cases.items():
             reply = bad_push(zmq_ctx, address, "bad-shm", 0, ref)
@@ -177,6 +182,7 @@ def test_bad_segment_reference_is_refused_and_the_server_stays_up(cluster_factor
     finally:
         os.close(unsealed_fd)
         small.close()
+        other.close()
         client.close()
 
 

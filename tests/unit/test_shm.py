@@ -45,6 +45,19 @@ def test_a_peer_reads_what_was_written_and_refuses_bad_spans(segment):
         peers.close()
 
 
+def test_a_token_that_does_not_end_the_segments_name_is_refused(segment):
+    peers = PeerSegments()
+    try:
+        assert len(peers.floats(*segment.ref, 0, 16, segment.token)) == 4
+        assert len(peers.floats(*segment.ref, 0, 16)) == 4  # no token: not checked
+        with pytest.raises(ShmUnavailableError, match="not the segment ending in"):
+            peers.floats(*segment.ref, 0, 16, "0" * len(segment.token))
+        with pytest.raises(SegmentError, match="token"):
+            peers.floats(*segment.ref, 0, 16, 12)
+    finally:
+        peers.close()
+
+
 def test_a_segment_closed_and_replaced_under_the_same_fd_is_mapped_again():
     peers = PeerSegments()
     first = Segment.create("first", 4096)
