@@ -227,7 +227,7 @@ def train_remote(args: argparse.Namespace, data: RecsysDataset) -> dict[str, Any
     stream = (b for epoch in range(args.epochs)
               for b in batches(data, data.sparse, epoch, args, rank, workers, host))
     upcoming = next(stream, None)
-    announced = False  # the pipeline pulled this batch's rows during the last step
+    announced = False  # the pipeline pulls this batch's rows during the last step
     while upcoming is not None:
         dense, feats, y = upcoming
         upcoming = next(stream, None)
@@ -337,9 +337,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cache-staleness", type=int, default=None, metavar="K",
                    help="reuse a row pulled at most K steps ago (the worker's hot-row cache)")
     p.add_argument("--pipeline", choices=("exact", "stale"), default=None,
-                   help="pull the next batch's rows while this one computes, and do not wait "
-                   "for row pushes ('exact': the rows a step sees are unchanged; 'stale': "
-                   "one step older, not under ssp:0 or hardsync)")
+                   help="pull the next batch's rows before its forward, and do not wait for "
+                   "row pushes ('exact': right behind this step's row push, the rows a step "
+                   "sees are unchanged; 'stale': while this step computes, one step older, "
+                   "not under ssp:0 or hardsync)")
     p.add_argument("--row-storage", choices=("fp32", "fp16", "bf16"), default="fp32",
                    help="how the servers hold the embedding rows (half precision: half the "
                    "bytes; updates computed in float32)")

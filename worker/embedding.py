@@ -12,16 +12,16 @@ a row pulled at most K clocks ago instead of pulling it again (its gradients are
 every step); ``bag.cache.stats()`` gives the hit rate (unique ids, and lookups) and the mean
 age of the rows served.
 
-With ``pipeline="exact"`` or ``"stale"`` the rows of the *next* batch are pulled while this
-one computes: announce its ids with ``bag.prefetch(next_ids)`` (or :func:`prefetch_next` for
-every bag in one request per server) after this step's forward, and the row push of a step
-is not waited for (at most one in flight per bag; :func:`flush` waits for it). The next rows
-are pulled before this step's push reaches the servers, so ``"exact"`` pulls the ids that both
-batches touch again right after the push (on the same connection, so the servers apply the
-push first): a one-worker job then sees exactly the rows it would see without the pipeline.
-``"stale"`` does not: a row of the next batch misses this step's own update (one step of
-staleness, like ``PSOptimizer(prefetch=True)``), and is refused under ``ssp:0`` and
-``hardsync``.
+With ``pipeline="exact"`` or ``"stale"`` the rows of the *next* batch travel before the next
+forward asks for them: announce its ids with ``bag.prefetch(next_ids)`` (or
+:func:`prefetch_next` for every bag in one request per server) after this step's forward, and
+the row push of a step is not waited for (at most one in flight per bag; :func:`flush` waits
+for it). ``"exact"`` pulls the announced rows right behind this step's row push, on the same
+connections, so the servers apply the push first: a one-worker job sees exactly the rows it
+would see without the pipeline, and the pull's round trip overlaps the push's and the dense
+step's instead of following them. ``"stale"`` pulls them at once, while this step computes: a
+row of the next batch misses this step's own update (one step of staleness, like
+``PSOptimizer(prefetch=True)``), and is refused under ``ssp:0`` and ``hardsync``.
 
 On a CUDA model (the bag follows ``model.to(device)``, or takes ``device=``) the rows are
 pulled into pinned host memory and copied to the device without blocking; the row gradients
@@ -87,8 +87,7 @@ class _Fetched:
         self.missed_rows = np.empty((0, dim), np.float32)
         self.clock = 0  # the clock of the step that uses the rows (cache lookups)
         self.pulled_at = 0  # the clock whose pushes the rows show (cache inserts)
-        self.upcoming = False  # announced for the next step (pulled before this push)
-        self.refreshes: list[tuple[Future, np.ndarray, np.ndarray]] = []  # (future, pos, rows)
+        self.behind_push = False  # announced ("exact"): pulled behind this step's row push
         self.landing: _Landing | None = None
 
     def pulled(self) -> np.ndarray:
@@ -96,18 +95,14 @@ class _Fetched:
         return np.arange(self.ids.size) if self.missed is None else self.missed
 
     def wait(self, timeout: float) -> None:
-        """Wait for the pull (and any refresh) of these rows."""
-        for future in [self.future, *(r[0] for r in self.refreshes)]:
-            if future is not None:
-                future.result(timeout)
+        """Wait for the pull of these rows."""
+        if self.future is not None:
+            self.future.result(timeout)
 
     def place(self) -> None:
-        """Once the pulls are done: put the pulled (and refreshed) rows in place."""
+        """Once the pull is done: put the pulled rows beside the cached ones."""
         if self.missed is not None:
             self.rows[self.missed] = self.missed_rows
-        for _, positions, rows in self.refreshes:
-            self.rows[positions] = rows
-        self.refreshes = []
 
 
 @dataclass(slots=True)
@@ -167,9 +162,8 @@ def _pull(bags: Sequence[RemoteEmbeddingBag], fetched: Sequence[_Fetched],
     client = bags[0].client
     pairs = list(zip(bags, fetched, strict=True))
     for bag, f in pairs:
-        f.upcoming = upcoming
         f.clock = client.clock + int(upcoming)
-        # "exact" rows are refreshed after this step's push: as fresh as pulled next step
+        # "exact" rows are pulled behind this step's push: as fresh as pulled next step
         f.pulled_at = f.clock if bag.pipeline == "exact" else client.clock
     for cache, tables, cached in _by_cache(pairs):
         missed = cache.split_tables(tables, [f.ids for f in cached], cached[0].clock,
@@ -289,8 +283,8 @@ class RemoteEmbeddingBag(nn.Module):
         per_sample_weights: torch.Tensor | None = None,
     ) -> torch.Tensor:
         fetched, self._step.prefetched = self._step.prefetched, None
-        if fetched is None or fetched.key is not indices:
-            fetched = self.fetch(indices)
+        if fetched is None or fetched.key is not indices or fetched.behind_push:
+            fetched = self.fetch(indices)  # not announced, or announced but no push came
         assert fetched.landing is not None
         fetched.landing.land(self.client.settings.request_timeout)
         device = self.device
@@ -342,22 +336,28 @@ def prefetch(pairs: Sequence[tuple[RemoteEmbeddingBag, torch.Tensor]]) -> Future
 
 
 def prefetch_next(pairs: Sequence[tuple[RemoteEmbeddingBag, torch.Tensor]]) -> Future | None:
-    """Announce the next step's ids of every (bag, indices) pair: their rows are pulled now,
-    in one request per server, while this step computes; each bag's next forward on that
-    same ``indices`` tensor uses them. Every bag needs ``pipeline`` (ConfigError otherwise).
-    Call it after this step's forward (its rows are in the cache by then)."""
+    """Announce the next step's ids of every (bag, indices) pair; each bag's next forward on
+    that same ``indices`` tensor uses their rows. ``"stale"`` bags pull them now, in one
+    request per server, while this step computes (their future is returned); ``"exact"`` bags
+    pull them behind this step's row push (:func:`push_gradients`). Every bag needs
+    ``pipeline`` (ConfigError otherwise). Call it after this step's forward."""
     off = [bag.handle.name for bag, _ in pairs if bag.pipeline is None]
     if off:
         raise ConfigError(f"tables {off}: announcing the next batch needs "
                           "RemoteEmbeddingBag(pipeline='exact' or 'stale')")
-    if not pairs:
-        return None
-    fetched = [_Fetched(indices, bag.embedding_dim, bag.device, bag.cache is not None)
-               for bag, indices in pairs]
-    future = _pull([bag for bag, _ in pairs], fetched, upcoming=True)
-    for (bag, _), f in zip(pairs, fetched, strict=True):
-        f.future = future
+    now: list[tuple[RemoteEmbeddingBag, _Fetched]] = []
+    for bag, indices in pairs:
+        f = _Fetched(indices, bag.embedding_dim, bag.device, bag.cache is not None)
         bag._step.prefetched = f
+        if bag.pipeline == "exact":
+            f.behind_push = True
+        else:
+            now.append((bag, f))
+    if not now:
+        return None
+    future = _pull([bag for bag, _ in now], [f for _, f in now], upcoming=True)
+    for _, f in now:
+        f.future = future
     return future
 
 
@@ -377,8 +377,8 @@ def push_gradients(
 ) -> Future | None:
     """Send the row gradients of every bag in one request per server (None if none). With
     ``pipeline`` on, the push is not waited for (None is returned; the previous push is
-    waited for first, and :func:`flush` waits for the last), and the rows announced for the
-    next step that this push changes are pulled again behind it (``"exact"``)."""
+    waited for first, and :func:`flush` waits for the last), and the rows that ``"exact"``
+    bags announced for the next step are pulled right behind it."""
     flush(client, bags)
     tables, ids, grads, pushers = [], [], [], []
     for bag in bags:
@@ -388,10 +388,10 @@ def push_gradients(
             ids.append(found[0])
             grads.append(np.ascontiguousarray(found[1]))
             pushers.append(bag)
-    if not tables:
+    future = client.push_rows(tables, ids, grads, clock) if tables else None
+    _pull_announced(bags)
+    if future is None:
         return None
-    future = client.push_rows(tables, ids, grads, clock)
-    _refresh(client, pushers, ids)
     if not any(bag.pipeline for bag in pushers):
         return future
     for bag in pushers:
@@ -399,35 +399,18 @@ def push_gradients(
     return None
 
 
-def _refresh(client: PSClient, bags: Sequence[RemoteEmbeddingBag],
-             pushed: Sequence[np.ndarray]) -> None:
-    """Pull again, behind the push just sent, the announced rows of ``"exact"`` bags that
-    the push changes (one request per server)."""
-    handles, ids, outs, owners = [], [], [], []
-    for bag, pushed_ids in zip(bags, pushed, strict=True):
-        f = bag._step.prefetched
-        if bag.pipeline != "exact" or f is None or not f.upcoming:
-            continue
-        pulled = f.pulled()
-        positions = pulled[_among(f.ids[pulled], pushed_ids)]
-        if positions.size:
-            handles.append(bag.handle)
-            ids.append(f.ids[positions])
-            outs.append(np.empty((positions.size, bag.embedding_dim), np.float32))
-            owners.append((f, positions))
-    if not handles:
+def _pull_announced(bags: Sequence[RemoteEmbeddingBag]) -> None:
+    """Pull the rows that ``"exact"`` bags announced for the next step, in one request per
+    server: sent after this step's row push on the same connections, they read its update."""
+    pairs = [(bag, f) for bag in bags
+             if (f := bag._step.prefetched) is not None and f.behind_push]
+    if not pairs:
         return
-    future = client.pull_rows(handles, ids, outs, _gated_clock(handles, owners[0][0].clock))
-    for (f, positions), rows in zip(owners, outs, strict=True):
-        f.refreshes.append((future, positions, rows))
-
-
-def _among(ids: np.ndarray, sorted_ids: np.ndarray) -> np.ndarray:
-    """Which of ``ids`` are in ``sorted_ids`` (sorted, unique): one searchsorted."""
-    if sorted_ids.size == 0:
-        return np.zeros(ids.size, bool)
-    at = np.minimum(np.searchsorted(sorted_ids, ids), sorted_ids.size - 1)
-    return sorted_ids[at] == ids
+    fetched = [f for _, f in pairs]
+    future = _pull([bag for bag, _ in pairs], fetched, upcoming=True)
+    for f in fetched:
+        f.behind_push = False
+        f.future = future
 
 
 def flush(client: PSClient, bags: Sequence[RemoteEmbeddingBag]) -> None:

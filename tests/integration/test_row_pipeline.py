@@ -20,6 +20,7 @@ from hogshard.proto.errors import ConfigError
 from hogshard.proto.hashing import init_rows
 from hogshard.worker.client import PSClient
 from hogshard.worker.embedding import RemoteEmbeddingBag, flush, push_gradients
+from hogshard.worker.sparse import embedding_stats
 
 DIM, LR, SCALE, SEED, STEPS = 4, 0.5, 0.1, 5, 12
 pytestmark = pytest.mark.integration
@@ -82,6 +83,10 @@ def test_each_step_sees_the_rows_its_pipeline_promises(cluster_factory, pipeline
         for k, (got, want) in enumerate(zip(seen, want_seen, strict=True)):
             np.testing.assert_array_equal(got, want, err_msg=f"step {k}")
         np.testing.assert_array_equal(final, want_final)  # every push applied, once
+        # one row pull per server and step (each batch reaches both), and the final one: the
+        # exact pipeline pulls behind the push instead of pulling again after it
+        pulls = [s["tables"]["linear"]["pulls"] for s in embedding_stats(client).values()]
+        assert pulls == [STEPS + 1] * 2, pulls
     finally:
         client.close()
 
