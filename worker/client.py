@@ -4,8 +4,8 @@ per server for data. ``push`` and ``pull`` return futures, so many requests can 
 The client is not thread-safe (one training thread drives it); a background thread with its own
 socket sends heartbeats carrying the worker's clock and progress. The client owns the sockets,
 the requests in flight and the membership; what goes in a request and how its reply lands is
-worker/dense.py's (dense tables) and worker/sparse.py's (embedding rows), the calls that
-survive a scheduler restart worker/control.py's.
+worker/dense.py's (dense tables) and worker/sparse.py's (embedding rows), settling replies
+worker/replies.py's, the calls that survive a scheduler restart worker/control.py's.
 
 Example::
 
@@ -31,27 +31,19 @@ import numpy as np
 import zmq
 
 from hogshard.proto.config import ClientSettings, ShmSettings
-from hogshard.proto.errors import (
-    ErrorCode,
-    RequestTimeoutError,
-    ServerLostError,
-    ShmUnavailableError,
-)
+from hogshard.proto.errors import RequestTimeoutError, ServerLostError
 from hogshard.proto.malloc import tune_malloc
 from hogshard.proto.security import load_security
 from hogshard.proto.shm import host_identity
 from hogshard.proto.tables import DEFAULT_CHUNK_ELEMS, Chunk
 from hogshard.proto.transport import (
-    ERROR,
     RpcChannel,
     connect_dealer,
-    readable,
-    recv_frames,
     request_header,
     send_frames,
 )
-from hogshard.proto.wire import decode, encode
-from hogshard.worker import control, dense, sparse
+from hogshard.proto.wire import encode
+from hogshard.worker import control, dense, replies, sparse
 from hogshard.worker.compression import Compressor
 from hogshard.worker.futures import Future, PendingRequest, RequestBook
 from hogshard.worker.heartbeat import Heartbeat
@@ -328,43 +320,9 @@ class PSClient:
         return (self._incarnation << 32) | next(self._push_ids)
 
     def _pump(self, timeout: float) -> None:
-        """Wait up to ``timeout`` seconds for replies and settle the requests they answer
-        (sending again, first, what must move to a chunk's new owner). Raises the job's
-        failure (:class:`ServerLostError`) once the scheduler has reported one."""
-        if self.failure is not None:
-            raise self.failure
-        if self.rerouter.tables:
-            now = time.monotonic()
-            self.rerouter.run(now)
-            timeout = min(timeout, self.rerouter.wait_hint(now))
-        for sock, _ in self._poller.poll(int(timeout * 1000)):
-            while readable(sock):
-                frames = recv_frames(sock)
-                message = decode(frames)
-                pending = self._book.pop(message.request_id)
-                if pending is None:
-                    log.debug("dropping reply to unknown request %d", message.request_id)
-                    continue
-                self.traffic.count_received(pending.op, frames)
-                code = message.get("code") if message.op == ERROR else None
-                if code == ErrorCode.NOT_OWNER.value and pending.route is not None:
-                    self.rerouter.retry_later(pending)
-                elif code == ErrorCode.SHM_UNAVAILABLE.value and pending.route is not None:
-                    self._in_frames(pending, f"server {pending.server}: "
-                                             f"{message.get('message')}")
-                elif message.op == ERROR:
-                    pending.fail(str(code), str(message.get("message")))
-                else:
-                    try:
-                        pending.settle(message)
-                    except ShmUnavailableError as err:
-                        self._in_frames(pending, err.message)
-
-    def _in_frames(self, pending: PendingRequest, reason: str) -> None:
-        """A segment could not be opened (here, or by the server): shared memory off, and the
-        request sent again in frames (nothing of it was applied)."""
-        self.shm.turn_off(reason)
-        self.rerouter.resend(pending)
+        """Wait up to ``timeout`` seconds for replies and settle what they answer
+        (worker/replies.py)."""
+        replies.pump(self, timeout)
 
     # ---- control plane ----------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ waiting on a chunk that moved again, split by new owner. A server that answers `
 short backoff. Pushes keep their push id, so a server that already holds one applies it once
 (PROTOCOL.md section 16).
 
-Example (what ``PSClient._pump`` does)::
+Example (what ``worker/replies.py`` does)::
 
     rerouter.run(time.monotonic())           # refresh the map if it moved, resend what moved
     rerouter.retry_later(pending)            # on a NOT_OWNER reply
