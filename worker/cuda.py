@@ -25,6 +25,7 @@ Example (what :func:`hogshard.worker.device.make_mirror` returns for a CUDA mode
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Sequence
 
 import numpy as np
@@ -83,6 +84,8 @@ class CudaMirror:
             except RuntimeError:
                 pass
             return False
+        # the pages stay registered while this mirror lives (a process's exit frees them)
+        weakref.finalize(self, cudart.cudaHostUnregister, tensor.data_ptr()).atexit = False
         self.grads = HostBuffer(tensor)
         return True
 
