@@ -127,6 +127,7 @@ def _names_token(target: str, token: str) -> bool:
 class _Mapped:
     inode: int
     map: mmap.mmap
+    target: str  # what /proc/<pid>/fd/<fd> named when it was mapped (its token at the end)
 
 
 class PublishedSlot:
@@ -169,6 +170,9 @@ class PeerSegments:
                                "and an fd, non-negative integers")
         if token is not None and (type(token) is not str or not token.isalnum()):
             raise SegmentError(f"shared-memory token {token!r}: expected letters and digits")
+        known = self._maps.get((pid, fd))
+        if token is not None and known is not None and _names_token(known.target, token):
+            return known.map  # a random token names one segment: no need to look at /proc
         path = f"/proc/{pid}/fd/{fd}"
         try:
             target, inode = os.readlink(path), os.stat(path).st_ino
@@ -179,7 +183,6 @@ class PeerSegments:
             raise ShmUnavailableError(f"shared-memory segment {path} is {target!r}, not the "
                                       f"segment ending in {token!r} (another process's: the "
                                       "same pid in another PID namespace)")
-        known = self._maps.get((pid, fd))
         if known is not None and known.inode == inode:
             return known.map
         if not target.startswith("/memfd:" + NAME_PREFIX):  # e.g. seen from another namespace
@@ -199,7 +202,7 @@ class PeerSegments:
             self._drop((pid, fd))
         while len(self._maps) >= self._limit:
             self._drop(next(iter(self._maps)))
-        self._maps[(pid, fd)] = _Mapped(inode, mapped)
+        self._maps[(pid, fd)] = _Mapped(inode, mapped, target)
         return mapped
 
     def floats(self, pid: object, fd: object, offset: object, nbytes: object,

@@ -58,6 +58,25 @@ def test_a_token_that_does_not_end_the_segments_name_is_refused(segment):
         peers.close()
 
 
+def test_a_reference_whose_token_was_seen_is_served_without_looking_at_proc(segment,
+                                                                            monkeypatch):
+    peers = PeerSegments()
+    try:
+        peers.floats(*segment.ref, 0, 16, segment.token)
+
+        def no_proc(path):
+            raise OSError(2, "looked at /proc", path)
+
+        monkeypatch.setattr(os, "readlink", no_proc)
+        assert len(peers.floats(*segment.ref, 0, 16, segment.token)) == 4
+        with pytest.raises(ShmUnavailableError, match="looked at /proc"):
+            peers.floats(*segment.ref, 0, 16, "f" * len(segment.token))  # not that segment's
+        with pytest.raises(ShmUnavailableError, match="looked at /proc"):
+            peers.floats(*segment.ref, 0, 16)  # no token: the link is read every time
+    finally:
+        peers.close()
+
+
 def test_a_segment_closed_and_replaced_under_the_same_fd_is_mapped_again():
     peers = PeerSegments()
     first = Segment.create("first", 4096)
