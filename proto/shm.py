@@ -133,12 +133,12 @@ class _Mapped:
 class PublishedSlot:
     """A slot a server publishes weights in: a seqlock word, a version word, then the data.
 
-    Example: ``version = PublishedSlot(words, data, "[pid, fd]").copy_into(out)``"""
+    Example: ``version = PublishedSlot(words, data, (pid, fd)).copy_into(out)``"""
 
-    def __init__(self, words: np.ndarray, data: np.ndarray, name: str) -> None:
+    def __init__(self, words: np.ndarray, data: np.ndarray, ref: tuple[object, object]) -> None:
         self.words = words
         self.data = data
-        self.name = name
+        self.ref = ref  # the segment's [pid, fd], for the error
 
     def copy_into(self, out: np.ndarray, timeout: float = 1.0) -> int:
         """Copy the data into ``out`` once no write overlapped the copy; returns its version.
@@ -153,7 +153,7 @@ class PublishedSlot:
                 if int(words[0]) == before:
                     return version
             if time.monotonic() > deadline:
-                raise RequestTimeoutError(f"a published slot of {self.name} stayed in "
+                raise RequestTimeoutError(f"a published slot of {list(self.ref)} stayed in "
                                           f"writing for {timeout:.1f} s")
 
 
@@ -228,7 +228,7 @@ class PeerSegments:
         """A published slot of a peer's segment (mapped now), to copy from later, from any
         thread."""
         return PublishedSlot(self.floats(pid, fd, header, SLOT_HEADER, token).view("<u8"),
-                             self.floats(pid, fd, data, nbytes, token), f"[{pid}, {fd}]")
+                             self.floats(pid, fd, data, nbytes, token), (pid, fd))
 
     def prune(self) -> None:
         """Unmap the segments of processes that are gone."""

@@ -145,8 +145,7 @@ class _Landing:
             f.wait(timeout)
             f.place()
         for cache, tables, fetched in _by_cache(self.pairs):
-            missed = [f.missed if f.missed is not None else np.arange(f.ids.size)
-                      for f in fetched]
+            missed = [f.pulled() for f in fetched]
             cache.insert_tables(tables, [f.ids[m] for f, m in zip(fetched, missed, strict=True)],
                                 [f.rows[m] for f, m in zip(fetched, missed, strict=True)],
                                 fetched[0].pulled_at)

@@ -46,6 +46,7 @@ class ShmLink:
         self._segments: dict[str, Segment] = {}
         self._busy: dict[tuple[str, str, int], PendingRequest] = {}
         self.turned_off: str | None = None  # why shared memory is off since, if it is
+        self._copy_threads = settings.copy_threads
         self._pool: ThreadPoolExecutor | None = None
 
     def colocated(self, server_host: Any) -> bool:
@@ -155,11 +156,11 @@ class ShmLink:
 
     def _copy_pool(self) -> ThreadPoolExecutor | None:
         """The threads that copy pulled chunks, started on first use; None: copy inline."""
-        threads = self.settings.copy_threads
-        if threads <= 1:
+        if self._copy_threads <= 1:
             return None
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(threads, thread_name_prefix="hogshard-shm-copy")
+            self._pool = ThreadPoolExecutor(self._copy_threads,
+                                            thread_name_prefix="hogshard-shm-copy")
         return self._pool
 
     def close(self) -> None:

@@ -30,46 +30,41 @@ def published():
     segment.close()
 
 
-@pytest.mark.parametrize("threads", [1, 3])
-def test_published_chunks_land_in_out_with_the_version_read(published, threads):
+@pytest.fixture(params=[1, 3], ids=["inline", "3 threads"])
+def link(request):
+    """A worker's link copying a pull's chunks inline, or on 3 threads."""
+    shm_link = ShmLink(ShmSettings(shm_copy_threads=request.param), "host")
+    yield shm_link
+    shm_link.close()
+
+
+def test_published_chunks_land_in_out_with_the_version_read(published, link):
     segment, spans = published
-    link = ShmLink(ShmSettings(shm_copy_threads=threads), "host")
-    try:
-        spans[2] = None  # this chunk came in a frame
-        out = np.zeros(LENGTH * len(CHUNKS), np.float32)
-        replied = [11, 0, 0, 0, 99, 0]  # the reply's versions: an older one is raised to the slot's
-        read = link.land([*segment.ref, spans], CHUNKS, out, replied)
-        assert read == [11, 11, None, 13, 99, 15]
-        for i, chunk in enumerate(CHUNKS):
-            piece = out[chunk.offset:chunk.offset + chunk.length]
-            assert (piece == (0 if i == 2 else i + 1)).all()
-    finally:
-        link.close()
+    spans[2] = None  # this chunk came in a frame
+    out = np.zeros(LENGTH * len(CHUNKS), np.float32)
+    replied = [11, 0, 0, 0, 99, 0]  # the reply's versions: an older one is raised to the slot's
+    read = link.land([*segment.ref, spans], CHUNKS, out, replied)
+    assert read == [11, 11, None, 13, 99, 15]
+    for i, chunk in enumerate(CHUNKS):
+        piece = out[chunk.offset:chunk.offset + chunk.length]
+        assert (piece == (0 if i == 2 else i + 1)).all()
 
 
-@pytest.mark.parametrize("threads", [1, 3])
-def test_a_bad_span_is_refused_before_anything_is_copied(published, threads):
+def test_a_bad_span_is_refused_before_anything_is_copied(published, link):
     segment, spans = published
-    link = ShmLink(ShmSettings(shm_copy_threads=threads), "host")
-    try:
-        spans[4] = [spans[4][0], spans[4][1], 8]  # not the chunk's size
-        out = np.zeros(LENGTH * len(CHUNKS), np.float32)
-        with pytest.raises(ProtocolError, match="span"):
-            link.land([*segment.ref, spans], CHUNKS, out, [0] * len(CHUNKS))
-        assert not out.any()
-    finally:
-        link.close()
+    spans[4] = [spans[4][0], spans[4][1], 8]  # not the chunk's size
+    out = np.zeros(LENGTH * len(CHUNKS), np.float32)
+    with pytest.raises(ProtocolError, match="span"):
+        link.land([*segment.ref, spans], CHUNKS, out, [0] * len(CHUNKS))
+    assert not out.any()
 
 
-def test_a_slot_stuck_in_writing_fails_the_landing_after_the_other_copies_end(published):
+@pytest.mark.parametrize("link", [3], indirect=True, ids=["3 threads"])
+def test_a_slot_stuck_in_writing_fails_the_landing_after_the_other_copies_end(published, link):
     segment, spans = published
-    link = ShmLink(ShmSettings(shm_copy_threads=3), "host")
-    try:
-        segment.floats(3 * SLOT_HEADER, 2).view("<u8")[0] += 1  # chunk 3: a writer never ends
-        out = np.zeros(LENGTH * len(CHUNKS), np.float32)
-        with pytest.raises(RequestTimeoutError, match="stayed in writing"):
-            link.land([*segment.ref, spans], CHUNKS, out, [0] * len(CHUNKS))
-        assert all((out[c.offset:c.offset + c.length] == c.chunk_id + 1).all()
-                   for c in CHUNKS if c.chunk_id != 3)
-    finally:
-        link.close()
+    segment.floats(3 * SLOT_HEADER, 2).view("<u8")[0] += 1  # chunk 3: a writer never ends
+    out = np.zeros(LENGTH * len(CHUNKS), np.float32)
+    with pytest.raises(RequestTimeoutError, match="stayed in writing"):
+        link.land([*segment.ref, spans], CHUNKS, out, [0] * len(CHUNKS))
+    assert all((out[c.offset:c.offset + c.length] == c.chunk_id + 1).all()
+               for c in CHUNKS if c.chunk_id != 3)
