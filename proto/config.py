@@ -119,7 +119,8 @@ class ShmSettings:
     sent or fetched through it; ``host_id``: the host identity to report instead of the one
     read from /proc (processes that report the same one must share memory and user);
     ``shm_copy_threads``: threads that copy a pull's chunks out of the server's segment at
-    once (0, the default: half the cores, at most 8; 1: the calling thread alone).
+    once, and that a server publishes them with (0, the default: half the cores, at most 8; 1:
+    the calling thread alone).
 
     Example::
 

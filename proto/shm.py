@@ -30,7 +30,10 @@ import mmap
 import os
 import secrets
 import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
@@ -42,6 +45,7 @@ NAME_PREFIX = "hogshard-"
 SLOT_HEADER = 16
 _SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 _FLOAT32 = np.dtype(np.float32)
+_T = TypeVar("_T")
 
 
 def host_identity(override: str | None = None) -> str:
@@ -155,6 +159,39 @@ class PublishedSlot:
             if time.monotonic() > deadline:
                 raise RequestTimeoutError(f"a published slot of {list(self.ref)} stayed in "
                                           f"writing for {timeout:.1f} s")
+
+
+class CopyThreads:
+    """Runs a batch of copies (each a call that releases the GIL) on up to ``threads`` threads
+    at once, started on first use; with one thread, or one copy, they run on the caller's.
+
+    Example::
+
+        >>> copies = CopyThreads(2, "example")
+        >>> copies.run([lambda: 1, lambda: 2])
+        [1, 2]
+        >>> copies.close()
+    """
+
+    def __init__(self, threads: int, name: str) -> None:
+        self.threads = threads
+        self._name = f"hogshard-{name}"
+        self._pool: ThreadPoolExecutor | None = None
+
+    def run(self, calls: Sequence[Callable[[], _T]]) -> list[_T]:
+        """Each call's result, in order; every call ends before the first error is raised."""
+        if self.threads <= 1 or len(calls) <= 1:
+            return [call() for call in calls]
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix=self._name)
+        futures = [self._pool.submit(call) for call in calls]
+        wait(futures)
+        return [future.result() for future in futures]
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
 
 
 class PeerSegments:

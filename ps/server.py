@@ -57,6 +57,7 @@ from hogshard.ps.primary import Primary
 from hogshard.ps.replica_ops import BackupOps
 from hogshard.ps.replication import Replicator
 from hogshard.ps.scheduler_link import Registration, SchedulerLink
+from hogshard.ps.shm_plane import ShmPlane
 from hogshard.ps.stats import ServerStats
 from hogshard.ps.workers import PolicySchedule, WorkerView
 
@@ -103,7 +104,8 @@ class ShardServer:
         #: Drawn at start: requests addressed to another incarnation of this rank are refused.
         self.incarnation = secrets.randbits(48)
         #: Workers that report the same identity read and write this server's memory directly.
-        self.host = host_identity(ShmSettings.from_env().host_id)
+        shm_settings = ShmSettings.from_env()
+        self.host = host_identity(shm_settings.host_id)
         self.fenced: str | None = None  # why a newer process under this rank replaced this one
         self._stop = threading.Event()
         # heartbeats on a context of their own: a backup link connecting to a host whose
@@ -129,7 +131,8 @@ class ShardServer:
         self.primary = Primary(self.replicas, self.updates, self.stats, self._core, self.rank)
         self.dense = DenseOps(self.store, self.applier, self.view, self.schedule, self.updates,
                               self.primary, self.replicas, self.stats, self._core, self.link,
-                              self.peer_gate, self.node_id, self.rank)
+                              self.peer_gate, self.node_id, self.rank,
+                              ShmPlane(shm_settings.copy_threads))
         self.embedding = EmbeddingOps(self.embeddings, self.stats, self.replicas, self.primary,
                                       self.rank, self.node_id, self.view, self._core,
                                       self.link.hurry)
@@ -196,6 +199,7 @@ class ShardServer:
         self.updates.close()
         self.replicas.close()
         self._sock.close(0)
+        self.dense.shm.close()
         self.link.close()
         if self._control_context is not self._context:
             self._control_context.term()

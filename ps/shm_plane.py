@@ -14,13 +14,14 @@ Example (what ``DenseOps`` does)::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from hogshard.proto.errors import ProtocolError
-from hogshard.proto.shm import SLOT_HEADER, PeerSegments, Segment, SegmentError
+from hogshard.proto.shm import SLOT_HEADER, CopyThreads, PeerSegments, Segment, SegmentError
 from hogshard.ps.dense import DenseChunk, DenseTable
 
 
@@ -45,11 +46,14 @@ class _Published:
 
 
 class ShmPlane:
-    """The worker segments this server reads and the segments it publishes pulls in."""
+    """The worker segments this server reads and the segments it publishes pulls in; a
+    pull's chunks are published on up to ``copy_threads`` threads at once
+    (``ShmSettings.copy_threads``; 1: on the loop's thread)."""
 
-    def __init__(self) -> None:
+    def __init__(self, copy_threads: int = 1) -> None:
         self.peers = PeerSegments()
         self._published: dict[str, _Published] = {}
+        self._copies = CopyThreads(copy_threads, "shm-publish")
 
     def gradients(self, ref: Any, arrays: Sequence[np.ndarray], count: int) -> list[np.ndarray]:
         """A push's gradients: ``ref`` is ``[pid, fd, spans]`` or ``[pid, fd, spans, token]``,
@@ -93,6 +97,8 @@ class ShmPlane:
             pub = self._published[table.name] = _Published(table)
         spans: list[list[int] | None] = []
         rest = []
+        writes: list[Callable[[], None]] = []
+        written: list[tuple[DenseChunk, int]] = []
         for chunk, array, version in zip(chunks, arrays, versions, strict=True):
             if array.nbytes < min_bytes or chunk.chunk_id not in pub.headers:
                 spans.append(None)
@@ -101,9 +107,11 @@ class ShmPlane:
             header, data = pub.headers[chunk.chunk_id], pub.data[chunk.chunk_id]
             held = pub.holds.get(chunk.chunk_id)
             if held is None or held[0] is not chunk or held[1] != version:
-                pub.segment.publish(header, data, array, version)
-                pub.holds[chunk.chunk_id] = (chunk, version)
+                writes.append(partial(pub.segment.publish, header, data, array, version))
+                written.append((chunk, version))
             spans.append([header, data, array.nbytes])
+        self._copies.run(writes)
+        pub.holds.update((chunk.chunk_id, (chunk, version)) for chunk, version in written)
         return [*pub.segment.ref, spans, pub.segment.token], rest
 
     def forget(self, table: str) -> None:
@@ -113,6 +121,7 @@ class ShmPlane:
             pub.segment.close()
 
     def close(self) -> None:
+        self._copies.close()
         self.peers.close()
         for name in list(self._published):
             self.forget(name)

@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from hogshard.proto.config import ShmSettings
 from hogshard.proto.errors import ProtocolError
-from hogshard.proto.shm import PeerSegments, PublishedSlot, Segment
+from hogshard.proto.shm import CopyThreads, PeerSegments, PublishedSlot, Segment
 from hogshard.proto.tables import Chunk
 from hogshard.worker.futures import PendingRequest
 from hogshard.worker.tables import DenseTable
@@ -46,8 +46,7 @@ class ShmLink:
         self._segments: dict[str, Segment] = {}
         self._busy: dict[tuple[str, str, int], PendingRequest] = {}
         self.turned_off: str | None = None  # why shared memory is off since, if it is
-        self._copy_threads = settings.copy_threads
-        self._pool: ThreadPoolExecutor | None = None
+        self._copies = CopyThreads(settings.copy_threads, "shm-copy")
 
     def colocated(self, server_host: Any) -> bool:
         """Whether to use shared memory with a server that reported ``server_host``."""
@@ -143,30 +142,13 @@ class ShmLink:
             copies.append((i, self.peers.slot(pid, fd, span[0], span[1], span[2], token),
                            out[chunk.offset:chunk.offset + chunk.length]))
         read: list[int | None] = [None] * len(chunks)
-        pool = self._copy_pool() if len(copies) > 1 else None
-        if pool is None:
-            for i, slot, target in copies:
-                read[i] = max(int(versions[i]), slot.copy_into(target))
-        else:
-            futures = [(i, pool.submit(slot.copy_into, target)) for i, slot, target in copies]
-            wait([f for _, f in futures])  # every copy ends before an error is raised
-            for i, future in futures:
-                read[i] = max(int(versions[i]), future.result())
+        copied = self._copies.run([partial(slot.copy_into, target) for _, slot, target in copies])
+        for (i, _, _), version in zip(copies, copied, strict=True):
+            read[i] = max(int(versions[i]), version)
         return read
 
-    def _copy_pool(self) -> ThreadPoolExecutor | None:
-        """The threads that copy pulled chunks, started on first use; None: copy inline."""
-        if self._copy_threads <= 1:
-            return None
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self._copy_threads,
-                                            thread_name_prefix="hogshard-shm-copy")
-        return self._pool
-
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
+        self._copies.close()
         self.peers.close()
         for segment in self._segments.values():
             segment.close()
