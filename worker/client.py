@@ -189,6 +189,9 @@ class PSClient:
         self.node_id: str = fields["node_id"]
         self.rank: int = fields["rank"]
         self.clock = max(self.clock, int(fields.get("clock", 0)))
+        #: Whether the scheduler keeps an embedding map (replication or embedding slots).
+        self.job_places_embeddings = int(fields.get("replication") or 1) > 1 \
+            or bool(fields.get("embedding_slots"))
         self._control.sender = self.node_id
 
     def reregister(self, channel: RpcChannel) -> None:

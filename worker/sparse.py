@@ -75,7 +75,7 @@ def create_table(client: PSClient, spec: EmbeddingSpec) -> EmbeddingHandle:
 def _find_embedding_map(client: PSClient) -> None:
     """With replication the scheduler keeps where each embedding shard lives (its primary
     and backup, PROTOCOL.md section 16); the client follows it like a dense table's map."""
-    if client.embedding_map is not None:
+    if client.embedding_map is not None or not client.job_places_embeddings:
         return
     try:
         reply = client._control.call("get_table", {"table": EMBEDDING_MAP},

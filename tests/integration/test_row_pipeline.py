@@ -87,6 +87,8 @@ def test_each_step_sees_the_rows_its_pipeline_promises(cluster_factory, pipeline
         # exact pipeline pulls behind the push instead of pulling again after it
         pulls = [s["tables"]["linear"]["pulls"] for s in embedding_stats(client).values()]
         assert pulls == [STEPS + 1] * 2, pulls
+        # no replication and no slots: the client never asked for an embedding map
+        assert client.status()["errors"] == {}
     finally:
         client.close()
 
