@@ -179,7 +179,8 @@ class CopyThreads:
         self._pool: ThreadPoolExecutor | None = None
 
     def run(self, calls: Sequence[Callable[[], _T]]) -> list[_T]:
-        """Each call's result, in order; every call ends before the first error is raised."""
+        """Each call's result, in order. On threads every call ends before the first error
+        is raised; inline, the first error stops the calls after it."""
         if self.threads <= 1 or len(calls) <= 1:
             return [call() for call in calls]
         if self._pool is None:
