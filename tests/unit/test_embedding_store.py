@@ -95,12 +95,15 @@ def test_rowwise_adagrad_matches_reference() -> None:
                                atol=1e-5)
 
 
-def test_duplicates_in_a_push_are_summed() -> None:
+@pytest.mark.parametrize("pushed", [(7, 3, 7), (3, 7, 7)], ids=["unsorted", "sorted"])
+def test_duplicates_in_a_push_are_summed(pushed: tuple[int, ...]) -> None:
     a = store_with({"rule": "rowwise_adagrad", "lr": 0.1})
     b = store_with({"rule": "rowwise_adagrad", "lr": 0.1})
     g = np.arange(12, dtype=np.float32).reshape(3, 4)
-    a.push(["t"], [ids_of(7, 3, 7)], [g])
-    b.push(["t"], [ids_of(3, 7)], [np.stack([g[1], g[0] + g[2]])])
+    a.push(["t"], [ids_of(*pushed)], [g])
+    threes = [row for i, row in zip(pushed, g, strict=True) if i == 3]
+    sevens = [row for i, row in zip(pushed, g, strict=True) if i == 7]
+    b.push(["t"], [ids_of(3, 7)], [np.stack([sum(threes), sum(sevens)])])
     np.testing.assert_allclose(a.pull(["t"], [ids_of(3, 7)])[0], b.pull(["t"], [ids_of(3, 7)])[0])
 
 
@@ -129,8 +132,8 @@ def test_sgd_and_adam_rules() -> None:
                 min_size=1, max_size=12))
 def test_slot_index_correct_under_growth(batches: list[list[int]]) -> None:
     index, model = SlotIndex(min_buffer=8, buffer_fraction=0.25), {}
-    for batch in batches:
-        new = sorted(set(batch) - set(model))
+    for k, batch in enumerate(batches):
+        new = sorted(set(batch) - set(model), reverse=k % 2 == 1)  # sorted, then not
         slots = np.arange(len(model), len(model) + len(new), dtype=np.int64)
         index.insert(np.array(new, dtype=np.int64), slots)
         model.update(zip(new, slots.tolist(), strict=True))
