@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -118,6 +118,21 @@ class Segment:
         except BufferError:  # a view still lives (a reply not sent yet): the GC unmaps it
             pass
         os.close(self.fd)
+
+
+def parse_ref(ref: Any, count: int, where: str) -> tuple[Any, Any, list[Any], Any]:
+    """A message's ``shm`` field, ``[pid, fd, spans]`` or ``[pid, fd, spans, token]`` with a
+    span (or null) for each of its ``count`` chunks: ``(pid, fd, spans, token or None)``.
+    Raises :class:`SegmentError` naming ``where`` (the message) on any other shape.
+
+    >>> parse_ref([12, 5, [None, [0, 8]], "ab12"], 2, "'push'")
+    (12, 5, [None, [0, 8]], 'ab12')
+    """
+    if not isinstance(ref, list) or len(ref) not in (3, 4) or not isinstance(ref[2], list) \
+            or len(ref[2]) != count:
+        raise SegmentError(f"{where}: field 'shm' must be [pid, fd, spans, token] with a span "
+                           f"or null for each of its {count} chunks")
+    return ref[0], ref[1], ref[2], ref[3] if len(ref) == 4 else None
 
 
 def _names_token(target: str, token: str) -> bool:
@@ -255,11 +270,6 @@ class PeerSegments:
                                f"{len(mapped)}-byte segment: expected 4-byte-aligned bounds "
                                "inside it")
         return np.frombuffer(mapped, dtype=_FLOAT32, count=nbytes // 4, offset=offset)
-
-    def read_slot(self, pid: object, fd: object, header: object, data: object,
-                  out: np.ndarray, timeout: float = 1.0, token: object = None) -> int:
-        """Copy a published slot into ``out`` under its seqlock; returns its version."""
-        return self.slot(pid, fd, header, data, out.nbytes, token).copy_into(out, timeout)
 
     def slot(self, pid: object, fd: object, header: object, data: object,
              nbytes: int, token: object = None) -> PublishedSlot:

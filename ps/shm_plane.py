@@ -21,7 +21,14 @@ from typing import Any
 import numpy as np
 
 from hogshard.proto.errors import ProtocolError
-from hogshard.proto.shm import SLOT_HEADER, CopyThreads, PeerSegments, Segment, SegmentError
+from hogshard.proto.shm import (
+    SLOT_HEADER,
+    CopyThreads,
+    PeerSegments,
+    Segment,
+    SegmentError,
+    parse_ref,
+)
 from hogshard.ps.dense import DenseChunk, DenseTable
 
 
@@ -59,12 +66,7 @@ class ShmPlane:
         """A push's gradients: ``ref`` is ``[pid, fd, spans]`` or ``[pid, fd, spans, token]``,
         a span ``[offset, nbytes]`` (or null: the next frame) per chunk. Raises
         :class:`SegmentError` on a bad one."""
-        if not isinstance(ref, list) or len(ref) not in (3, 4) or not isinstance(ref[2], list) \
-                or len(ref[2]) != count:
-            raise SegmentError(f"'push': field 'shm' must be [pid, fd, spans, token] with a "
-                               f"span or null for each of its {count} chunks")
-        pid, fd, spans = ref[:3]
-        token = ref[3] if len(ref) == 4 else None
+        pid, fd, spans, token = parse_ref(ref, count, "'push'")
         frames = iter(arrays)
         grads = []
         for span in spans:

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from hogshard.proto.errors import ErrorCode, ShmUnavailableError
 from hogshard.proto.transport import ERROR, readable, recv_frames
-from hogshard.proto.wire import decode
+from hogshard.proto.wire import Message, decode
 from hogshard.worker.futures import PendingRequest
 
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ def pump(client: PSClient, timeout: float) -> None:
             _settle(client, pending, message)
 
 
-def _settle(client: PSClient, pending: PendingRequest, message: Any) -> None:
+def _settle(client: PSClient, pending: PendingRequest, message: Message) -> None:
     code = message.get("code") if message.op == ERROR else None
     if code == ErrorCode.NOT_OWNER.value and pending.route is not None:
         client.rerouter.retry_later(pending)

@@ -28,7 +28,7 @@ import numpy as np
 
 from hogshard.proto.config import ShmSettings
 from hogshard.proto.errors import ProtocolError
-from hogshard.proto.shm import CopyThreads, PeerSegments, PublishedSlot, Segment
+from hogshard.proto.shm import CopyThreads, PeerSegments, PublishedSlot, Segment, parse_ref
 from hogshard.proto.tables import Chunk
 from hogshard.worker.futures import PendingRequest
 from hogshard.worker.tables import DenseTable
@@ -126,12 +126,7 @@ class ShmLink:
         each (it may be newer than the reply says: another pull published it meanwhile), or
         None for a chunk that came in a frame. Several chunks are copied on threads at once
         (``ShmSettings.copy_threads``)."""
-        if not isinstance(ref, list) or len(ref) not in (3, 4) or not isinstance(ref[2], list) \
-                or len(ref[2]) != len(chunks):
-            raise ProtocolError("pull reply: field 'shm' must be [pid, fd, spans, token] with a "
-                                f"span or null for each of its {len(chunks)} chunks")
-        pid, fd, spans = ref[:3]
-        token = ref[3] if len(ref) == 4 else None
+        pid, fd, spans, token = parse_ref(ref, len(chunks), "pull reply")
         copies: list[tuple[int, PublishedSlot, np.ndarray]] = []
         for i, (chunk, span) in enumerate(zip(chunks, spans, strict=True)):
             if span is None:

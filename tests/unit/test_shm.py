@@ -101,13 +101,13 @@ def test_seqlock_reads_the_published_version_and_waits_out_a_writer(segment):
     peers = PeerSegments()
     out = np.empty(8, np.float32)
     try:
-        assert peers.read_slot(*segment.ref, 0, SLOT_HEADER, out) == 5
+        assert peers.slot(*segment.ref, 0, SLOT_HEADER, out.nbytes).copy_into(out) == 5
         assert np.array_equal(out, weights)
         words = segment.floats(0, 4).view("<u8")
         assert words[0] == 2
         words[0] += 1  # a writer that never finishes
         with pytest.raises(RequestTimeoutError):
-            peers.read_slot(*segment.ref, 0, SLOT_HEADER, out, timeout=0.05)
+            peers.slot(*segment.ref, 0, SLOT_HEADER, out.nbytes).copy_into(out, timeout=0.05)
     finally:
         peers.close()
 
@@ -152,7 +152,7 @@ def test_seqlock_copies_are_never_torn_by_a_writer_in_another_process():
         out = np.empty(1 << 18, np.float32)
         versions = set()
         for _ in range(200):
-            version = peers.read_slot(pid, fd, 0, SLOT_HEADER, out, timeout=10.0)
+            version = peers.slot(pid, fd, 0, SLOT_HEADER, out.nbytes).copy_into(out, timeout=10.0)
             assert out[0] == out[-1] == np.float32(version), "a torn or mislabelled copy"
             assert (out == out[0]).all()
             versions.add(version)
