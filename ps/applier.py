@@ -25,6 +25,7 @@ from hogshard.proto.errors import ConflictError
 from hogshard.proto.policy import ConsistencyPolicy
 from hogshard.ps.dense import DenseChunk, DenseTable
 from hogshard.ps.executor import InlineUpdates, UpdateRunner
+from hogshard.ps.rules import UpdateRule
 from hogshard.ps.stats import ServerStats
 from hogshard.ps.update_pool import Ticket
 
@@ -36,6 +37,8 @@ class _Group:
     total: np.ndarray | None = None
     contributors: list[str] = field(default_factory=list)
     staleness: list[int] = field(default_factory=list)
+    #: The rule the group is applied with: that of its latest gradient's push.
+    rule: UpdateRule | None = None
 
 
 class UpdateApplier:
@@ -78,10 +81,12 @@ class UpdateApplier:
         live: Collection[str],
         membership_known: bool = True,
         ticket: Ticket | None = None,
+        rules: Sequence[UpdateRule | None] | None = None,
     ) -> list[int | None]:
         """Take one validated gradient per chunk. Returns each gradient's staleness (None
         where ``+maxstale`` dropped it). The updates this push makes (its own, and groups it
-        completes) are recorded on ``ticket``."""
+        completes) are recorded on ``ticket``. ``rules``: the rule for each chunk (the push's
+        live hyperparameters); None: each chunk's group's."""
         if self.policy.waits_for_apply:
             for chunk in chunks:
                 group = self._groups.get((table.name, chunk.chunk_id))
@@ -94,7 +99,8 @@ class UpdateApplier:
         modifiers = self.policy.modifiers
         group_size = self.policy.group_size(len(live))
         result = self.staleness(chunks, pulled_versions)  # measured before any is applied
-        for chunk, grad, staleness in zip(chunks, grads, result, strict=True):
+        for chunk, grad, staleness, rule in zip(chunks, grads, result,
+                                                rules or [None] * len(chunks), strict=True):
             if staleness is None:
                 self.stats.dropped += 1
                 continue
@@ -105,7 +111,7 @@ class UpdateApplier:
             self._staleness_count += 1
             scale = modifiers.lr_scale(staleness, self._staleness_sum / self._staleness_count)
             if group_size == 1 and not self.policy.waits_for_apply:
-                self.updates.run(table, chunk, grad, scale, ticket)
+                self.updates.run(table, chunk, grad, scale, ticket, rule)
                 continue
             key = (table.name, chunk.chunk_id)
             group = self._groups.setdefault(key, _Group())
@@ -119,6 +125,7 @@ class UpdateApplier:
                 group.total += np.float32(scale) * grad
             group.contributors.append(sender)
             group.staleness.append(staleness)
+            group.rule = rule
         if membership_known:
             self.complete_groups(live, ticket)
         return result
@@ -162,7 +169,7 @@ class UpdateApplier:
         total, group.total = group.total, None
         group.contributors.clear()
         group.staleness.clear()
-        self.updates.run(table, chunk, total, 1.0, ticket)
+        self.updates.run(table, chunk, total, 1.0, ticket, group.rule)
 
     # ---- pulls ------------------------------------------------------------------------------
 

@@ -26,7 +26,6 @@ from hogshard.proto.errors import CheckpointError, HogshardError
 from hogshard.proto.manifest import atomic_write, file_entry, load_manifest, resolve_checkpoint
 from hogshard.ps.dense import FLOAT32, DenseChunk, DenseStore, DenseTable
 from hogshard.ps.embedding_store import EmbeddingStore
-from hogshard.ps.rules import make_rule
 
 log = logging.getLogger(__name__)
 
@@ -105,14 +104,13 @@ def restore_shard(store: DenseStore, embeddings: EmbeddingStore, manifest: dict[
             if meta.get("rank") != rank:
                 raise CheckpointError(f"{path} holds rank {meta.get('rank')}; expected {rank}")
             for i, spec in enumerate(meta["tables"]):
-                rule = make_rule(spec["rule"])
-                table = DenseTable(spec["name"], rule, dict(spec["rule"]))
+                table = DenseTable.from_spec(spec["name"], dict(spec["rule"]))
                 for c in spec["chunks"]:
                     weights = np.array(data[f"t{i}.c{c['id']}.w"], dtype=FLOAT32, copy=True)
                     if weights.shape != (c["length"],):
                         raise CheckpointError(f"{path}: chunk {c['id']} of {spec['name']!r} has "
                                               f"shape {weights.shape}; expected ({c['length']},)")
-                    state = rule.new_state(c["length"])
+                    state = table.rules.registered_for(c["offset"]).new_state(c["length"])
                     for key, value in state.items():
                         if isinstance(value, np.ndarray):
                             state[key] = np.array(data[f"t{i}.c{c['id']}.{key}"],

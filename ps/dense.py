@@ -30,7 +30,9 @@ from hogshard.proto.errors import (
     UnknownChunkError,
     UnknownTableError,
 )
+from hogshard.proto.rule_groups import check_table_rule, first_group_rule
 from hogshard.ps.rules import UpdateRule, make_rule
+from hogshard.ps.table_rules import TableRules
 
 FLOAT32 = np.dtype("<f4")
 
@@ -63,10 +65,27 @@ class DenseChunk:
 
 @dataclass
 class DenseTable:
+    """A table's chunks on this server; ``rule`` is its first parameter group's rule and
+    ``rules`` every group's, and those for a push's live hyperparameters (ps/table_rules.py)."""
+
     name: str
     rule: UpdateRule
     rule_spec: dict[str, Any]
     chunks: dict[int, DenseChunk] = field(default_factory=dict)
+    rules: TableRules = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.rules = TableRules(self.rule_spec, first=self.rule)
+
+    @classmethod
+    def from_spec(cls, name: str, rule_spec: dict[str, Any]) -> DenseTable:
+        """A table with no chunks yet, its rules built from ``rule_spec`` (ConfigError if bad)."""
+        checked = check_table_rule(rule_spec)
+        return cls(name, make_rule(first_group_rule(checked)), dict(rule_spec))
+
+    def new_state(self, chunk: DenseChunk) -> dict[str, Any]:
+        """Fresh optimizer state for ``chunk``, by its group's rule."""
+        return self.rules.registered_for(chunk.offset).new_state(chunk.weights.size)
 
     def chunk(self, chunk_id: Any) -> DenseChunk:
         found = (self.chunks.get(chunk_id) if isinstance(chunk_id, int)
@@ -135,7 +154,8 @@ class DenseStore:
             raise ConflictError(
                 f"table {name!r} exists with rule {table.rule_spec}; got {dict(rule_spec)}"
             )
-        rule = table.rule if table is not None else make_rule(rule_spec)
+        if table is None:
+            table = DenseTable.from_spec(name, dict(rule_spec))
         if len(values) != len(layout):
             raise ProtocolError(
                 f"init of {name!r}: {len(layout)} chunks but {len(values)} arrays"
@@ -152,7 +172,7 @@ class DenseStore:
                     f"{length}; expected a 1-D float32 array of that length, got shape "
                     f"{list(array.shape)}"
                 )
-            existing = table.chunks.get(chunk_id) if table is not None else None
+            existing = table.chunks.get(chunk_id)
             if existing is not None:
                 if existing.offset != offset or existing.weights.size != length:
                     raise ConflictError(
@@ -163,11 +183,10 @@ class DenseStore:
             probe = DenseChunk(chunk_id, offset, np.empty(length, FLOAT32), {})
             check_arrays(name, [probe], [array])
             fresh.append((probe, array))
-        if table is None:
-            table = self.tables[name] = DenseTable(name, rule, dict(rule_spec))
+        self.tables[name] = table
         for chunk, array in fresh:
             np.copyto(chunk.weights, array)
-            chunk.state = rule.new_state(chunk.weights.size)
+            chunk.state = table.new_state(chunk)
             table.chunks[chunk.chunk_id] = chunk
 
     def resolve(self, name: Any, chunk_ids: Any) -> tuple[DenseTable, list[DenseChunk]]:
@@ -194,14 +213,18 @@ class DenseStore:
                 )
 
     def validate_push(
-        self, name: Any, chunk_ids: Any, grads: Sequence[np.ndarray], pulled_versions: Any
+        self, name: Any, chunk_ids: Any, grads: Sequence[np.ndarray], pulled_versions: Any,
+        check_finite: bool = True,
     ) -> tuple[DenseTable, list[DenseChunk]]:
-        """Check a whole push (table, chunks, arrays, versions) before anything changes."""
+        """Check a whole push (table, chunks, arrays, versions) before anything changes (the
+        gradients' values too, unless ``check_finite`` is false: a partial push's are checked
+        when its step ends)."""
         table, chunks = self.resolve(name, chunk_ids)
         if len(chunks) > 1 and len(set(chunk_ids)) != len(chunk_ids):
             raise ProtocolError(f"push to {table.name!r} lists a chunk twice: {chunk_ids}")
         check_arrays(table.name, chunks, grads)
-        self.check_grads_finite(table, chunks, grads)
+        if check_finite:
+            self.check_grads_finite(table, chunks, grads)
         versions_ok = isinstance(pulled_versions, list) and len(pulled_versions) == len(chunks)
         if versions_ok:
             for version in pulled_versions:
@@ -228,6 +251,7 @@ class DenseStore:
         staleness = []
         for chunk, grad, pulled in zip(chunks, grads, pulled_versions, strict=True):
             staleness.append(max(0, chunk.version - pulled))
-            table.rule.apply(chunk.writable(), grad, chunk.state, lr_scale)
+            table.rules.registered_for(chunk.offset).apply(chunk.writable(), grad, chunk.state,
+                                                           lr_scale)
             chunk.version += 1
         return staleness

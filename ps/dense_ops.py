@@ -37,7 +37,9 @@ from hogshard.ps.dense import DenseChunk, DenseStore, DenseTable
 from hogshard.ps.executor import UpdateExecutor
 from hogshard.ps.primary import Primary, Replies
 from hogshard.ps.replication import Replicator
+from hogshard.ps.rules import UpdateRule
 from hogshard.ps.shm_plane import ShmPlane
+from hogshard.ps.staging import StagedPushes
 from hogshard.ps.stats import ServerStats
 from hogshard.ps.update_pool import AppliedUpdate, Ticket
 from hogshard.ps.workers import PolicySchedule, WorkerView
@@ -94,6 +96,8 @@ class DenseOps:
         self._rank = rank
         self._decoder = PayloadDecoder()
         self.shm = shm or ShmPlane()
+        #: Partial pushes held until their step's closing push.
+        self.staging = StagedPushes()
         self._deferred: list[_DeferredPull] = []
 
     @property
@@ -140,17 +144,44 @@ class DenseOps:
             _, resolved = self._store.resolve(msg.get("table"), msg.get("chunks"))
             grads = self._decoder.decode(msg.get("codecs"), msg.arrays,
                                          [c.weights.size for c in resolved])
+        partial = msg.get("partial") is True
         table, chunks = self._store.validate_push(msg.get("table"), msg.get("chunks"), grads,
-                                                  versions)
+                                                  versions, check_finite=not partial)
+        if partial:
+            self._stage(identity, msg, table, chunks, grads, versions)
+            return
+        ids, grads, versions = self.staging.take(str(msg.get("from")), table.name,
+                                                 msg.get("clock"), msg.get("chunks"), grads,
+                                                 versions)
+        if len(ids) > len(chunks):  # the staged gradients of this step join it
+            _, staged = self._store.resolve(table.name, ids[len(chunks):])
+            self._store.check_grads_finite(table, staged, grads[len(chunks):])
+            chunks = chunks + staged
+        rules = table.rules.for_offsets([c.offset for c in chunks], msg.get("hyper"))
         if self._replicas.replicated(table.name):
-            self._replicated_push(identity, msg, table, chunks, grads, versions)
+            self._replicated_push(identity, msg, table, chunks, grads, versions, rules)
             return
         if self._may_reply_first(msg):
-            self._reply_first(identity, msg, table, chunks, grads, versions)
+            self._reply_first(identity, msg, table, chunks, grads, versions, rules)
             return
-        staleness, ticket = self._apply(identity, msg, table, chunks, grads, versions, False)
+        staleness, ticket = self._apply(identity, msg, table, chunks, grads, versions, False,
+                                        rules=rules)
         self._updates.when_applied(ticket, lambda _: self._replies.reply(
             identity, msg.request_id, {"staleness": staleness}))
+
+    def _stage(self, identity: bytes, msg: Message, table: DenseTable,
+               chunks: list[DenseChunk], grads: list[np.ndarray], versions: list[int]) -> None:
+        """Hold a partial push's gradients until its step's closing push (ps/staging.py)."""
+        if self._replicas.replicated(table.name):
+            raise ProtocolError(f"'push' of replicated table {table.name!r}: field 'partial' "
+                                "is for unreplicated tables")
+        table.rules.for_offsets([c.offset for c in chunks], msg.get("hyper"))  # a bad one fails
+        self.staging.stage(str(msg.get("from")), table.name, msg.get("clock"),
+                           [c.chunk_id for c in chunks], grads, versions)
+        self._stats.pushes += 1
+        self._stats.record_push_bytes(grads if msg.get("shm") is not None else msg.arrays,
+                                      msg.get("codecs"))
+        self._replies.reply(identity, msg.request_id, {"staged": len(chunks)})
 
     def _may_reply_first(self, msg: Message) -> bool:
         """Whether a push may be acknowledged before its updates are applied: nothing reads
@@ -163,7 +194,7 @@ class DenseOps:
 
     def _reply_first(self, identity: bytes, msg: Message, table: DenseTable,
                      chunks: list[DenseChunk], grads: list[np.ndarray],
-                     versions: list[int]) -> None:
+                     versions: list[int], rules: list[UpdateRule]) -> None:
         """A push acknowledged first, then taken and applied (the next request sees its
         updates): the reply carries the staleness the applier will measure, so it leaves
         before the applier's bookkeeping and the update."""
@@ -172,7 +203,8 @@ class DenseOps:
                             {"staleness": self._applier.staleness(chunks, versions)})
         self._updates.reply_first()
         try:
-            self._apply(identity, msg, table, chunks, grads, versions, False, release=False)
+            self._apply(identity, msg, table, chunks, grads, versions, False, release=False,
+                        rules=rules)
         except Exception:  # the reply has left: nothing to answer with the error
             log.exception("push of table %r from %s failed after its reply", table.name,
                           msg.get("from"))
@@ -202,7 +234,7 @@ class DenseOps:
 
     def _replicated_push(self, identity: bytes, msg: Message, table: DenseTable,
                          chunks: list[DenseChunk], grads: list[np.ndarray],
-                         versions: list[int]) -> None:
+                         versions: list[int], rules: list[UpdateRule]) -> None:
         """Apply the chunks not applied before (by push id), forward the updates to the
         backups once applied, and hold the reply until they have acknowledged them."""
         fresh = self._primary.fresh(msg, table, chunks)
@@ -212,7 +244,8 @@ class DenseOps:
             mine = [chunks[i] for i in fresh]
             staleness, ticket = self._apply(identity, msg, table, mine,
                                             [grads[i] for i in fresh],
-                                            [versions[i] for i in fresh], True)
+                                            [versions[i] for i in fresh], True,
+                                            rules=[rules[i] for i in fresh])
             self._primary.applied(msg, mine)
 
         def forward(updates: list[AppliedUpdate]) -> None:
@@ -223,9 +256,11 @@ class DenseOps:
 
     def _apply(self, identity: bytes, msg: Message, table: DenseTable,
                chunks: list[DenseChunk], grads: list[np.ndarray], versions: list[int],
-               record: bool, release: bool = True) -> tuple[list[int | None], Ticket | None]:
-        """Apply a validated push; returns each gradient's staleness and the ticket its
-        updates are applied under (``record``: the updates are wanted, for the backups)."""
+               record: bool, release: bool = True, rules: list[UpdateRule] | None = None
+               ) -> tuple[list[int | None], Ticket | None]:
+        """Apply a validated push with ``rules`` (one per chunk); returns each gradient's
+        staleness and the ticket its updates are applied under (``record``: the updates are
+        wanted, for the backups)."""
         sender = str(msg.get("from"))
         clock = msg.get("clock")
         self._switch_if_due(clock)
@@ -236,7 +271,7 @@ class DenseOps:
             self._heartbeats.hurry()
         ticket = self._updates.open(identity, msg.request_id, record)
         staleness = self._applier.push(table, chunks, grads, versions, sender,
-                                       self._view.live(), known, ticket)
+                                       self._view.live(), known, ticket, rules)
         self._stats.pushes += 1
         self._stats.record_push_bytes(grads if msg.get("shm") is not None else msg.arrays,
                                       msg.get("codecs"))
@@ -352,6 +387,7 @@ class DenseOps:
         """The live workers changed: apply the groups now complete, release the pulls, unmap
         the segments of workers gone."""
         self.shm.peers.prune()
+        self.staging.keep_only(self._view.live())
         self._applier.complete_groups(self._view.live())
         self.release_deferred()
 

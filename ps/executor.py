@@ -38,6 +38,7 @@ import zmq
 
 from hogshard.proto.errors import ErrorCode, HogshardError
 from hogshard.ps.dense import DenseChunk, DenseTable
+from hogshard.ps.rules import UpdateRule
 from hogshard.ps.stats import ServerStats
 from hogshard.ps.update_pool import AppliedUpdate, Ticket, UpdateJob, UpdatePool
 
@@ -57,7 +58,9 @@ class UpdateRunner(Protocol):
     """What the applier needs: run one update (and move the chunk's version)."""
 
     def run(self, table: DenseTable, chunk: DenseChunk, grad: np.ndarray, scale: float,
-            ticket: Ticket | None) -> None: ...
+            ticket: Ticket | None, rule: UpdateRule | None = None) -> None:
+        """Apply ``rule`` (None: the chunk's group's) to the chunk and move its version."""
+        ...
 
 
 class UpdateExecutor(UpdateRunner, Protocol):
@@ -111,22 +114,22 @@ class InlineUpdates:
 
     def __init__(self, stats: ServerStats) -> None:
         self._stats = stats
-        self._waiting: list[tuple[DenseTable, DenseChunk, np.ndarray, float]] | None = None
+        self._waiting: list[UpdateJob] | None = None
 
     def open(self, identity: bytes, request_id: int, record: bool) -> Ticket | None:
         return Ticket(identity, request_id) if record else None
 
     def run(self, table: DenseTable, chunk: DenseChunk, grad: np.ndarray, scale: float,
-            ticket: Ticket | None) -> None:
-        if self._waiting is not None and ticket is None:
-            chunk.version += 1
-            self._waiting.append((table, chunk, grad, scale))
-            return
-        table.rule.apply(chunk.writable(), grad, chunk.state, scale)
+            ticket: Ticket | None, rule: UpdateRule | None = None) -> None:
+        job = UpdateJob(table, chunk, grad, scale, chunk.version + 1, ticket, rule=rule)
         chunk.version += 1
+        if self._waiting is not None and ticket is None:
+            self._waiting.append(job)
+            return
+        job.apply()
         self._stats.updates += 1
         if ticket is not None:
-            ticket.jobs.append(UpdateJob(table, chunk, grad, scale, chunk.version, ticket))
+            ticket.jobs.append(job)
             ticket.done += 1
 
     def when_applied(self, ticket: Ticket | None, then: Then) -> None:
@@ -147,11 +150,12 @@ class InlineUpdates:
 
     def flush(self) -> None:
         waiting, self._waiting = self._waiting, None
-        for table, chunk, grad, scale in waiting or ():
+        for job in waiting or ():
             try:
-                table.rule.apply(chunk.writable(), grad, chunk.state, scale)
+                job.apply()
             except Exception:  # the reply has left: nothing to answer with the error
-                log.exception("update of table %r chunk %d failed", table.name, chunk.chunk_id)
+                log.exception("update of table %r chunk %d failed", job.table.name,
+                              job.chunk.chunk_id)
                 continue
             self._stats.updates += 1
 
@@ -179,9 +183,10 @@ class ThreadedUpdates:
         return Ticket(identity, request_id)
 
     def run(self, table: DenseTable, chunk: DenseChunk, grad: np.ndarray, scale: float,
-            ticket: Ticket | None) -> None:
+            ticket: Ticket | None, rule: UpdateRule | None = None) -> None:
         chunk.version += 1  # at once: staleness is measured against it
-        self._pool.submit(UpdateJob(table, chunk, grad, scale, chunk.version, ticket))
+        self._pool.submit(UpdateJob(table, chunk, grad, scale, chunk.version, ticket,
+                                    rule=rule))
 
     def when_applied(self, ticket: Ticket | None, then: Then) -> None:
         if ticket is None:

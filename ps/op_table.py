@@ -33,6 +33,7 @@ DENSE_FIELDS: dict[str, tuple[Field, ...]] = {
              Field("size", int), Field("chunk_elems", int), Field("replication", int)),
     "push": (_TABLE, _CHUNKS, Field("versions", list), Field("codecs", list),
              Field("clock", int), Field("partial", bool), Field("push_id", int),
+             Field("hyper", list),
              Field("shm", list)),
     "pull": (_TABLE, _CHUNKS, Field("clock", int), Field("codec", str), Field("shm", int)),
     "stats": (),

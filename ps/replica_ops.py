@@ -33,7 +33,6 @@ from hogshard.ps.embedding_replica import install_snapshot
 from hogshard.ps.embedding_store import EmbeddingStore
 from hogshard.ps.peer_gate import PeerGate
 from hogshard.ps.replication import Replicator
-from hogshard.ps.rules import make_rule
 from hogshard.ps.stats import ServerStats
 
 Reply = tuple[dict[str, Any], list[np.ndarray]] | None
@@ -56,13 +55,14 @@ class BackupOps:
 
     def replicate(self, identity: bytes, msg: Message) -> Reply:
         """Apply forwarded updates: ``records`` lists ``[chunk_id, lr_scale, version,
-        push_id]`` with one gradient array each."""
+        push_id]`` with one gradient array each, and the rule's live hyperparameters as a fifth
+        element where the push carried some."""
         records = msg.header["records"]
         if len(records) != len(msg.arrays) or not all(
-                isinstance(r, list) and len(r) == 4 and type(r[2]) is int
+                isinstance(r, list) and len(r) in (4, 5) and type(r[2]) is int
                 and type(r[1]) in (int, float) for r in records):
             raise ProtocolError("'replicate': field 'records' must list one [chunk_id, "
-                                "lr_scale, version, push_id] per array")
+                                "lr_scale, version, push_id(, hyper)] per array")
         chunk_ids = [r[0] for r in records]
         if not self._admit(identity, msg, msg.header["table"], chunk_ids):
             return None
@@ -70,9 +70,12 @@ class BackupOps:
         chunks = [table.chunk(c) for c in chunk_ids]
         check_arrays(table.name, chunks, msg.arrays)
         self._store.check_grads_finite(table, chunks, msg.arrays)
-        for chunk, grad, (chunk_id, scale, version, push_id) in zip(
-                chunks, msg.arrays, records, strict=True):
-            table.rule.apply(chunk.writable(), grad, chunk.state, float(scale))
+        rules = [table.rules.live(r[4]) if len(r) == 5
+                 else table.rules.registered_for(chunk.offset)
+                 for chunk, r in zip(chunks, records, strict=True)]
+        for chunk, grad, rule, (chunk_id, scale, version, push_id, *_) in zip(
+                chunks, msg.arrays, rules, records, strict=True):
+            rule.apply(chunk.writable(), grad, chunk.state, float(scale))
             chunk.version = int(version)
             if isinstance(push_id, int):
                 self._replicas.recent.add(push_id, chunk_id)
@@ -92,7 +95,7 @@ class BackupOps:
         if table is not None and table.rule_spec != rule_spec:
             raise ConflictError(f"table {name!r} exists with rule {table.rule_spec}; the "
                                 f"primary has {rule_spec}")
-        table = table or DenseTable(name, make_rule(rule_spec), dict(rule_spec))
+        table = table or DenseTable.from_spec(name, dict(rule_spec))
         arrays, fresh = list(msg.arrays), []
         for entry in entries:
             chunk_id, offset, length, version, keys, scalars = entry
@@ -100,7 +103,7 @@ class BackupOps:
             if weights.shape != (length,):
                 raise ProtocolError(f"snapshot of {name!r} chunk {chunk_id}: {weights.shape} "
                                     f"weights; expected ({length},)")
-            state = table.rule.new_state(length)
+            state = table.rules.registered_for(offset).new_state(length)
             for key in keys:
                 if key not in state:
                     raise ProtocolError(f"snapshot of {name!r} chunk {chunk_id}: state "

@@ -292,11 +292,14 @@ class Replicator:
         must wait for ({backup rank: sequence number})."""
         by_backup: dict[int, tuple[list[list[Any]], list[np.ndarray]]] = {}
         roles = self.roles.get(table.name, {})
-        for chunk, grad, scale in applied:
+        for chunk, grad, scale, rule in applied:
             backup = roles.get(chunk.chunk_id, (-1, -1))[1]
             if backup in self.links:
                 records, arrays = by_backup.setdefault(backup, ([], []))
-                records.append([chunk.chunk_id, scale, chunk.version, push_id])
+                record = [chunk.chunk_id, scale, chunk.version, push_id]
+                if rule not in table.rules.registered:  # live hyperparameters travel along
+                    record.append({k: v for k, v in rule.spec().items() if k != "rule"})
+                records.append(record)
                 arrays.append(grad)
         return {backup: self.send(backup, "replicate", {"table": table.name,
                                                          "records": records}, arrays)

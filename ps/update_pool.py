@@ -40,6 +40,7 @@ import numpy as np
 import zmq
 
 from hogshard.ps.dense import DenseChunk, DenseTable
+from hogshard.ps.rules import UpdateRule
 
 log = logging.getLogger(__name__)
 
@@ -55,12 +56,14 @@ class AppliedChunk(NamedTuple):
 
 
 class AppliedUpdate(NamedTuple):
-    """One applied update, as forwarded to a backup: the chunk, the gradient the rule applied
-    and the learning-rate scale it applied it with."""
+    """One applied update, as forwarded to a backup: the chunk, the gradient the rule applied,
+    the learning-rate scale and the rule (its group's, or one for live hyperparameters) it
+    applied it with."""
 
     chunk: AppliedChunk
     grad: np.ndarray
     scale: float
+    rule: UpdateRule
 
 
 @dataclass
@@ -81,7 +84,8 @@ class Ticket:
 
     def updates(self) -> list[AppliedUpdate]:
         """One per applied job, in submission order, for forwarding (reads left out)."""
-        return [AppliedUpdate(AppliedChunk(j.chunk.chunk_id, j.version), j.grad, j.scale)
+        return [AppliedUpdate(AppliedChunk(j.chunk.chunk_id, j.version), j.grad, j.scale,
+                              j.rule or j.table.rules.registered_for(j.chunk.offset))
                 for j in self.jobs if j.grad is not None]
 
 
@@ -98,6 +102,14 @@ class UpdateJob:
     ticket: Ticket | None = None
     error: BaseException | None = None
     copy: np.ndarray | None = None
+    #: The rule to apply (None: the chunk's group's, as the table was created).
+    rule: UpdateRule | None = None
+
+    def apply(self) -> None:
+        """Apply the update (``grad`` must be set)."""
+        assert self.grad is not None
+        rule = self.rule or self.table.rules.registered_for(self.chunk.offset)
+        rule.apply(self.chunk.writable(), self.grad, self.chunk.state, self.scale)
 
 
 class UpdatePool:
@@ -188,8 +200,7 @@ class UpdatePool:
                     if job.grad is None:
                         job.copy = job.chunk.weights.copy()
                     else:
-                        job.table.rule.apply(job.chunk.writable(), job.grad, job.chunk.state,
-                                             job.scale)
+                        job.apply()
                 except Exception as err:  # reported to the requester; the thread lives on
                     job.error = err
                 self._done.append(job)

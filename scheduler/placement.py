@@ -12,9 +12,11 @@ Example::
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from hogshard.proto.errors import ConfigError
+from hogshard.proto.rule_groups import chunk_bounds
 from hogshard.proto.tables import Chunk, DenseTableSpec
 
 
@@ -32,16 +34,18 @@ class PlacedTable:
     slots: int = 0
 
 
-def plan_dense_table(size: int, chunk_elems: int, num_servers: int) -> list[Chunk]:
-    """Cut ``size`` elements into chunks of ``chunk_elems`` and place them largest first,
-    each on the server holding the fewest bytes so far (ties go to the lowest rank)."""
+def plan_dense_table(size: int, chunk_elems: int, num_servers: int,
+                     group_starts: Sequence[int] = (0,)) -> list[Chunk]:
+    """Cut ``size`` elements into chunks of ``chunk_elems`` (none straddling the start of a
+    parameter group) and place them largest first, each on the server holding the fewest bytes
+    so far (ties go to the lowest rank)."""
     if size <= 0:
         raise ConfigError(f"a dense table needs at least one element; got size={size}")
     if chunk_elems <= 0:
         raise ConfigError(f"chunk_elems must be positive; got {chunk_elems}")
     if num_servers <= 0:
         raise ConfigError("no server has registered yet; expected at least one")
-    bounds = [(off, min(chunk_elems, size - off)) for off in range(0, size, chunk_elems)]
+    bounds = chunk_bounds(size, chunk_elems, group_starts)
     load = [(0, rank) for rank in range(num_servers)]
     heapq.heapify(load)
     owner: dict[int, int] = {}

@@ -25,6 +25,7 @@ import time
 from typing import Any
 
 from hogshard.proto.errors import ConflictError, HogshardError, ProtocolError, UnknownTableError
+from hogshard.proto.rule_groups import check_table_rule, group_starts
 from hogshard.proto.tables import DEFAULT_CHUNK_ELEMS, EMBEDDING_MAP, Chunk, DenseTableSpec
 from hogshard.scheduler.membership import Member, Roster, server_list
 from hogshard.scheduler.placement import PlacedTable, plan_dense_table
@@ -90,7 +91,8 @@ class ShardMap:
             )
         ranks = [m.rank for m in servers]
         chunks = [Chunk(c.chunk_id, c.offset, c.length, ranks[c.server])
-                  for c in plan_dense_table(spec.size, spec.chunk_elems, len(servers))]
+                  for c in plan_dense_table(spec.size, spec.chunk_elems, len(servers),
+                                            _group_starts(spec))]
         table = self.tables[spec.name] = PlacedTable(spec, chunks)
         self._replicate_new_table(table)
         self._roster.bump()
@@ -254,3 +256,11 @@ class ShardMap:
                      "; shard map complete" if table.ready else "")
             if table.ready and self.replication > 1:
                 self._replicate_new_table(table)
+
+
+def _group_starts(spec: DenseTableSpec) -> list[int]:
+    """Where the table's parameter groups start (proto/rule_groups.py); the servers check the
+    rest of the rule."""
+    if not isinstance(spec.rule, dict) or "groups" not in spec.rule:
+        return [0]
+    return group_starts(check_table_rule(spec.rule, spec.size))
