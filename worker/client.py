@@ -24,7 +24,7 @@ import logging
 import secrets
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import numpy as np
@@ -287,13 +287,17 @@ class PSClient:
         compressor: Compressor | None = None,
         chunks: Sequence[Chunk] | None = None,
         partial: bool = False,
+        hyper: list[dict[str, Any]] | None = None,
+        close: Collection[int] = (),
     ) -> Future:
         """Send a flat float32 gradient for the whole table (or only its ``chunks``), each chunk
         compressed as the ``compressor``'s policy says (with error feedback). ``grads`` must
         stay unchanged until the future completes (uncompressed slices leave without a copy).
-        ``partial``: more pushes of this ``clock`` follow (the server does not count the step
-        as completed on this one; the pull of the next clock does)."""
-        return dense.push(self, table, grads, clock, compressor, chunks, partial)
+        ``partial``: a bucket of a step that has not ended; the servers stage it until the
+        step's closing push (a push of the same ``clock`` without ``partial``, sent also to the
+        server ranks in ``close`` where no chunk goes to them). ``hyper``: the rule's live
+        hyperparameters, one map per parameter group of the table (PROTOCOL.md, ``push``)."""
+        return dense.push(self, table, grads, clock, compressor, chunks, partial, hyper, close)
 
     def pull(self, table: DenseTable, out: np.ndarray, clock: int | None = None,
              chunks: Sequence[Chunk] | None = None,

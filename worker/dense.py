@@ -15,7 +15,7 @@ Example (what ``PSClient.push`` and ``PSClient.pull`` do)::
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -37,17 +37,23 @@ _PULL_DECODERS = {name: make_codec(name) for name in PULL_CODECS}  # stateless d
 
 def push(client: PSClient, table: DenseTable, grads: np.ndarray, clock: int | None = None,
          compressor: Compressor | None = None, chunks: Sequence[Chunk] | None = None,
-         partial: bool = False) -> Future:
+         partial: bool = False, hyper: list[dict[str, Any]] | None = None,
+         close: Collection[int] = ()) -> Future:
     """Send ``grads`` to the servers of ``table``'s chunks (see :meth:`PSClient.push`)."""
     grads = check_flat(table, grads, "grads")
     acked = functools.partial(count_acked, client)
     futures = []
-    for rank, chunks in by_server(table, chunks).items():  # noqa: B020 (computed first)
+    grouped = dict(by_server(table, chunks))
+    for rank in close:
+        grouped.setdefault(rank, [])  # a closing push with no chunk of its own
+    for rank, chunks in grouped.items():  # noqa: B020 (computed first)
         base: dict[str, Any] = {"table": table.name}
         if clock is not None:
             base["clock"] = clock
         if partial:
             base["partial"] = True
+        if hyper is not None:
+            base["hyper"] = hyper
         if table.replication > 1:  # the same id on every retry: applied once
             base["push_id"] = client.new_push_id()
         parts: dict[int, tuple[int, Any, list[np.ndarray]]] = {}

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from hogshard.proto.errors import ConfigError
-from hogshard.proto.rule_specs import check_rule_spec
+from hogshard.proto.rule_groups import check_table_rule
 from hogshard.proto.tables import Chunk, DenseTableSpec
 from hogshard.worker.futures import Future
 
@@ -72,7 +72,7 @@ def open_dense_table(client: PSClient, name: str, size: int, rule: dict[str, Any
                      init: np.ndarray | None, chunk_elems: int) -> DenseTable:
     """What :meth:`PSClient.dense_table` does: with ``init``, declare the table, fill every
     server's chunks and flag it ready; without, wait until it is ready and check its spec."""
-    check_rule_spec(rule)  # refuse a bad rule here, before anything is declared
+    check_table_rule(rule, size)  # refuse a bad rule here, before anything is declared
     spec = DenseTableSpec(name, int(size), int(chunk_elems), dict(rule))
     if init is None:
         reply = client._control.call(

@@ -65,10 +65,11 @@ def test_buckets_leave_during_backward_last_layers_first(device: str) -> None:
     model(x).square().sum().backward()
     if device == "cpu":  # a GPU bucket may still be copying when backward returns
         assert len(push.sent) == len(buckets.buckets) > 3  # every bucket left from a hook
-    rest: list[list[Chunk]] = []
-    futures = buckets.finish(lambda chunks: rest.append(chunks) or "rest")
-    assert len(push.sent) == len(buckets.buckets) > 3 and rest == []
-    assert futures == ["future"] * len(push.sent)
+    rest: list[tuple[list[Chunk], set[int]]] = []
+    futures = buckets.finish(lambda chunks, close: rest.append((chunks, close)) or "rest")
+    assert len(push.sent) == len(buckets.buckets) > 3
+    assert rest == [([], {0, 1})]  # only the closing push, to every server that staged some
+    assert futures == ["future"] * len(push.sent) + ["rest"]
     assert push.sent[0][0][0] == len(chunks) - 1  # the last layer's chunk first
     expected = _all_grads(params)
     for ids, values in push.sent:
@@ -89,22 +90,91 @@ def test_unused_parameters_are_zeroed_and_pushed_at_finish(device: str) -> None:
     model(torch.randn(3, 8, device=device)).sum().backward()
     assert sent == []
     rest: list[list[Chunk]] = []
-    buckets.finish(rest.append)
+    buckets.finish(lambda chunks, close: rest.append(chunks))
     assert [c.chunk_id for c in rest[0]] == [0]
     grads = mirror.grads.array
     assert np.all(grads[:model[0].weight.numel()] == 0)
     np.testing.assert_array_equal(grads[model[0].weight.numel():], _all_grads(params[1:]))
 
 
-def test_second_backward_after_an_early_push_is_refused(device: str) -> None:
+def _closing(buckets: GradientBuckets) -> tuple[list[int], np.ndarray]:
+    """Finish a step; the chunk ids of its closing push and the host gradients then."""
+    rest: list[list[Chunk]] = []
+    buckets.finish(lambda chunks, close: rest.append(chunks))
+    return sorted(c.chunk_id for c in rest[0]), buckets._mirror.grads.array.copy()
+
+
+def test_a_second_backward_accumulates_and_its_buckets_go_again(device: str) -> None:
     model = _model(device)
     params = list(model.parameters())
     mirror = make_mirror(params)
-    GradientBuckets(params, _chunks(mirror.flat.numel(), 64), mirror, lambda b: None,
-                    bucket_bytes=1)
+    chunks = _chunks(mirror.flat.numel(), 64)
+    push = _Recorder(mirror)
+    buckets = GradientBuckets(params, chunks, mirror, push, bucket_bytes=1)
     model(torch.randn(2, 8, device=device)).sum().backward()
-    with pytest.raises(ConfigError, match="once per step"):
-        model(torch.randn(2, 8, device=device)).sum().backward()
+    early = len(push.sent)
+    model(torch.randn(2, 8, device=device)).sum().backward()  # accumulates into p.grad
+    assert len(push.sent) == early  # nothing more leaves once a gradient changed
+    ids, grads = _closing(buckets)
+    assert ids == [c.chunk_id for c in chunks]  # every bucket again, with the sums
+    np.testing.assert_array_equal(grads, _all_grads(params))
+    assert buckets.changed and not buckets.early
+
+
+def test_clipping_after_backward_reaches_the_closing_push(device: str) -> None:
+    model = _model(device)
+    params = list(model.parameters())
+    mirror = make_mirror(params)
+    chunks = _chunks(mirror.flat.numel(), 64)
+    push = _Recorder(mirror)
+    buckets = GradientBuckets(params, chunks, mirror, push, bucket_bytes=4 * 64)
+    model(torch.randn(5, 8, device=device)).square().sum().backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)
+    ids, grads = _closing(buckets)
+    assert ids == [c.chunk_id for c in chunks]
+    np.testing.assert_allclose(np.linalg.norm(grads), 1e-3, rtol=1e-4)
+    np.testing.assert_array_equal(grads, _all_grads(params))
+    # the next step sends nothing early; a step without changes turns early pushes back on
+    sent = len(push.sent)
+    for p in params:
+        p.grad = None
+    model(torch.randn(5, 8, device=device)).square().sum().backward()
+    assert len(push.sent) == sent and not buckets.early
+    _closing(buckets)
+    assert buckets.early and not buckets.changed
+    model(torch.randn(5, 8, device=device)).square().sum().backward()
+    buckets.finish(lambda chunks, close: None)
+    assert len(push.sent) == sent + len(buckets.buckets)
+
+
+def test_an_edit_of_one_parameter_sends_only_its_buckets_again() -> None:
+    model = _model()
+    params = list(model.parameters())
+    mirror = make_mirror(params)
+    chunks = _chunks(mirror.flat.numel(), 64)
+    buckets = GradientBuckets(params, chunks, mirror, _Recorder(mirror), bucket_bytes=4 * 64)
+    model(torch.randn(5, 8)).square().sum().backward()
+    params[0].grad.mul_(0.5)  # the first layer's weight: chunk 0 and 1
+    ids, grads = _closing(buckets)
+    assert ids == [0, 1]
+    np.testing.assert_array_equal(grads, _all_grads(params))
+
+
+def test_reset_forgets_a_skipped_step() -> None:
+    model = _model()
+    params = list(model.parameters())
+    mirror = make_mirror(params)
+    chunks = _chunks(mirror.flat.numel(), 64)
+    push = _Recorder(mirror)
+    buckets = GradientBuckets(params, chunks, mirror, push, bucket_bytes=4 * 64)
+    model(torch.randn(5, 8)).square().sum().backward()
+    for p in params:  # zero_grad after a step a GradScaler skipped
+        p.grad = None
+    buckets.reset()
+    model(torch.randn(5, 8)).square().sum().backward()
+    assert len(push.sent) == 2 * len(buckets.buckets)
+    ids, _ = _closing(buckets)
+    assert ids == [] and not buckets.changed
 
 
 class _SlowFence:
@@ -161,7 +231,7 @@ def test_a_bucket_leaves_only_once_its_copy_is_done_and_in_order(polls: int) -> 
     else:
         assert during == 0
     assert buckets.sent_early == len(buckets.buckets)  # all complete, some still copying
-    buckets.finish(lambda chunks: pytest.fail("every bucket was complete"))
+    buckets.finish(lambda chunks, close: chunks and pytest.fail("every bucket was complete"))
     assert [ids for ids, _ in push.sent] == [[c.chunk_id for c in b] for b in buckets.buckets]
     expected = _all_grads(params)
     for ids, values in push.sent:

@@ -1,0 +1,167 @@
+"""Torch training recipes run twice in one worker process: with ``torch.optim`` locally, and
+with ``PSOptimizer`` against the job's servers, from the same initial model on the same batches
+of scikit-learn's digits. Prints one JSON line per recipe: ``{"recipe": NAME, "diff": D}``, the
+largest absolute difference between the two final models' weights (or ``"error"``).
+
+Run it as the only worker of a job under ``ssp:0`` (where one worker's steps are sequential)::
+
+    hogshard launch --servers 2 --workers 1 --policy ssp:0 -- \\
+        python tests/integration/recipe_worker.py [RECIPE ...]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hogshard import PSClient, PSOptimizer
+from hogshard.datasets import load_digits
+
+STEPS = 12
+BATCH = 64
+#: Small chunks and buckets, so that the model fills several buckets (overlap pushes early).
+CHUNK_ELEMS, BUCKET_BYTES = 2048, 16384
+
+#: Our rule name -> (the torch optimizer, its constructor's keyword arguments besides lr).
+TORCH = {
+    "sgd": (torch.optim.SGD, {}),
+    "momentum": (torch.optim.SGD, {"momentum": 0.9, "nesterov": True}),
+    "adagrad": (torch.optim.Adagrad, {"lr_decay": 0.01}),
+    "adam": (torch.optim.Adam, {"amsgrad": True}),
+    "adamw": (torch.optim.AdamW, {"weight_decay": 0.05}),
+    "rmsprop": (torch.optim.RMSprop, {"momentum": 0.5, "centered": True}),
+}
+
+
+def model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.LayerNorm(128), nn.Linear(128, 10))
+
+
+def groups(net: nn.Module, rule: str) -> list[dict[str, Any]]:
+    """No weight decay on biases and norms, and a lower lr for the first layer."""
+    first = list(net[0].parameters())
+    rest = [p for p in net.parameters() if all(p is not q for q in first)]
+    decay = [p for p in rest if p.ndim > 1]
+    no_decay = [p for p in rest if p.ndim <= 1]
+    return [{"params": first, "lr": 0.5 * LR[rule]},
+            {"params": decay, "weight_decay": 0.01},
+            {"params": no_decay, "weight_decay": 0.0}]
+
+
+LR = {"sgd": 0.1, "momentum": 0.05, "adagrad": 0.05, "adam": 3e-3, "adamw": 3e-3,
+      "rmsprop": 1e-3}
+
+
+class Recipe:
+    """One recipe: a rule, how to build groups and a scheduler, and what happens between
+    backward and step."""
+
+    def __init__(self, rule: str, grouped: bool = False, schedule: str | None = None,
+                 clip: float | None = None, overlap: bool | None = None,
+                 scaler: bool = False, manual_lr: bool = False,
+                 accumulate: bool = False) -> None:
+        self.rule, self.grouped, self.schedule, self.clip = rule, grouped, schedule, clip
+        self.overlap, self.scaler, self.manual_lr = overlap, scaler, manual_lr
+        self.accumulate = accumulate
+
+    def optimizer(self, net: nn.Module, client: PSClient | None, table: str) -> Any:
+        params: Any = groups(net, self.rule) if self.grouped else net.parameters()
+        cls, kwargs = TORCH[self.rule]
+        if client is None:
+            return cls(params, lr=LR[self.rule], **kwargs)
+        return PSOptimizer(client, params, rule=self.rule, table=table, lr=LR[self.rule],
+                           chunk_elems=CHUNK_ELEMS, bucket_bytes=BUCKET_BYTES,
+                           overlap=self.overlap, **kwargs)
+
+    def scheduler(self, opt: Any) -> Any:
+        lr = torch.optim.lr_scheduler
+        if self.schedule == "step":
+            return lr.StepLR(opt, step_size=3, gamma=0.5)
+        if self.schedule == "warmup-cosine":
+            return lr.SequentialLR(opt, [lr.LinearLR(opt, start_factor=0.1, total_iters=4),
+                                         lr.CosineAnnealingLR(opt, T_max=STEPS - 4)],
+                                   milestones=[4])
+        if self.schedule == "onecycle":
+            return lr.OneCycleLR(opt, max_lr=2 * LR[self.rule], total_steps=STEPS)
+        if self.schedule == "plateau":
+            return lr.ReduceLROnPlateau(opt, factor=0.5, patience=1)
+        return None
+
+    def train(self, client: PSClient | None, table: str) -> torch.Tensor:
+        net = model()
+        opt = self.optimizer(net, client, table)
+        sched = self.scheduler(opt)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**140, growth_interval=2) \
+            if self.scaler else None
+        data = load_digits()
+        x, y = torch.from_numpy(data.train_x).reshape(-1, 64), torch.from_numpy(data.train_y)
+        generator = torch.Generator().manual_seed(1)
+        for step in range(STEPS):
+            index = torch.randint(0, len(y), (BATCH,), generator=generator)
+            opt.zero_grad()
+            passes = 2 if self.accumulate else 1
+            for half in range(passes):
+                part = index[half::passes]
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=scaler is not None):
+                    loss = F.cross_entropy(net(x[part]), y[part]) / passes
+                (scaler.scale(loss) if scaler else loss).backward()
+            if scaler is not None:
+                scaler.unscale_(opt)
+            if self.clip is not None:
+                torch.nn.utils.clip_grad_norm_(net.parameters(), self.clip)
+            if self.manual_lr and step == STEPS // 2:
+                for group in opt.param_groups:
+                    group["lr"] *= 0.3
+            if scaler is not None:
+                scaler.step(opt)
+                scaler.update()
+            else:
+                opt.step()
+            if sched is not None:
+                sched.step(1.0) if self.schedule == "plateau" else sched.step()
+        if client is not None:
+            opt.pull()
+        return torch.cat([p.detach().reshape(-1) for p in net.parameters()])
+
+
+RECIPES: dict[str, Callable[[], Recipe]] = {
+    **{f"groups-{rule}": (lambda rule=rule: Recipe(rule, grouped=True)) for rule in TORCH},
+    "steplr": lambda: Recipe("momentum", schedule="step"),
+    "warmup-cosine": lambda: Recipe("adamw", grouped=True, schedule="warmup-cosine"),
+    "onecycle-momentum": lambda: Recipe("momentum", schedule="onecycle"),
+    "onecycle-adam": lambda: Recipe("adam", schedule="onecycle"),
+    "plateau": lambda: Recipe("adam", schedule="plateau"),
+    "manual-lr": lambda: Recipe("sgd", grouped=True, manual_lr=True),
+    "clip-overlap": lambda: Recipe("sgd", clip=0.5, overlap=True),
+    "clip-no-overlap": lambda: Recipe("sgd", clip=0.5, overlap=False),
+    "accumulate-overlap": lambda: Recipe("adam", overlap=True, accumulate=True),
+    "scaler-clip": lambda: Recipe("adamw", clip=1.0, overlap=True, scaler=True),
+}
+
+
+def main(argv: list[str]) -> int:
+    torch.set_num_threads(1)
+    client = PSClient.from_env()
+    for name in argv or list(RECIPES):
+        try:
+            recipe = RECIPES[name]()
+            local = recipe.train(None, name)
+            remote = recipe.train(client, name)
+            result: dict[str, Any] = {"recipe": name,
+                                      "diff": float((local - remote).abs().max())}
+        except Exception as err:  # reported per recipe; the others still run
+            result = {"recipe": name, "error": f"{type(err).__name__}: {err}"}
+        print(json.dumps(result), flush=True)
+    client.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

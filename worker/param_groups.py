@@ -1,0 +1,98 @@
+"""A torch optimizer's parameter groups as a dense table's rule: each group's hyperparameters
+at creation (the table's ``groups``, proto/rule_groups.py), and the live values a push carries.
+
+``PSOptimizer`` keeps torch's ``param_groups``; anything that changes a group's ``lr`` (or
+``momentum``, ``betas``, ``weight_decay``, ...) between steps, an lr scheduler or the user,
+changes what the next push carries, so the servers apply that step with those values.
+
+Example::
+
+    >>> groups = [{"params": [0] * 3, "lr": 0.1}, {"params": [0] * 2, "lr": 0.1,
+    ...                                              "weight_decay": 0.01}]
+    >>> hyper = GroupHyper("sgd", groups, sizes=[6, 4])
+    >>> hyper.table_rule()["groups"][1]["start"], hyper.live(groups)
+    (6, None)
+    >>> groups[0]["lr"] = 0.05
+    >>> [g["lr"] for g in hyper.live(groups)]
+    [0.05, 0.1]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from hogshard.proto.errors import ConfigError
+from hogshard.proto.rule_groups import check_table_rule
+from hogshard.proto.rule_specs import DENSE_RULES, check_params, rule_name
+
+#: Keys of a param group that are not hyperparameters.
+NOT_HYPER = ("params", "param_names")
+
+
+def rule_defaults(rule: str, hyper: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``defaults`` of a ``PSOptimizer`` of ``rule``: every hyperparameter, ``hyper``'s
+    values over torch's defaults (ConfigError for one the rule does not have)."""
+    name = rule_name({"rule": rule}, DENSE_RULES, "update rule")
+    checked = check_params(name, dict(hyper), DENSE_RULES[name])
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in checked.items()}
+
+
+def check_group_keys(rule: str, groups: Sequence[Mapping[str, Any]],
+                     defaults: Mapping[str, Any]) -> None:
+    """ConfigError naming the group and the key where a group sets something ``rule`` has no
+    hyperparameter for."""
+    for index, group in enumerate(groups):
+        unknown = sorted(str(k) for k in group if k not in defaults and k not in NOT_HYPER)
+        if unknown:
+            raise ConfigError(f"parameter group {index}: rule {rule!r} has no hyperparameter "
+                              f"{', '.join(map(repr, unknown))}; it has {sorted(defaults)}")
+
+
+def wire_value(value: Any) -> Any:
+    """A hyperparameter as msgpack carries it (a tensor or numpy number as a float, a tuple as
+    a list)."""
+    if isinstance(value, (tuple, list)):
+        return [wire_value(v) for v in value]
+    if hasattr(value, "item") and not isinstance(value, (bool, int, float)):
+        return value.item()
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+class GroupHyper:
+    """Which groups hold table elements (``sizes``: elements each group puts in the table, 0
+    for a group of frozen parameters), the table's rule spec, and each step's live values."""
+
+    def __init__(self, rule: str, groups: Sequence[Mapping[str, Any]],
+                 sizes: Sequence[int]) -> None:
+        self.rule = rule
+        self.keys = list(DENSE_RULES[rule])
+        self.used = [i for i, size in enumerate(sizes) if size > 0]
+        starts = np.cumsum([0, *sizes])[:-1]
+        self.starts = [int(starts[i]) for i in self.used]
+        self.created = self._values(groups)
+        for index, values in zip(self.used, self.created, strict=True):
+            check_params(rule, values, DENSE_RULES[rule], f"parameter group {index} of rule")
+
+    def _values(self, groups: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        return [{k: wire_value(groups[i][k]) for k in self.keys if k in groups[i]}
+                for i in self.used]
+
+    def table_rule(self) -> dict[str, Any]:
+        """The rule spec the table is created with (``groups`` where there are several)."""
+        first = {"rule": self.rule, **self.created[0]}
+        if len(self.used) == 1:
+            return check_table_rule(first)
+        return check_table_rule({**first, "groups": [
+            {"start": start, **values} for start, values in zip(self.starts, self.created,
+                                                                 strict=True)]})
+
+    def live(self, groups: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]] | None:
+        """The values each table group holds now, or None while they are those the table was
+        created with (a push then carries none)."""
+        values = self._values(groups)
+        return None if values == self.created else values
