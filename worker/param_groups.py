@@ -83,13 +83,21 @@ class GroupHyper:
                 for i in self.used]
 
     def table_rule(self) -> dict[str, Any]:
-        """The rule spec the table is created with (``groups`` where there are several)."""
-        first = {"rule": self.rule, **self.created[0]}
+        """The rule spec the table is created with (``groups`` where there are several), each
+        value that is the rule's default left out (as a user would write the spec)."""
+        first = {"rule": self.rule, **self._short(self.created[0])}
         if len(self.used) == 1:
-            return check_table_rule(first)
-        return check_table_rule({**first, "groups": [
-            {"start": start, **values} for start, values in zip(self.starts, self.created,
-                                                                 strict=True)]})
+            return first
+        spec = {**first, "groups": [{"start": start, **self._short(values)} for start, values
+                                    in zip(self.starts, self.created, strict=True)]}
+        check_table_rule(spec)
+        return spec
+
+    def _short(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        schema = DENSE_RULES[self.rule]
+        return {k: v for k, v in values.items()
+                if wire_value(schema[k][0]) != v or isinstance(v, bool) != isinstance(
+                    schema[k][0], bool)}
 
     def live(self, groups: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]] | None:
         """The values each table group holds now, or None while they are those the table was
