@@ -120,8 +120,9 @@ def test_replicated_job_survives_a_killed_server(cluster: SlurmCluster) -> None:
     keys = cluster.root / "keys"
 
     def under_way() -> dict[str, Any] | None:
-        if job.state()[0] != "RUNNING":
-            assert job.state()[1] is None, f"the job ended early\n{job.output()[-6000:]}"
+        state = job.state()
+        assert state[1] is None, f"the job ended before the fault: {state}\n{job.output()[-6000:]}"
+        if state[0] != "RUNNING":
             return None
         status = _status(port, keys) if keys.exists() else None
         workers = _workers(status)
