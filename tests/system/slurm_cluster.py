@@ -25,8 +25,9 @@ import signal
 import socket
 import subprocess
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 from tests.conftest import wait_until
 
@@ -38,6 +39,7 @@ ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEM
          "PREEMPTED", "BOOT_FAIL", "DEADLINE"}
 POLL_S = 0.5
 STOP_GRACE_S = 10.0
+T = TypeVar("T")
 
 
 def missing_commands() -> list[str]:
@@ -155,13 +157,10 @@ class SlurmCluster:
         return done
 
     def _daemon(self, name: str, argv: Sequence[str]) -> None:
-        log = open(self.root / f"{name}.out", "w")  # noqa: SIM115 - the child holds it
-        try:
+        with open(self.root / f"{name}.out", "w") as log:  # the child keeps its own copy
             self.daemons[name] = subprocess.Popen(
                 list(argv), env=self.env, stdout=log, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, start_new_session=True)
-        finally:
-            log.close()
 
     def tail_logs(self, lines: int = 30) -> str:
         parts = []
@@ -170,8 +169,8 @@ class SlurmCluster:
             parts.append(f"--- {path.name}\n" + "\n".join(text))
         return "\n".join(parts)
 
-    def _wait(self, condition, timeout: float, what: str):  # type: ignore[no-untyped-def]
-        def checked():  # type: ignore[no-untyped-def]
+    def _wait(self, condition: Callable[[], T], timeout: float, what: str) -> T:
+        def checked() -> T:
             for name, process in self.daemons.items():
                 if process.poll() is not None:
                     raise AssertionError(f"{name} exited with code {process.returncode}\n"
