@@ -3,10 +3,15 @@
 Every task of the step runs this command; it reads SLURM's environment and becomes one role of
 the job through the same CLI code paths as a hand-started cluster:
 
-* task 0 runs the scheduler (on the first node of ``SLURM_NODELIST``, port ``--port``) and
-  server 0, and ends the job once every worker has finished;
+* task 0 runs the scheduler (on the first node of the step, ``SLURM_STEP_NODELIST``, port
+  ``--port``) and server 0, and ends the job once every worker has finished;
 * tasks 1 .. servers-1 run one server each (data port ``--port + 1 + SLURM_LOCALID``);
 * the other tasks run ``hogshard worker`` with rank ``SLURM_PROCID - servers``.
+
+With ``--replication 2`` a server process that dies (a crash, ``kill -9``) is started again by
+its task under the same rank: its backups serve its chunks meanwhile and the new process becomes
+their backup (as ``hogshard launch`` does). A server that exits 0 (the scheduler ended the job,
+or SIGTERM) is not.
 
 The processes inherit the environment: set ``HOGSHARD_KEYS`` (a folder from ``hogshard keys
 generate``, on a shared file system) to encrypt the job's links, or ``HOGSHARD_INSECURE=1`` to
@@ -41,6 +46,9 @@ from hogshard.proto.config import DEFAULT_HEARTBEAT_TIMEOUT, env_name
 from hogshard.proto.errors import ConfigError, HogshardError
 
 log = logging.getLogger(__name__)
+
+#: Restarts of one task's server process (--replication 2) before the task gives up.
+MAX_SERVER_RESTARTS = 8
 
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 
@@ -113,8 +121,10 @@ class SlurmTask:
                 raise ConfigError(f"{name}={raw!r}: expected an integer") from None
 
         procid, ntasks = number("SLURM_PROCID"), number("SLURM_NTASKS")
-        nodes = expand_nodelist(environ.get("SLURM_NODELIST") or environ.get("SLURM_JOB_NODELIST")
-                                or "")
+        # The step's nodes: srun may run on a subset of the job's allocation (-w, -x, -N),
+        # and task 0 runs on the step's first node, not necessarily the job's.
+        nodes = expand_nodelist(environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_NODELIST")
+                                or environ.get("SLURM_JOB_NODELIST") or "")
         if not nodes:
             raise ConfigError("SLURM_NODELIST is not set; expected e.g. node[01-04]")
         if not 0 <= procid < ntasks:
@@ -158,6 +168,11 @@ def _hogshard(*args: str) -> list[str]:
     return [sys.executable, "-m", "hogshard", *args]
 
 
+def exit_code(returncode: int) -> int:
+    """A child's return code as a shell reports it (killed by signal N: 128 + N)."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
 def _stop(processes: Sequence[subprocess.Popen], grace: float = 5.0) -> None:
     for process in processes:
         if process.poll() is None:
@@ -171,8 +186,52 @@ def _stop(processes: Sequence[subprocess.Popen], grace: float = 5.0) -> None:
             process.wait()
 
 
+class ServerKeeper:
+    """This task's server process. With replication, one that exits non-zero (a crash, a
+    SIGKILL) before the job ends is started again under its rank, up to ``max_restarts``
+    times; one that exits 0 (the scheduler ended the job, or SIGTERM) is done."""
+
+    def __init__(self, argv: Sequence[str], rank: int, replication: int,
+                 max_restarts: int = MAX_SERVER_RESTARTS) -> None:
+        self.argv, self.rank, self.replication = list(argv), rank, replication
+        self.max_restarts = max_restarts
+        self.restarts = 0
+        self.process = self._start()
+
+    def _start(self) -> subprocess.Popen:
+        process = subprocess.Popen(self.argv)
+        log.info("server %d: pid %d", self.rank, process.pid)
+        return process
+
+    def poll(self) -> int | None:
+        """None while a server process runs (restarting a dead one if allowed), else the
+        exit code the task should end with."""
+        code = self.process.poll()
+        if code is None:
+            return None
+        if code != 0 and self.replication > 1 and self.restarts < self.max_restarts:
+            self.restarts += 1
+            log.warning("server %d exited with code %d; its backups take over, starting a "
+                        "replacement (restart %d of at most %d)", self.rank, exit_code(code),
+                        self.restarts, self.max_restarts)
+            self.process = self._start()
+            return None
+        return exit_code(code)
+
+    def wait(self) -> int:
+        """Block until the server is done for good; its exit code."""
+        while True:
+            self.process.wait()
+            code = self.poll()
+            if code is not None:
+                return code
+
+    def stop(self) -> None:
+        _stop([self.process])
+
+
 def _end_when_workers_done(scheduler: str, workers: int, join_timeout: float,
-                           children: Sequence[subprocess.Popen]) -> int:
+                           scheduler_process: subprocess.Popen, server: ServerKeeper) -> int:
     """Poll the scheduler until every worker has registered and none is alive, then end the
     job (``shutdown``). Returns 0 if every worker left cleanly."""
     import zmq
@@ -188,8 +247,12 @@ def _end_when_workers_done(scheduler: str, workers: int, join_timeout: float,
     started = time.monotonic()
     try:
         while True:
-            if any(child.poll() is not None for child in children):
-                log.error("the scheduler or server of task 0 exited; ending the job")
+            if scheduler_process.poll() is not None:
+                log.error("the scheduler exited with code %d; ending the job",
+                          exit_code(scheduler_process.returncode))
+                return 1
+            if server.poll() is not None:
+                log.error("server %d of task 0 exited for good; ending the job", server.rank)
                 return 1
             try:
                 members = channel.call("status", timeout=5.0).header["members"]
@@ -216,7 +279,7 @@ def _end_when_workers_done(scheduler: str, workers: int, join_timeout: float,
 
 
 def run_task(plan: TaskPlan, command: Sequence[str], policy: str, heartbeat_timeout: float,
-             join_timeout: float, codec: str | None = None) -> int:
+             join_timeout: float, codec: str | None = None, replication: int = 1) -> int:
     """Run this task's role to the end; its exit code."""
     if plan.role == "worker":
         argv = _hogshard("worker", "--scheduler", plan.scheduler, "--rank", str(plan.worker_rank),
@@ -224,27 +287,33 @@ def run_task(plan: TaskPlan, command: Sequence[str], policy: str, heartbeat_time
                          *(["--codec", codec] if codec else []), "--", *command)
         os.execv(argv[0], argv)
     port = plan.scheduler.rsplit(":", 1)[1]
-    server = _hogshard("server", "--scheduler", plan.scheduler, "--rank", str(plan.server_rank),
-                       "--bind", f"tcp://0.0.0.0:{plan.server_port}", "--advertise",
-                       str(plan.advertise))
-    children: list[subprocess.Popen] = []
+    assert plan.server_rank is not None
+    server_argv = _hogshard("server", "--scheduler", plan.scheduler, "--rank",
+                            str(plan.server_rank), "--bind", f"tcp://0.0.0.0:{plan.server_port}",
+                            "--advertise", str(plan.advertise))
+    scheduler: subprocess.Popen | None = None
+    server: ServerKeeper | None = None
     try:
         if plan.role == "server":
-            children.append(subprocess.Popen(server))
-            return children[0].wait()
-        scheduler = _hogshard("scheduler", "--bind", f"tcp://0.0.0.0:{port}", "--policy", policy,
-                              "--servers", str(plan.servers),
-                              "--heartbeat-timeout", str(heartbeat_timeout))
-        children.append(subprocess.Popen(scheduler))
-        children.append(subprocess.Popen(server))
-        code = _end_when_workers_done(plan.scheduler, plan.num_workers, join_timeout, children)
+            server = ServerKeeper(server_argv, plan.server_rank, replication)
+            return server.wait()
+        scheduler = subprocess.Popen(_hogshard(
+            "scheduler", "--bind", f"tcp://0.0.0.0:{port}", "--policy", policy,
+            "--servers", str(plan.servers), "--heartbeat-timeout", str(heartbeat_timeout),
+            "--replication", str(replication)))
+        server = ServerKeeper(server_argv, plan.server_rank, replication)
+        code = _end_when_workers_done(plan.scheduler, plan.num_workers, join_timeout, scheduler,
+                                      server)
         try:
-            children[1].wait(timeout=max(10.0, 4 * heartbeat_timeout))
+            server.process.wait(timeout=max(10.0, 4 * heartbeat_timeout))
         except subprocess.TimeoutExpired:
             pass
         return code
     finally:
-        _stop(children)
+        if server is not None:
+            server.stop()
+        if scheduler is not None:
+            _stop([scheduler])
 
 
 @click.command(context_settings={"ignore_unknown_options": True})
@@ -263,25 +332,34 @@ def run_task(plan: TaskPlan, command: Sequence[str], policy: str, heartbeat_time
               help="seconds for every worker to register")
 @click.option("--codec", default=None, envvar=env_name("codec"), show_envvar=True,
               callback=check_codec, help="gradient compression, as for `hogshard worker --codec`")
+@click.option("--replication", default=1, type=click.IntRange(min=1, max=2), show_default=True,
+              envvar=env_name("replication"), show_envvar=True,
+              help="copies of each dense chunk: 2 keeps a backup on another server, and a "
+              "server task starts its server again when that process dies")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def slurm(servers: int, port: int, policy: str, heartbeat_timeout: float, join_timeout: float,
-          codec: str | None, command: tuple[str, ...]) -> None:
+          codec: str | None, replication: int, command: tuple[str, ...]) -> None:
     """Run this SLURM task's part of a job: ``srun hogshard slurm --servers 2 -- CMD``.
 
     Task 0 runs the scheduler and server 0, tasks 1..SERVERS-1 a server each, the others
     COMMAND as workers. CURVE keys come from HOGSHARD_KEYS (plain TCP needs
     HOGSHARD_INSECURE=1). Task 0 exits 0 once every worker has finished, 1 if a worker died
-    or not every worker registered within --join-timeout."""
+    or not every worker registered within --join-timeout; it then ends the job (every server
+    exits 0). With --replication 2 a server process that dies is started again by its task."""
+    from hogshard.proto.policy import parse_policy
     from hogshard.proto.roles import Role
     from hogshard.proto.security import load_security
+    from hogshard.scheduler.replication import check_replication
 
     try:
         task = SlurmTask.from_env()
         plan = plan_task(task, servers, port)
+        check_replication(replication, parse_policy(policy))
         load_security(os.environ.get(env_name("keys")) or None, Role.ADMIN)  # a bad folder fails here
     except HogshardError as err:
         raise click.ClickException(err.message) from None
     log.info("task %d/%d on %s: %s (scheduler %s)", task.procid, task.ntasks, task.nodename,
              plan.role, plan.scheduler)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    sys.exit(run_task(plan, list(command), policy, heartbeat_timeout, join_timeout, codec))
+    sys.exit(run_task(plan, list(command), policy, heartbeat_timeout, join_timeout, codec,
+                      replication))

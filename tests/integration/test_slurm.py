@@ -1,5 +1,7 @@
 """``hogshard slurm`` with SLURM's variables set by hand: task 0 runs the scheduler and a
-server, tasks 1 and 2 run workers, all on 127.0.0.1, and the job trains to completion."""
+server, tasks 1 and 2 run workers, all on 127.0.0.1, and the job trains to completion. And how
+a server task keeps its server process (started again under replication, bounded). The real
+SLURM cluster is tests/system/test_slurm.py."""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from hogshard.slurm import ServerKeeper
 
 TRAIN_WORKER = str(Path(__file__).with_name("train_worker.py"))
 
@@ -52,3 +56,62 @@ def test_slurm_environment_brings_up_a_job(procs) -> None:
     assert (f"scheduler listening on tcp://0.0.0.0:{port} (from this host: "
             f"tcp://127.0.0.1:{port})") in out, out
     assert "server-0 serving on tcp://127.0.0.1:" + str(port + 1) in out, out
+
+
+#: Counts its runs in argv[1]; exits argv[2] for the first argv[3] runs, then 0.
+FLAKY = ("import pathlib, sys; p = pathlib.Path(sys.argv[1]); "
+         "n = int(p.read_text()) if p.exists() else 0; p.write_text(str(n + 1)); "
+         "sys.exit(int(sys.argv[2]) if n < int(sys.argv[3]) else 0)")
+
+
+def flaky(tmp_path: Path, code: int, failures: int) -> tuple[list[str], Path]:
+    runs = tmp_path / "runs"
+    return [sys.executable, "-c", FLAKY, str(runs), str(code), str(failures)], runs
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(60)
+def test_a_replicated_server_that_dies_is_started_again(tmp_path: Path) -> None:
+    argv, runs = flaky(tmp_path, 3, failures=2)
+    keeper = ServerKeeper(argv, rank=1, replication=2)
+    try:
+        assert keeper.wait() == 0
+        assert keeper.restarts == 2 and runs.read_text() == "3"
+    finally:
+        keeper.stop()
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(60)
+def test_an_unreplicated_server_that_dies_ends_its_task(tmp_path: Path) -> None:
+    argv, runs = flaky(tmp_path, 3, failures=1)
+    keeper = ServerKeeper(argv, rank=1, replication=1)
+    try:
+        assert keeper.wait() == 3
+        assert keeper.restarts == 0 and runs.read_text() == "1"
+    finally:
+        keeper.stop()
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(60)
+def test_restarts_are_bounded(tmp_path: Path) -> None:
+    argv, runs = flaky(tmp_path, 5, failures=100)
+    keeper = ServerKeeper(argv, rank=0, replication=2, max_restarts=2)
+    try:
+        assert keeper.wait() == 5
+        assert runs.read_text() == "3"
+    finally:
+        keeper.stop()
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(60)
+def test_a_killed_server_reports_128_plus_the_signal() -> None:
+    keeper = ServerKeeper([sys.executable, "-c", "import time; time.sleep(60)"], rank=0,
+                          replication=1)
+    try:
+        keeper.process.kill()
+        assert keeper.wait() == 137
+    finally:
+        keeper.stop()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hogshard.proto.errors import ConfigError
-from hogshard.slurm import SlurmTask, expand_nodelist, plan_task
+from hogshard.slurm import SlurmTask, exit_code, expand_nodelist, plan_task
 
 
 @pytest.mark.parametrize("text, hosts", [
@@ -50,3 +50,18 @@ def test_bad_environments_are_refused() -> None:
         SlurmTask.from_env(env(5))
     with pytest.raises(ConfigError, match="more tasks than servers"):
         plan_task(SlurmTask.from_env(env(0, ntasks=2)), servers=2, port=7000)
+
+
+def test_the_step_nodes_come_first() -> None:
+    # srun on part of the allocation: task 0 (the scheduler) is on the step's first node.
+    task = SlurmTask.from_env(env(0, SLURM_NODELIST="n[1-3]", SLURM_JOB_NODELIST="n[1-3]",
+                                  SLURM_STEP_NODELIST="n[2-3]"))
+    assert task.nodes == ["n2", "n3"]
+    assert plan_task(task, servers=1, port=7000).scheduler == "tcp://n2:7000"
+    assert SlurmTask.from_env(env(0, SLURM_NODELIST="")
+                              | {"SLURM_JOB_NODELIST": "j[1-2]"}).nodes == ["j1", "j2"]
+
+
+@pytest.mark.parametrize("returncode, code", [(0, 0), (1, 1), (-9, 137), (-15, 143)])
+def test_exit_code_as_a_shell_reports_it(returncode: int, code: int) -> None:
+    assert exit_code(returncode) == code
