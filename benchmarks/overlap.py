@@ -1,7 +1,9 @@
 """Step time of PSOptimizer with and without overlap (gradient buckets pushed during backward)
 and prefetch (the next weights pulled while the next step computes).
 
-One scheduler and one shard server in subprocesses; this process is the only worker. An MLP of
+One scheduler and one shard server in subprocesses; this process is the only worker.
+``+clip`` modes clip the gradients' norm between backward and step (what overlap must then
+send again: the cost of a recipe that edits its gradients). An MLP of
 ``--layers`` square ``--width`` layers (4 layers of 2048: 16.8 M parameters, 67 MB) trains on
 random data with server-side SGD; the table is cut in chunks of 1 Mi floats. Two copies of the
 model, each with its own table and optimizer (``overlap`` and ``prefetch`` off or on), take
@@ -70,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     x = torch.randn(args.batch, args.width)
     y = torch.randn(args.batch, args.width)
     models, steppers = {}, {}
-    for mode in ("sequential", "overlap", "prefetch", "overlap+prefetch", "local"):
+    for mode in ("sequential", "overlap", "prefetch", "overlap+prefetch", "local",
+                 "sequential+clip", "overlap+clip"):
         model = models[mode] = mlp(args.width, layers)
         if mode == "local":
             steppers[mode] = torch.optim.SGD(model.parameters(), lr=1e-6)
@@ -85,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         opt = steppers[mode]
         opt.zero_grad()
         F.mse_loss(models[mode](x), y).backward()
+        if "clip" in mode:  # changes every gradient between backward and step
+            torch.nn.utils.clip_grad_norm_(models[mode].parameters(), 1.0)
         opt.step()
 
     times: dict[str, list[float]] = {m: [] for m in models}

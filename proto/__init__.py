@@ -14,6 +14,7 @@
 ``manifest.py``    ``write_manifest``, ``load_manifest``, ``atomic_write``: checkpoint files
 ``metrics.py``     :class:`MetricsServer`, ``snapshot``, ``staleness_histogram``
 ``peerlog.py``     :class:`PeerErrorLog`: error replies logged once per peer
+``rule_groups.py`` ``check_table_rule``, ``check_hyper``: parameter groups, live values
 ``hashing.py``     ``splitmix64``, ``shard_of``, ``row_keys``: ids to shards and rows
 ``slot_index.py``  :class:`SlotIndex`: a vectorised id -> slot map (embedding rows, row cache)
 ``codecs/``        :class:`Codec` (``base.py``) and its codecs (``simple.py``, ``sparse.py``,

@@ -110,7 +110,7 @@ def chunk_bounds(size: int, chunk_elems: int, starts: Sequence[int] = (0,)) -> l
     [(0, 4), (4, 2), (6, 4)]
     """
     edges = [s for s in starts if 0 < s < size]
-    bounds = []
+    bounds: list[tuple[int, int]] = []
     for lo, hi in zip([0, *edges], [*edges, size], strict=True):
         bounds.extend((off, min(chunk_elems, hi - off)) for off in range(lo, hi, chunk_elems))
     return bounds

@@ -12,6 +12,8 @@ dense.py                      DenseStore, DenseTable, DenseChunk
 embedding.py                  EmbeddingStore, EmbeddingTable, EmbeddingSpec
 rules.py                      UpdateRule: SGD, Momentum, Adagrad, Adam (make_rule)
 row_rules.py                  RowRule: RowSGD, RowWiseAdagrad, RowAdam (make_row_rule)
+table_rules.py                TableRules: a table's rule per parameter group, live hyperparameters
+staging.py                    StagedPushes: partial pushes held until their step's closing push
 applier.py                    UpdateApplier: staleness, groups and modifiers of the policy
 executor.py                   UpdateExecutor: InlineUpdates, ThreadedUpdates
 update_pool.py                UpdatePool, UpdateJob, Ticket: the update threads

@@ -296,7 +296,7 @@ class Replicator:
             backup = roles.get(chunk.chunk_id, (-1, -1))[1]
             if backup in self.links:
                 records, arrays = by_backup.setdefault(backup, ([], []))
-                record = [chunk.chunk_id, scale, chunk.version, push_id]
+                record: list[Any] = [chunk.chunk_id, scale, chunk.version, push_id]
                 if rule not in table.rules.registered:  # live hyperparameters travel along
                     record.append({k: v for k, v in rule.spec().items() if k != "rule"})
                 records.append(record)

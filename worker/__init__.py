@@ -13,7 +13,8 @@ futures.py                    Future, PendingRequest, RequestBook: requests in f
 rerouting.py                  Rerouter, Route: requests follow chunks that moved
 shm.py                        ShmLink: the shared-memory fast path with servers on this host
 traffic.py                    Traffic: frame bytes sent and received by op
-optimizer.py                  PSOptimizer: a torch-optimizer-shaped front
+optimizer.py                  PSOptimizer: a torch.optim.Optimizer whose updates servers apply
+param_groups.py               GroupHyper: param_groups as a table's rule and a push's hyper
 overlap.py                    GradientBuckets: pushes while backward still runs
 device.py, cuda.py            HostMirror, CudaMirror: weights on the model's device
 embedding.py                  RemoteEmbeddingBag: a torch embedding bag on the servers
