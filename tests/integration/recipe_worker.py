@@ -66,10 +66,10 @@ class Recipe:
     def __init__(self, rule: str, grouped: bool = False, schedule: str | None = None,
                  clip: float | None = None, overlap: bool | None = None,
                  scaler: bool = False, manual_lr: bool = False,
-                 accumulate: bool = False) -> None:
+                 accumulate: bool = False, resume: bool = False) -> None:
         self.rule, self.grouped, self.schedule, self.clip = rule, grouped, schedule, clip
         self.overlap, self.scaler, self.manual_lr = overlap, scaler, manual_lr
-        self.accumulate = accumulate
+        self.accumulate, self.resume = accumulate, resume
 
     def optimizer(self, net: nn.Module, client: PSClient | None, table: str) -> Any:
         params: Any = groups(net, self.rule) if self.grouped else net.parameters()
@@ -94,11 +94,26 @@ class Recipe:
             return lr.ReduceLROnPlateau(opt, factor=0.5, patience=1)
         return None
 
+    def restarted(self, net: nn.Module, opt: Any, sched: Any, client: PSClient | None,
+                  table: str) -> tuple[nn.Module, Any, Any]:
+        """A new model, optimizer and scheduler that load the old ones' state dicts (with
+        PSOptimizer the weights come from the servers, as a restarted worker's would)."""
+        saved, saved_sched = opt.state_dict(), sched.state_dict()
+        fresh = model()
+        if client is None:
+            fresh.load_state_dict(net.state_dict())
+        new_opt = self.optimizer(fresh, client, table)
+        new_sched = self.scheduler(new_opt)
+        new_sched.load_state_dict(saved_sched)
+        new_opt.load_state_dict(saved)
+        return fresh, new_opt, new_sched
+
     def train(self, client: PSClient | None, table: str) -> torch.Tensor:
         net = model()
         opt = self.optimizer(net, client, table)
         sched = self.scheduler(opt)
-        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**140, growth_interval=2) \
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**127, backoff_factor=2.0**-40,
+                                      growth_interval=3) \
             if self.scaler else None
         data = load_digits()
         x, y = torch.from_numpy(data.train_x).reshape(-1, 64), torch.from_numpy(data.train_y)
@@ -126,6 +141,8 @@ class Recipe:
                 opt.step()
             if sched is not None:
                 sched.step(1.0) if self.schedule == "plateau" else sched.step()
+            if self.resume and step == STEPS // 2:  # a new process would do the same
+                net, opt, sched = self.restarted(net, opt, sched, client, table)
         if client is not None:
             opt.pull()
         return torch.cat([p.detach().reshape(-1) for p in net.parameters()])
@@ -143,6 +160,7 @@ RECIPES: dict[str, Callable[[], Recipe]] = {
     "clip-no-overlap": lambda: Recipe("sgd", clip=0.5, overlap=False),
     "accumulate-overlap": lambda: Recipe("adam", overlap=True, accumulate=True),
     "scaler-clip": lambda: Recipe("adamw", clip=1.0, overlap=True, scaler=True),
+    "resume": lambda: Recipe("adam", grouped=True, schedule="step", resume=True),
 }
 
 

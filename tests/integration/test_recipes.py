@@ -3,8 +3,8 @@
 process, for every rule with parameter groups, lr schedulers (StepLR, a LinearLR warm-up into
 CosineAnnealingLR, OneCycleLR moving momentum and betas, ReduceLROnPlateau), a user's own lr
 change, ``clip_grad_norm_`` with overlap on and off on a model of several buckets, gradient
-accumulation with overlap, and a GradScaler with clipping whose first steps overflow (skipped
-on both sides). tests/integration/recipe_worker.py runs every recipe in one job."""
+accumulation with overlap, a GradScaler with clipping whose first steps overflow (skipped
+on both sides), and an optimizer and scheduler restored from their state dicts mid-run. tests/integration/recipe_worker.py runs every recipe in one job."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ WORKER = REPO / "tests" / "integration" / "recipe_worker.py"
 RECIPES = ["groups-sgd", "groups-momentum", "groups-adagrad", "groups-adam", "groups-adamw",
            "groups-rmsprop", "steplr", "warmup-cosine", "onecycle-momentum", "onecycle-adam",
            "plateau", "manual-lr", "clip-overlap", "clip-no-overlap", "accumulate-overlap",
-           "scaler-clip"]
+           "scaler-clip", "resume"]
 #: float32 rounding of the two implementations over 12 steps
 TOLERANCE = 2e-5
 
