@@ -171,7 +171,8 @@ class Momentum(UpdateRule):
         n, lr, mu = weights.size, self.lr * lr_scale, self.momentum
         tmp, tmp2 = _scratch(n, 2)
         d = _with_decay(weights, grad, self.weight_decay, tmp)
-        buf = _lazy(state, "momentum_buffer", n) if state["step"] else None
+        # new_state's buffer is a placeholder until a step with momentum starts it
+        buf = _lazy(state, "momentum_buffer", n) if state["step"] > 0 else None
         if mu != 0:
             if buf is None:  # torch: the buffer starts as a copy of the gradient
                 buf = _lazy(state, "momentum_buffer", n)
@@ -189,7 +190,7 @@ class Momentum(UpdateRule):
                 d, lr = buf, lr * mu
             else:
                 d = buf
-        elif buf is None:  # a placeholder of new_state, never started: torch's None
+        elif buf is None:  # stays torch's None: a later step with momentum starts it afresh
             state["momentum_buffer"] = np.zeros(0, np.float32)
         state["step"] += 1
         _descend(weights, d, lr, tmp2 if d is tmp else tmp)
