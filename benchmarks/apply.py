@@ -39,6 +39,8 @@ RULES = {
     "momentum": {"rule": "momentum", "lr": 1e-9, "momentum": 0.9},
     "adagrad": {"rule": "adagrad", "lr": 1e-9},
     "adam": {"rule": "adam", "lr": 1e-9},
+    "adamw": {"rule": "adamw", "lr": 1e-9},
+    "rmsprop": {"rule": "rmsprop", "lr": 1e-9},
 }
 
 

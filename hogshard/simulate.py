@@ -52,7 +52,7 @@ def _positive(**kwargs: Any) -> click.FloatRange:
 @click.option("--report", type=click.Path(dir_okay=False, path_type=Path), required=True,
               help="write the JSON report here")
 @click.option("--rule", default="adam", show_default=True,
-              type=click.Choice(["sgd", "momentum", "adagrad", "adam"]),
+              type=click.Choice(["sgd", "momentum", "adagrad", "adam", "adamw", "rmsprop"]),
               help="server update rule")
 @click.option("--lr", default=1e-3, show_default=True, type=_positive(), help="learning rate")
 @click.option("--momentum", default=0.9, show_default=True, type=click.FloatRange(0, 1),

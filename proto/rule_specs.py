@@ -70,6 +70,11 @@ DENSE_RULES: Schema = {
                 "initial_accumulator_value": (0.0, NONNEGATIVE), "eps": (1e-10, POSITIVE)},
     "adam": {"lr": (1e-3, POSITIVE), "betas": ((0.9, 0.999), betas), "eps": (1e-8, POSITIVE),
              "weight_decay": (0.0, NONNEGATIVE), "amsgrad": (False, flag)},
+    "adamw": {"lr": (1e-3, POSITIVE), "betas": ((0.9, 0.999), betas), "eps": (1e-8, POSITIVE),
+              "weight_decay": (1e-2, NONNEGATIVE), "amsgrad": (False, flag)},
+    "rmsprop": {"lr": (1e-2, POSITIVE), "alpha": (0.99, CLOSED_UNIT), "eps": (1e-8, POSITIVE),
+                "weight_decay": (0.0, NONNEGATIVE), "momentum": (0.0, UNIT),
+                "centered": (False, flag)},
 }
 
 ROW_RULES: Schema = {
@@ -78,6 +83,8 @@ ROW_RULES: Schema = {
                         "initial_accumulator_value": (0.0, NONNEGATIVE)},
     "adam": {"lr": (1e-3, POSITIVE), "betas": ((0.9, 0.999), betas), "eps": (1e-8, POSITIVE),
              "weight_decay": (0.0, NONNEGATIVE)},
+    "adamw": {"lr": (1e-3, POSITIVE), "betas": ((0.9, 0.999), betas), "eps": (1e-8, POSITIVE),
+              "weight_decay": (1e-2, NONNEGATIVE)},
 }
 
 

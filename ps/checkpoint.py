@@ -110,11 +110,15 @@ def restore_shard(store: DenseStore, embeddings: EmbeddingStore, manifest: dict[
                     if weights.shape != (c["length"],):
                         raise CheckpointError(f"{path}: chunk {c['id']} of {spec['name']!r} has "
                                               f"shape {weights.shape}; expected ({c['length']},)")
-                    state = table.rules.registered_for(c["offset"]).new_state(c["length"])
-                    for key, value in state.items():
-                        if isinstance(value, np.ndarray):
-                            state[key] = np.array(data[f"t{i}.c{c['id']}.{key}"],
-                                                  dtype=value.dtype, copy=True)
+                    rule = table.rules.registered_for(c["offset"])
+                    state = rule.new_state(c["length"])
+                    prefix = f"t{i}.c{c['id']}."
+                    keys = [k for k, v in state.items() if isinstance(v, np.ndarray)]
+                    # and arrays that a step created after new_state (lazily), where saved
+                    keys += [k for k in rule.STATE_ARRAYS
+                             if k not in state and prefix + k in data.files]
+                    for key in keys:
+                        state[key] = np.array(data[prefix + key], dtype=FLOAT32, copy=True)
                     state.update(c["scalars"])
                     table.chunks[c["id"]] = DenseChunk(c["id"], c["offset"], weights, state,
                                                        c["version"])

@@ -103,12 +103,13 @@ class BackupOps:
             if weights.shape != (length,):
                 raise ProtocolError(f"snapshot of {name!r} chunk {chunk_id}: {weights.shape} "
                                     f"weights; expected ({length},)")
-            state = table.rules.registered_for(offset).new_state(length)
-            for key in keys:
-                if key not in state:
+            rule = table.rules.registered_for(offset)
+            state = rule.new_state(length)
+            for key in keys:  # the rule's arrays, some maybe created after new_state
+                if key not in state and key not in rule.STATE_ARRAYS:
                     raise ProtocolError(f"snapshot of {name!r} chunk {chunk_id}: state "
                                         f"{key!r} is not part of rule {rule_spec.get('rule')!r}")
-                state[key] = np.array(arrays.pop(0), dtype=state[key].dtype, copy=True)
+                state[key] = np.array(arrays.pop(0), dtype=FLOAT32, copy=True)
             state.update(scalars)
             fresh.append(DenseChunk(chunk_id, offset, weights, state, int(version)))
         if arrays:

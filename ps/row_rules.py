@@ -9,6 +9,8 @@ gathered optimizer state, in place; the store scatters them back.
                      (fbgemm / torchrec ``EmbOptimType.EXACT_ROWWISE_ADAGRAD``; DLRM default)
 ``adam``             ``torch.optim.Adam`` per element, with a step count per row (a row's
                      bias correction counts only the updates that touched it, as SparseAdam)
+``adamw``            ``torch.optim.AdamW`` per element: ``w *= 1 - lr * weight_decay``
+                     (default 1e-2) on the touched rows, then ``adam``'s step, step count per row
 ==================== ====================================================================
 
 Example::
@@ -105,9 +107,13 @@ class RowAdam(RowRule):
     def state_layout(self, dim: int) -> StateLayout:
         return {"exp_avg": ((dim,), "<f4"), "exp_avg_sq": ((dim,), "<f4"), "step": ((), "<i8")}
 
+    DECOUPLED: ClassVar[bool] = False  # weight decay as w *= 1 - lr * wd (AdamW) or L2 in g
+
     def apply(self, w: np.ndarray, g: np.ndarray, state: dict[str, np.ndarray]) -> None:
         b1, b2 = self.betas
-        if self.weight_decay:
+        if self.weight_decay and self.DECOUPLED:
+            w *= np.float32(1.0 - self.lr * self.weight_decay)
+        elif self.weight_decay:
             g = g + np.float32(self.weight_decay) * w
         m, v = state["exp_avg"], state["exp_avg_sq"]
         state["step"] += 1
@@ -120,7 +126,26 @@ class RowAdam(RowRule):
         w -= np.float32(self.lr) * m / bc1 / (np.sqrt(v) / bc2 + np.float32(self.eps))
 
 
-ROW_RULES: dict[str, type[RowRule]] = {c.name: c for c in (RowSGD, RowWiseAdagrad, RowAdam)}
+class RowAdamW(RowAdam):
+    """``torch.optim.AdamW`` on the touched rows: decoupled weight decay, then Adam's step.
+
+    Example::
+
+        >>> rule = make_row_rule({"rule": "adamw", "lr": 0.1, "weight_decay": 0.5})
+        >>> w, g = np.ones((1, 2), np.float32), np.full((1, 2), 3.0, np.float32)
+        >>> state = {k: np.zeros((1, *shape), dt) for k, (shape, dt) in rule.state_layout(2).items()}
+        >>> rule.apply(w, g, state)
+        >>> np.round(w.astype(float), 4).tolist(), state["step"].tolist()
+        ([[0.85, 0.85]], [1])
+    """
+
+    name = "adamw"
+    PARAMS = ROW_RULE_PARAMS["adamw"]
+    DECOUPLED = True
+
+
+ROW_RULES: dict[str, type[RowRule]] = {
+    c.name: c for c in (RowSGD, RowWiseAdagrad, RowAdam, RowAdamW)}
 
 
 def make_row_rule(spec: Mapping[str, Any]) -> RowRule:

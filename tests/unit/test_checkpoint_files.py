@@ -119,3 +119,42 @@ def test_latest_skips_partial_and_prunes_old(tmp_path: Path) -> None:
     assert resolve_checkpoint(tmp_path) == ckpt
     assert sorted(p.name for p in tmp_path.glob("ckpt-*")) == [
         "ckpt-000002", "ckpt-000003", "ckpt-000004"]
+
+
+@pytest.mark.parametrize(("spec", "live", "created"), [
+    ({"rule": "rmsprop", "lr": 0.01}, {"momentum": 0.9, "centered": True},
+     {"momentum_buffer", "grad_avg"}),
+    ({"rule": "adamw", "lr": 0.01}, {"amsgrad": True}, {"max_exp_avg_sq"}),
+    ({"rule": "momentum", "lr": 0.1}, {"momentum": 0.9}, set()),
+])
+def test_state_created_by_a_later_step_round_trips(tmp_path: Path, spec: dict, live: dict,
+                                                    created: set) -> None:
+    """A chunk stepped by a rule with other hyperparameters than its table's (a scheduler's
+    live values) holds arrays its table's new_state lacks, or of another size: a checkpoint
+    keeps them, and the restored chunk keeps training exactly like the original."""
+    from hogshard.ps.rules import make_rule
+
+    rng = np.random.default_rng(3)
+    store = DenseStore()
+    store.init("m", spec, [(0, 0, 6)], [rng.standard_normal(6).astype("<f4")])
+    chunk, later = store.tables["m"].chunks[0], make_rule({**spec, **live})
+    assert not created & set(chunk.state)
+    for _ in range(2):
+        later.apply(chunk.weights, rng.standard_normal(6).astype("<f4"), chunk.state)
+    assert created <= set(chunk.state)
+    ckpt = new_checkpoint_dir(tmp_path, next_sequence(tmp_path))
+    files = save_shard(store, EmbeddingStore(), 0, {}, ckpt)
+    write_manifest(ckpt, {"servers": 1, "policy": "async", "tables": {}, "files": files})
+    store2 = DenseStore()
+    restore_shard(store2, EmbeddingStore(), load_manifest(resolve_checkpoint(tmp_path)), 0, ckpt)
+    got = store2.tables["m"].chunks[0]
+    assert got.state.keys() == chunk.state.keys()
+    for key, value in chunk.state.items():
+        if isinstance(value, np.ndarray):
+            assert got.state[key].shape == value.shape and got.state[key].tobytes() == value.tobytes()
+        else:
+            assert got.state[key] == value
+    g = rng.standard_normal(6).astype("<f4")
+    later.apply(chunk.weights, g, chunk.state)
+    later.apply(got.weights, g, got.state)
+    assert got.weights.tobytes() == chunk.weights.tobytes()

@@ -246,3 +246,26 @@ def test_a_backup_that_refused_under_an_older_map_is_asked_again_with_a_snapshot
     replicas.take_assignments(assignment_reply(epoch=4), store, rank=0)
     fresh = replicas.links[1]
     assert fresh is not link and fresh.fenced is None and fresh.sent == 1
+
+
+def test_snapshot_installs_state_a_later_step_created(replicas: Replicator) -> None:
+    """A table built without amsgrad whose chunk later stepped with it on (live hyperparameters)
+    holds max_exp_avg_sq, which new_state lacks: the snapshot installs it; a stranger is refused."""
+    server = backup_server(replicas)
+    spec = {"rule": "adam", "lr": 0.01}  # the backup's table "m"
+    state = make_rule(spec).new_state(4)
+    weights = np.arange(4, dtype=np.float32)
+    make_rule({**spec, "amsgrad": True}).apply(weights, np.ones(4, np.float32), state)
+    keys = sorted(k for k, v in state.items() if isinstance(v, np.ndarray))
+    assert "max_exp_avg_sq" in keys and "max_exp_avg_sq" not in make_rule(spec).new_state(4)
+    arrays = [weights, *(state[k] for k in keys)]
+    server.ops.replica_snapshot(b"p", message(
+        "replica_snapshot", arrays, table="m", rule=spec,
+        chunks=[[0, 0, 4, 1, keys, {"step": 1}]], seq=1))
+    chunk = server.store.tables["m"].chunks[0]
+    for key in keys:
+        np.testing.assert_array_equal(chunk.state[key], state[key])
+    with pytest.raises(ProtocolError, match="'grad_avg' is not part of rule 'adam'"):
+        server.ops.replica_snapshot(b"p", message(
+            "replica_snapshot", [weights, weights], table="m", rule=spec,
+            chunks=[[0, 0, 4, 2, ["grad_avg"], {"step": 1}]], seq=2))

@@ -33,7 +33,22 @@ CASES = [
     {"rule": "adam", "lr": 1e-2, "weight_decay": 0.01},
     {"rule": "adam", "lr": 1e-2, "amsgrad": True},
     {"rule": "adam", "lr": 1e-2, "betas": [0.3, 0.9], "eps": 1e-6, "amsgrad": True, "weight_decay": 0.05},
+    {"rule": "adamw", "lr": 1e-2},
+    {"rule": "adamw", "lr": 1e-2, "weight_decay": 0.0},
+    {"rule": "adamw", "lr": 1e-2, "weight_decay": 0.5},
+    {"rule": "adamw", "lr": 1e-2, "amsgrad": True},
+    {"rule": "adamw", "lr": 1e-2, "betas": [0.3, 0.9], "eps": 1e-6, "amsgrad": True, "weight_decay": 0.2},
+    {"rule": "rmsprop", "lr": 1e-2},
+    {"rule": "rmsprop", "lr": 1e-2, "momentum": 0.9},
+    {"rule": "rmsprop", "lr": 1e-2, "centered": True},
+    {"rule": "rmsprop", "lr": 1e-2, "momentum": 0.9, "centered": True},
+    {"rule": "rmsprop", "lr": 5e-3, "alpha": 0.9, "eps": 1e-6, "weight_decay": 0.05, "momentum": 0.5},
+    {"rule": "rmsprop", "lr": 5e-3, "alpha": 0.8, "weight_decay": 0.1, "momentum": 0.7, "centered": True},
 ]
+
+
+TORCH_CLASSES = {"sgd": torch.optim.SGD, "momentum": torch.optim.SGD, "adagrad": torch.optim.Adagrad,
+                 "adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "rmsprop": torch.optim.RMSprop}
 
 
 def _torch_opt(spec: dict, param):
@@ -43,8 +58,10 @@ def _torch_opt(spec: dict, param):
         return torch.optim.SGD([param], foreach=False, **kw)
     if name == "adagrad":
         return torch.optim.Adagrad([param], foreach=False, **kw)
+    if name == "rmsprop":
+        return torch.optim.RMSprop([param], foreach=False, **kw)
     kw["betas"] = tuple(kw.get("betas", (0.9, 0.999)))
-    return torch.optim.Adam([param], foreach=False, **kw)
+    return TORCH_CLASSES[name]([param], foreach=False, **kw)
 
 
 def _sequence(seed: int, size: int) -> tuple[np.ndarray, list[np.ndarray]]:
@@ -113,6 +130,8 @@ def test_matches_torch_without_blas(monkeypatch, spec: dict) -> None:
 
 @pytest.mark.parametrize("spec", [{"rule": "adam", "lr": 1e-2, "eps": 1e-6},
                                   {"rule": "adam", "lr": 1e-2, "amsgrad": True},
+                                  {"rule": "adamw", "lr": 1e-2, "eps": 1e-6, "amsgrad": True},
+                                  {"rule": "rmsprop", "lr": 1e-3, "eps": 1e-6, "centered": True},
                                   {"rule": "adagrad", "lr": 1e-2, "eps": 1e-6}], ids=_ids)
 def test_matches_torch_where_eps_matters(spec: dict) -> None:
     """Gradients near eps (where eps weighs in the denominator) over 100 steps, bias
@@ -161,7 +180,7 @@ def test_lr_scale_half_equals_half_lr_sgd(monkeypatch, use_saxpy: bool, weight_d
     assert np.max(np.abs(wb - _torch_run({"rule": "sgd", "lr": 0.1, "weight_decay": weight_decay}, w0, grads))) <= TOL
 
 
-@pytest.mark.parametrize("name", ["momentum", "adagrad", "adam"])
+@pytest.mark.parametrize("name", ["momentum", "adagrad", "adam", "adamw", "rmsprop"])
 def test_lr_scale_scales_step(name: str) -> None:
     """For stateful rules lr_scale=0.5 on the first step moves the weights half as far."""
     rule = make_rule({"rule": name, "lr": 0.1})
@@ -187,9 +206,7 @@ def test_sgd_saxpy_in_place() -> None:
 @pytest.mark.parametrize("name", sorted(RULES))
 def test_defaults_match_torch(name: str) -> None:
     rule = make_rule({"rule": name})
-    torch_cls = {"sgd": torch.optim.SGD, "momentum": torch.optim.SGD,
-                 "adagrad": torch.optim.Adagrad, "adam": torch.optim.Adam}[name]
-    defaults = torch_cls([torch.nn.Parameter(torch.zeros(1))]).defaults
+    defaults = TORCH_CLASSES[name]([torch.nn.Parameter(torch.zeros(1))]).defaults
     for key, value in rule.spec().items():
         if key != "rule":
             expected = list(defaults[key]) if key == "betas" else defaults[key]
@@ -226,7 +243,7 @@ def test_new_state_shapes() -> None:
 
 
 BAD_SPECS = [
-    ({"rule": "rmsprop", "lr": 0.1}, "one of ['adagrad', 'adam', 'momentum', 'sgd']"),
+    ({"rule": "lamb", "lr": 0.1}, "one of ['adagrad', 'adam', 'adamw', 'momentum', 'rmsprop', 'sgd']"),
     ({"lr": 0.1}, "unknown update rule None"),
     ("sgd", "mapping"),
     ({"rule": "sgd", "lr": 0.1, "momentum": 0.9}, "accepted: ['rule', 'lr', 'weight_decay']"),
@@ -255,6 +272,13 @@ BAD_SPECS = [
     ({"rule": "adam", "betas": 0.9}, "betas must be a list of two numbers"),
     ({"rule": "adam", "betas": "ab"}, "betas must be a list of two numbers"),
     ({"rule": "adam", "amsgrad": "yes"}, "amsgrad must be a boolean"),
+    ({"rule": "adamw", "weight_decay": -0.01}, "weight_decay must be"),
+    ({"rule": "adamw", "beta1": 0.9}, "accepted: ['rule', 'lr', 'betas', 'eps', 'weight_decay', 'amsgrad']"),
+    ({"rule": "rmsprop", "alpha": 1.5}, "alpha must be a finite number in [0.0, 1.0]"),
+    ({"rule": "rmsprop", "momentum": 1.0}, "momentum must be a finite number in [0.0, 1.0)"),
+    ({"rule": "rmsprop", "centered": 1}, "centered must be a boolean"),
+    ({"rule": "rmsprop", "nesterov": True},
+     "accepted: ['rule', 'lr', 'alpha', 'eps', 'weight_decay', 'momentum', 'centered']"),
 ]
 
 
@@ -273,7 +297,7 @@ def test_apply_rejects_mismatched_inputs() -> None:
         rule.apply(np.zeros(3, np.float32), np.zeros(3, np.float64), {})
 
 
-@pytest.mark.parametrize("name", ["sgd", "momentum", "adagrad", "adam"])
+@pytest.mark.parametrize("name", sorted(RULES))
 def test_threads_do_not_share_scratch(name: str) -> None:
     """Chunks updated concurrently from several threads give the sequential result."""
     spec = {"rule": name, "lr": 0.01, "weight_decay": 0.01}
