@@ -19,8 +19,8 @@ Example::
     ...     {"start": 0, "lr": 0.1}, {"start": 6, "lr": 0.1, "weight_decay": 0.01}]}, size=10)
     >>> group_starts(spec), [p["weight_decay"] for p in group_params(spec)]
     ([0, 6], [0.0, 0.01])
-    >>> check_hyper("sgd", [{"lr": 0.05}], 1)
-    [{'lr': 0.05, 'weight_decay': 0.0}]
+    >>> check_hyper("adagrad", [{"lr": 0.05}], 1)[0]["lr_decay"]
+    0.0
 """
 
 from __future__ import annotations

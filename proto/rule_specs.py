@@ -62,7 +62,8 @@ def betas(name: str, value: Any) -> list[float]:
 
 
 DENSE_RULES: Schema = {
-    "sgd": {"lr": (1e-3, POSITIVE), "weight_decay": (0.0, NONNEGATIVE)},
+    "sgd": {"lr": (1e-3, POSITIVE), "momentum": (0.0, UNIT), "dampening": (0.0, CLOSED_UNIT),
+            "nesterov": (False, flag), "weight_decay": (0.0, NONNEGATIVE)},
     "momentum": {"lr": (1e-3, POSITIVE), "momentum": (0.0, UNIT), "dampening": (0.0, CLOSED_UNIT),
                  "nesterov": (False, flag), "weight_decay": (0.0, NONNEGATIVE)},
     "adagrad": {"lr": (1e-2, POSITIVE), "lr_decay": (0.0, NONNEGATIVE),

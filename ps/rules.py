@@ -128,25 +128,6 @@ class UpdateRule(abc.ABC):
         return {"rule": self.name, **{k: getattr(self, k) for k in self.PARAMS}}
 
 
-class SGD(UpdateRule):
-    """Plain SGD with optional L2 weight decay, as ``torch.optim.SGD(momentum=0)``."""
-
-    name = "sgd"
-    PARAMS = DENSE_RULES["sgd"]
-    weight_decay: float
-
-    def new_state(self, size: int) -> State:
-        return {}
-
-    def apply(self, weights: np.ndarray, grad: np.ndarray, state: State, lr_scale: float = 1.0) -> None:
-        _check(weights, grad)
-        n, lr = weights.size, self.lr * lr_scale
-        if n == 0:
-            return
-        (tmp,) = _scratch(n)
-        _descend(weights, _with_decay(weights, grad, self.weight_decay, tmp), lr, tmp)
-
-
 class Momentum(UpdateRule):
     """SGD with (optionally Nesterov) momentum and dampening, as ``torch.optim.SGD``.
 
@@ -194,6 +175,31 @@ class Momentum(UpdateRule):
             state["momentum_buffer"] = np.zeros(0, np.float32)
         state["step"] += 1
         _descend(weights, d, lr, tmp2 if d is tmp else tmp)
+
+
+class SGD(Momentum):
+    """``torch.optim.SGD``, with its hyperparameters: plain SGD (no state) while ``momentum`` is
+    0, momentum SGD from the first step whose ``momentum`` is above 0 (an lr scheduler such as
+    ``OneCycleLR`` may set it, as it does on a torch SGD)."""
+
+    name = "sgd"
+    PARAMS = DENSE_RULES["sgd"]
+
+    def new_state(self, size: int) -> State:
+        return super().new_state(size) if self.momentum else {}
+
+    def apply(self, weights: np.ndarray, grad: np.ndarray, state: State, lr_scale: float = 1.0) -> None:
+        if self.momentum:
+            state.setdefault("step", 0)  # torch's momentum buffer starts at the first such step
+            state.setdefault("momentum_buffer", np.zeros(0, np.float32))
+            super().apply(weights, grad, state, lr_scale)
+            return
+        _check(weights, grad)
+        n, lr = weights.size, self.lr * lr_scale
+        if n == 0:
+            return
+        (tmp,) = _scratch(n)
+        _descend(weights, _with_decay(weights, grad, self.weight_decay, tmp), lr, tmp)
 
 
 class Adagrad(UpdateRule):

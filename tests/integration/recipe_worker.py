@@ -153,6 +153,7 @@ RECIPES: dict[str, Callable[[], Recipe]] = {
     "steplr": lambda: Recipe("momentum", schedule="step"),
     "warmup-cosine": lambda: Recipe("adamw", grouped=True, schedule="warmup-cosine"),
     "onecycle-momentum": lambda: Recipe("momentum", schedule="onecycle"),
+    "onecycle-sgd": lambda: Recipe("sgd", schedule="onecycle"),  # it sets SGD's momentum
     "onecycle-adam": lambda: Recipe("adam", schedule="onecycle"),
     "plateau": lambda: Recipe("adam", schedule="plateau"),
     "manual-lr": lambda: Recipe("sgd", grouped=True, manual_lr=True),

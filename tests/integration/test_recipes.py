@@ -18,7 +18,8 @@ from tests.conftest import PYTHON, REPO, ProcessManager
 
 WORKER = REPO / "tests" / "integration" / "recipe_worker.py"
 RECIPES = ["groups-sgd", "groups-momentum", "groups-adagrad", "groups-adam", "groups-adamw",
-           "groups-rmsprop", "steplr", "warmup-cosine", "onecycle-momentum", "onecycle-adam",
+           "groups-rmsprop", "steplr", "warmup-cosine", "onecycle-momentum", "onecycle-sgd",
+           "onecycle-adam",
            "plateau", "manual-lr", "clip-overlap", "clip-no-overlap", "accumulate-overlap",
            "scaler-clip", "resume"]
 #: float32 rounding of the two implementations over 12 steps

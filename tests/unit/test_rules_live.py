@@ -28,9 +28,7 @@ def _schedule(name: str, step: int) -> dict:
     """Step ``step``'s hyperparameters: every schedulable value moves, some flags flip."""
     k, cyc = step % 5, [0.0, 0.9, 0.85, 0.0, 0.95]
     lr = 0.02 * (1 + 0.5 * np.sin(step))
-    if name == "sgd":
-        return {"lr": lr, "weight_decay": 0.01 * k}
-    if name == "momentum":
+    if name in ("sgd", "momentum"):  # sgd is torch's SGD: its momentum moves too
         return {"lr": lr, "momentum": cyc[k], "dampening": 0.1 * (step % 3), "weight_decay": 0.01 * k}
     if name == "nesterov":
         return {"lr": lr, "momentum": 0.85 + 0.02 * k, "nesterov": True, "weight_decay": 0.01 * k}
