@@ -39,7 +39,12 @@ from hogshard.worker.device import HostBuffer, make_mirror
 from hogshard.worker.embedding import RemoteEmbeddingBag, push_gradients
 from hogshard.worker.futures import Future
 from hogshard.worker.overlap import DEFAULT_BUCKET_BYTES, GradientBuckets, make_buckets
-from hogshard.worker.param_groups import GroupHyper, check_group_keys, rule_defaults
+from hogshard.worker.param_groups import (
+    GroupHyper,
+    check_group_keys,
+    momentum_kind,
+    rule_defaults,
+)
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +152,8 @@ class PSOptimizer(torch.optim.Optimizer):
         self._mirror.upload(self._mirror.weights)
         if self.compressor is not None:  # powersgd compresses each parameter on its own
             self.compressor.set_layers(table, [layer_matrix(p.shape) for p in self.params])
-            self._pull_codec = prepare_compression(client, self.compressor, self.table, rule)
+            self._pull_codec = prepare_compression(client, self.compressor, self.table,
+                                                   momentum_kind(rule, self.defaults))
         if self.compressor is None:
             shared = client.shared_gradient_buffer(self.table)
             # co-located pushes read the gradients where they are gathered

@@ -40,6 +40,18 @@ def rule_defaults(rule: str, hyper: Mapping[str, Any]) -> dict[str, Any]:
     return {k: tuple(v) if isinstance(v, list) else v for k, v in checked.items()}
 
 
+def momentum_kind(rule: str, defaults: Mapping[str, Any]) -> str:
+    """The rule as a codec pairing sees it: ``sgd`` and ``momentum`` are one rule (torch's
+    SGD), ``momentum`` where its momentum is above 0, else ``sgd``.
+
+    >>> momentum_kind("sgd", {"momentum": 0.9}), momentum_kind("momentum", {"momentum": 0.0})
+    ('momentum', 'sgd')
+    """
+    if rule in ("sgd", "momentum"):
+        return "momentum" if defaults.get("momentum") else "sgd"
+    return rule
+
+
 def check_group_keys(rule: str, groups: Sequence[Mapping[str, Any]],
                      defaults: Mapping[str, Any]) -> None:
     """ConfigError naming the group and the key where a group sets something ``rule`` has no

@@ -2,7 +2,7 @@
 
 DGC carries its momentum on the worker (momentum correction with factor masking), so its
 servers must apply plain SGD: a server momentum would count the momentum twice, and an
-adaptive rule (adam, adagrad) rescales the masked, accumulated velocity it is sent. Error
+adaptive rule (adam, adamw, adagrad, rmsprop) rescales the masked, accumulated velocity it is sent. Error
 feedback assumes a contractive codec: with an unbiased one (``qsgd``, scaled ``randomk``)
 the residual accumulates the codec's variance, so those go with ``ef=0``.
 
@@ -47,7 +47,7 @@ from hogshard.worker.compression_policy import AUTO, CompressionPolicy, TableRul
 
 log = logging.getLogger(__name__)
 
-ADAPTIVE_RULES = ("adam", "adagrad")
+ADAPTIVE_RULES = ("adam", "adamw", "adagrad", "rmsprop")
 #: Codecs whose decode is unbiased (E[decode] = g): error feedback accumulates their variance.
 UNBIASED = ("qsgd", "randomk")
 
