@@ -165,16 +165,47 @@ RECIPES: dict[str, Callable[[], Recipe]] = {
 }
 
 
+def contract(client: PSClient) -> float:
+    """What a torch user may take for granted of an optimizer, and the errors for what a
+    parameter server cannot do; 0.0 when all hold (AssertionError otherwise)."""
+    from hogshard.proto.errors import ConfigError
+
+    net = model()
+    opt = PSOptimizer(client, groups(net, "adamw"), rule="adamw", table="contract", lr=1e-3)
+    assert isinstance(opt, torch.optim.Optimizer)
+    assert opt.defaults["weight_decay"] == 0.01 and opt.defaults["betas"] == (0.9, 0.999)
+    assert [g["weight_decay"] for g in opt.param_groups] == [0.01, 0.01, 0.0]
+    assert {"lr", "betas", "eps", "weight_decay", "amsgrad"} <= set(opt.param_groups[2])
+    try:
+        opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(2))]})
+        raise AssertionError("add_param_group after creation was accepted")
+    except ConfigError:
+        pass
+    for bad, words in [({"momentum": 0.9}, "parameter group 1"), ({"fused": True},
+                                                                  "'fused'")]:
+        net = model()
+        params = groups(net, "adam")
+        params[1].update(bad)
+        try:
+            PSOptimizer(client, params, rule="adam", table="contract-bad", lr=1e-3)
+            raise AssertionError(f"{bad} was accepted")
+        except ConfigError as err:
+            assert words in str(err), err
+    return 0.0
+
+
 def main(argv: list[str]) -> int:
     torch.set_num_threads(1)
     client = PSClient.from_env()
-    for name in argv or list(RECIPES):
+    for name in argv or [*RECIPES, "contract"]:
         try:
-            recipe = RECIPES[name]()
-            local = recipe.train(None, name)
-            remote = recipe.train(client, name)
-            result: dict[str, Any] = {"recipe": name,
-                                      "diff": float((local - remote).abs().max())}
+            if name == "contract":
+                result: dict[str, Any] = {"recipe": name, "diff": contract(client)}
+            else:
+                recipe = RECIPES[name]()
+                local = recipe.train(None, name)
+                remote = recipe.train(client, name)
+                result = {"recipe": name, "diff": float((local - remote).abs().max())}
         except Exception as err:  # reported per recipe; the others still run
             result = {"recipe": name, "error": f"{type(err).__name__}: {err}"}
         print(json.dumps(result), flush=True)

@@ -4,7 +4,9 @@ process, for every rule with parameter groups, lr schedulers (StepLR, a LinearLR
 CosineAnnealingLR, OneCycleLR moving momentum and betas, ReduceLROnPlateau), a user's own lr
 change, ``clip_grad_norm_`` with overlap on and off on a model of several buckets, gradient
 accumulation with overlap, a GradScaler with clipping whose first steps overflow (skipped
-on both sides), and an optimizer and scheduler restored from their state dicts mid-run. tests/integration/recipe_worker.py runs every recipe in one job."""
+on both sides), and an optimizer and scheduler restored from their state dicts mid-run; and
+(``contract``) that it is a ``torch.optim.Optimizer`` whose groups hold every hyperparameter,
+with a ConfigError naming the group for a hyperparameter the rule lacks. tests/integration/recipe_worker.py runs every recipe in one job."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ RECIPES = ["groups-sgd", "groups-momentum", "groups-adagrad", "groups-adam", "gr
            "groups-rmsprop", "steplr", "warmup-cosine", "onecycle-momentum", "onecycle-sgd",
            "onecycle-adam",
            "plateau", "manual-lr", "clip-overlap", "clip-no-overlap", "accumulate-overlap",
-           "scaler-clip", "resume"]
+           "scaler-clip", "resume", "contract"]
 #: float32 rounding of the two implementations over 12 steps
 TOLERANCE = 2e-5
 
