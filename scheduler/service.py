@@ -314,5 +314,6 @@ class Scheduler:
             **({"embedding_slots": self.shard_map.resharding.status()}
                if self.shard_map.resharding.slots else {}),
             "errors": dict(self.errors),
+            "checkpoint": self.checkpoints.rounds.status(),
             **self.recovery.status(),
         }
