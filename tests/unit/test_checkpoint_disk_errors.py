@@ -26,6 +26,7 @@ from hogshard.proto.manifest import (
 )
 from hogshard.ps.checkpoint import ShardCheckpointer
 from hogshard.scheduler.checkpointing import CheckpointRounds
+from tests.unit.test_checkpoint_coordinator import RULE, Job
 from tests.unit.test_checkpoint_files import _checkpoint, _trained_store
 
 
@@ -104,3 +105,16 @@ def test_a_round_that_cannot_make_its_folder_is_shown(tmp_path: Path) -> None:
     status = rounds.status()
     assert status["failures"] == 1 and status["running"] is None
     assert status["last"]["ok"] is False and str(parent) in status["last"]["error"]
+
+
+def test_a_periodic_round_into_an_unwritable_folder_is_shown_and_postponed(
+        tmp_path: Path) -> None:
+    job = Job(tmp_path / "ckpt", every=10.0)
+    (tmp_path / "ckpt").write_bytes(b"")  # the folder cannot be made below a file
+    job.shard_map.declare("model", 10, None, RULE)
+    later = 1e12  # past the first deadline, whatever the clock reads
+    job.coordinator.tick(later)  # logged and kept, never raised out of the loop
+    state = job.rounds.status()
+    assert state["failures"] == 1 and state["running"] is None
+    assert "cannot create a checkpoint in" in state["last"]["error"]
+    assert not job.rounds.due(later) and job.rounds.due(later + 10.0)
