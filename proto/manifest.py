@@ -153,8 +153,9 @@ def write_manifest(ckpt: Path, manifest: dict[str, Any], keep: int = 2) -> Path:
 def discard_partial(ckpt: Path) -> int:
     """Delete the files of a checkpoint folder without a manifest (a failed round), keeping
     the empty folder so that its number is not used again; returns the files deleted. Best
-    effort: what cannot be deleted (a read-only disk) stays, never restored for want of a
-    manifest, and goes with the next complete checkpoint's clean-up."""
+    effort: what cannot be deleted (a read-only disk), or a file a late server still writes,
+    stays: never restored for want of a manifest, and deleted by the clean-up of a later
+    complete checkpoint once it is older than those kept."""
     ckpt = Path(ckpt)
     if (ckpt / MANIFEST).exists():
         return 0
