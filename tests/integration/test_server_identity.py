@@ -103,3 +103,17 @@ def test_a_server_without_its_rank_is_refused_with_the_fix(procs, tmp_path: Path
                                      "tcp://127.0.0.1:1", "--keys", str(keys), "--rank", "5"],
                           timeout=30.0)
     assert code == 1 and "shard-5.key_secret" in out and "--servers 6" in out, out
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(150, method="signal")
+def test_launch_gives_each_server_its_own_key(procs, tmp_path: Path) -> None:
+    """``hogshard launch --keys DIR`` starts server R with ``--rank R``, so each loads its own
+    ``shard-R.key_secret`` from a ``--servers 2`` folder (which has no shared server key)."""
+    keys = tmp_path / "keys"
+    generate_keys(keys, clients_for(servers=2))
+    code, out = procs.run("launch", [PYTHON, "-m", "hogshard", "launch", "--servers", "2",
+                                     "--workers", "1", "--keys", str(keys), "--", PYTHON,
+                                     TRAIN_WORKER, "--steps", "5"], timeout=120.0)
+    assert code == 0, out[-3000:]
+    assert "CURVE on" in out and "done clock 5" in out, out[-3000:]
