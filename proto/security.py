@@ -306,7 +306,8 @@ class Security:
         sock.setsockopt(zmq.CURVE_SECRETKEY, self.client_secret)
 
     def key_roles(self) -> dict[bytes, str]:
-        """{authorised public key (Z85): its role, or ``LEGACY``} from the key file names."""
+        """{authorised public key (Z85): its role, ``LEGACY``, or ``server-R`` for server R's
+        own key} from the key file names (the ZAP ``User-Id`` of its connections)."""
         import zmq.auth
 
         names: dict[bytes, str] = {}
