@@ -162,7 +162,7 @@ def server(scheduler: str, bind: str, advertise: str | None, rank: int | None,
     tune_server_process()
     from hogshard.ps.server import ShardServer
 
-    security = process_security(keys, bind, insecure, role="server")
+    security = process_security(keys, bind, insecure, role="server", rank=rank)
     service = or_exit(lambda: ShardServer(scheduler, bind, advertise, rank,
                                           max_message_bytes=max_message_bytes,
                                           restore=restore, security=security,
@@ -366,13 +366,18 @@ def keys() -> None:
               help="client keypair name (repeat for several; each NAME.key is authorised). "
               "The name's prefix up to the first '-' gives its role: worker, shard (servers) "
               "or admin; any other name is a worker")
+@click.option("--servers", type=click.IntRange(min=0), default=0, show_default=True,
+              help="give each server rank 0..N-1 its own keypair shard-R.key_secret in place "
+              "of the shared shard.key_secret: server R's key then registers only as rank R "
+              "and sends server-to-server ops only as server-R (0: one shared server key)")
 @click.option("--if-missing", is_flag=True, default=False,
               help="if DIRECTORY already holds keys, keep them (exit 0) instead of refusing: "
               "add the client keypairs it lacks altogether (an older folder with one shared "
               "client.key gets its role keys) and check that every one loads; safe to run "
               "at every start")
 @click.argument("directory", type=click.Path(file_okay=False))
-def keys_generate(clients: tuple[str, ...], if_missing: bool, directory: str) -> None:
+def keys_generate(clients: tuple[str, ...], servers: int, if_missing: bool,
+                  directory: str) -> None:
     """Write a cluster's server keypair and one client keypair per role into DIRECTORY
     (mode 0600): worker.key_secret for workers, shard.key_secret for shard servers,
     admin.key_secret for the CLI (status, policy set, policy show, checkpoint, export) and
@@ -380,17 +385,23 @@ def keys_generate(clients: tuple[str, ...], if_missing: bool, directory: str) ->
     job, change the policy or act as a server. Exits 1, changing nothing, when DIRECTORY
     already holds a server key (unless --if-missing).
 
+    With --servers N each server has its own identity: server R loads shard-R.key_secret
+    (it needs --rank R), and its key cannot register as, or speak for, another rank
+    (FORBIDDEN). --if-missing --servers N adds them to an older folder; then delete
+    authorized/shard.key so the shared server key is no longer admitted.
+
     \b
     What each process needs (--keys DIR, HOGSHARD_KEYS):
       scheduler  server.key, server.key_secret, authorized/
       server     server.key, server.key_secret, authorized/, shard.key_secret
+                 (with --servers N: shard-R.key_secret of its own rank R instead)
       worker     server.key, worker.key_secret
       CLI        server.key, admin.key_secret
     """
-    from hogshard.proto.security import ensure_keys, generate_keys
+    from hogshard.proto.security import clients_for, ensure_keys, generate_keys
 
     make = ensure_keys if if_missing else generate_keys
-    written = or_exit(lambda: make(directory, clients))
+    written = or_exit(lambda: make(directory, clients_for(servers, clients)))
     for path in written:
         click.echo(str(path))
     if not written:

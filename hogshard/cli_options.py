@@ -78,13 +78,14 @@ def insecure_option(command):
 
 
 def process_security(keys: str | None, bind: str | None = None, insecure: bool = False,
-                     role: str | None = "admin"):
+                     role: str | None = "admin", rank: int | None = None):
     """The process's CURVE keys, with the client keypair of ``role`` (None: the process
-    only binds); None for plain TCP. Refuses a plain non-loopback bind."""
+    only binds; a server of ``rank`` loads its own key where the folder has one); None for
+    plain TCP. Refuses a plain non-loopback bind."""
     from hogshard.proto.roles import Role
     from hogshard.proto.security import check_plain_bind, load_security
 
-    security = or_exit(lambda: load_security(keys, Role(role) if role else None))
+    security = or_exit(lambda: load_security(keys, Role(role) if role else None, rank))
     if bind is not None:
         or_exit(lambda: check_plain_bind(bind, security, insecure))
     return security

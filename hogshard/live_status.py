@@ -117,7 +117,9 @@ def summary_line(view: ClusterView) -> Text:
 def status_panel(status: dict[str, Any]) -> RenderableType:
     """Everything ``hogshard status`` shows, as one rich renderable."""
     view = ClusterView(status)
-    return Group(summary_line(view), members_table(view), shard_table(status))
+    checkpoint = [Text(line, style="red" if "FAILED" in line else "")
+                  for line in view.checkpoint_lines()]
+    return Group(summary_line(view), *checkpoint, members_table(view), shard_table(status))
 
 
 def make_console() -> Console:

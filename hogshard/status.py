@@ -69,6 +69,7 @@ class ClusterView:
             f"staleness: n={st['count']} mean={st['mean']:.2f} p50={st['p50']} p99={st['p99']} "
             f"max={st['max']}",
             *self.recovery_lines(),
+            *self.checkpoint_lines(),
         ]
 
     def recovery_lines(self) -> list[str]:
@@ -77,4 +78,25 @@ class ClusterView:
                  "lost" for r in self.status.get("recoveries", [])]
         if self.status.get("failed"):
             lines.append(f"FAILED: {self.status['failed']}")
+        return lines
+
+    def checkpoint_lines(self) -> list[str]:
+        """The newest complete checkpoint, the round in progress, and the last round's error
+        when it failed (a full or read-only disk, a server that died).
+
+        >>> ClusterView({"checkpoint": {"latest": "/c/ckpt-000001", "running": None,
+        ...     "last": {"path": "/c/ckpt-000002", "ok": False, "error": "disk full"},
+        ...     "failures": 1}}).checkpoint_lines()
+        ['checkpoint: latest complete /c/ckpt-000001', 'checkpoint FAILED (1 so far): disk full']
+        """
+        ckpt = self.status.get("checkpoint") or {}
+        lines = []
+        if ckpt.get("latest"):
+            lines.append(f"checkpoint: latest complete {ckpt['latest']}")
+        if ckpt.get("running"):
+            lines.append(f"checkpoint: writing {ckpt['running']}")
+        last = ckpt.get("last") or {}
+        if last and not last.get("ok"):
+            lines.append(f"checkpoint FAILED ({ckpt.get('failures', 1)} so far): "
+                         f"{last.get('error')}")
         return lines

@@ -5,7 +5,9 @@ A checkpoint is a directory ``PARENT/ckpt-NNNNNN`` holding one or two files per 
 (``shard-R.npz``, and ``shard-R.emb.npz`` when it holds embedding tables) and
 ``manifest.json``, written last, naming every file with its size and SHA-256. A directory
 without a manifest is a partial checkpoint and is never restored. ``PARENT/LATEST`` names the
-newest complete checkpoint (updated atomically after its manifest).
+newest complete checkpoint (updated atomically after its manifest). A write that fails (a full
+or read-only disk) leaves no temporary file behind and raises ``OSError`` naming the file;
+:func:`disk_error` says it in one line, :func:`discard_partial` empties a failed checkpoint.
 
 Example::
 
@@ -20,6 +22,7 @@ Example::
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -35,6 +38,26 @@ FORMAT = 1
 MANIFEST = "manifest.json"
 LATEST = "LATEST"
 PREFIX = "ckpt-"
+
+#: errno -> what it means for a checkpoint's disk, in words an operator can act on.
+_DISK_ERRORS = {
+    errno.ENOSPC: "no space left on device (the disk is full)",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EROFS: "read-only file system",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+    errno.EIO: "input/output error",
+}
+
+
+def disk_error(err: OSError) -> str:
+    """One line for a failed file operation: the file, and why in words.
+
+    >>> disk_error(OSError(errno.ENOSPC, "No space left on device", "/ckpt/shard-0.npz"))
+    '/ckpt/shard-0.npz: no space left on device (the disk is full)'
+    """
+    why = _DISK_ERRORS.get(err.errno or 0) or err.strerror or repr(err)
+    return f"{err.filename}: {why}" if err.filename else why
 
 
 def _fsync_dir(path: Path) -> None:
@@ -52,7 +75,8 @@ def _fsync_dir(path: Path) -> None:
 
 def atomic_write(path: Path, write: Callable[[IO[bytes]], object]) -> Path:
     """Write ``path`` through a temporary name: ``write(f)``, flush, fsync, rename, fsync the
-    directory. A crash leaves either the old file or the new one, never half of one."""
+    directory. A crash leaves either the old file or the new one, never half of one; a failed
+    write (``OSError``, its ``filename`` set to ``path``) leaves the old one and no temporary."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
@@ -61,8 +85,15 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], object]) -> Path:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as err:
+        if err.filename is None or err.filename == str(tmp):
+            err.filename = str(path)  # a write into the open file names none
+        raise
     finally:
-        tmp.unlink(missing_ok=True)
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:  # a read-only disk: nothing was created, keep the first error
+            pass
     _fsync_dir(path.parent)
     return path
 
@@ -100,11 +131,16 @@ def next_sequence(parent: Path) -> int:
 def write_manifest(ckpt: Path, manifest: dict[str, Any], keep: int = 2) -> Path:
     """Write ``manifest.json`` (last, atomically), point ``PARENT/LATEST`` at ``ckpt``, and
     delete all but the ``keep`` newest complete checkpoints of the parent (and any older
-    partial ones)."""
+    partial ones). If ``LATEST`` cannot be moved, the manifest is removed again (the folder is
+    partial, as the raised ``OSError`` says) and ``LATEST`` still names the previous one."""
     body = {"format": FORMAT, "created": time.time(), **manifest}
     path = atomic_write_bytes(Path(ckpt) / MANIFEST, json.dumps(body, indent=1).encode())
     parent = Path(ckpt).parent
-    atomic_write_bytes(parent / LATEST, Path(ckpt).name.encode())
+    try:
+        atomic_write_bytes(parent / LATEST, Path(ckpt).name.encode())
+    except OSError:
+        path.unlink(missing_ok=True)
+        raise
     if keep > 0:
         done = sorted(p.name for p in parent.glob(PREFIX + "*") if (p / MANIFEST).exists())
         if len(done) > keep:
@@ -112,6 +148,29 @@ def write_manifest(ckpt: Path, manifest: dict[str, Any], keep: int = 2) -> Path:
                 if old.name < done[-keep]:
                     shutil.rmtree(old, ignore_errors=True)
     return path
+
+
+def discard_partial(ckpt: Path) -> int:
+    """Delete the files of a checkpoint folder without a manifest (a failed round), keeping
+    the empty folder so that its number is not used again; returns the files deleted. Best
+    effort: what cannot be deleted (a read-only disk), or a file a late server still writes,
+    stays: never restored for want of a manifest, and deleted by the clean-up of a later
+    complete checkpoint once it is older than those kept."""
+    ckpt = Path(ckpt)
+    if (ckpt / MANIFEST).exists():
+        return 0
+    removed = 0
+    try:
+        files = [f for f in ckpt.iterdir() if f.is_file()]
+    except OSError:
+        return 0
+    for file in files:
+        try:
+            file.unlink()
+            removed += 1
+        except OSError:
+            pass
+    return removed
 
 
 def resolve_checkpoint(path: Path) -> Path:

@@ -144,6 +144,22 @@ def check_claimed_role(claimed: object, roles: frozenset[Role] | None, op: str) 
                              f"{'/'.join(sorted(roles))} key")
 
 
+def check_claimed_rank(sender: object, key_rank: int | None, op: str) -> None:
+    """Raise ``ForbiddenError`` if a sender whose key is bound to server rank ``key_rank``
+    (``shard-R.key``) sends as another server (``from: server-N``, N != R).
+
+    >>> check_claimed_rank("server-1", 1, "replicate")
+    >>> check_claimed_rank("server-0", None, "replicate")  # a shared server key: any rank
+    """
+    if key_rank is None or claimed_role(sender) != Role.SERVER:
+        return
+    rank = int(str(sender).partition("-")[2])
+    if rank != key_rank:
+        raise ForbiddenError(f"{op!r} as server-{rank} refused: the sender's key is server "
+                             f"{key_rank}'s own (shard-{key_rank}.key); a server speaks only "
+                             "for its own rank")
+
+
 def claimed_role(sender: object) -> str | None:
     """The role a ``from`` field names (``worker-3`` -> ``worker``), or None."""
     if not isinstance(sender, str):

@@ -10,6 +10,8 @@ keys folder's ``authorized/`` directory::
     admin.key, admin-*.key       ADMIN    the CLI (status, policy, checkpoint) and launchers
     client.key                   LEGACY   the single shared key of older folders: every role
 
+A server's own key ``shard-R.key`` (R a number; ``hogshard keys generate --servers N``) names
+the connection ``server-R``: a server bound to rank R, which may send as ``server-R`` only.
 Any other file name is admitted as a worker. Without CURVE (loopback only) no role is known
 and every op is open to every peer, except the server-to-server ops, which a shard server
 checks against the shard map (ps/peer_gate.py).
@@ -20,6 +22,8 @@ Example::
     <Role.WORKER: 'worker'>
     >>> Role.ADMIN in LEGACY_ROLES
     True
+    >>> key_identity("shard-3"), rank_of("server-3"), roles_of("server-3")
+    ('server-3', 3, frozenset({<Role.SERVER: 'server'>}))
 """
 
 from __future__ import annotations
@@ -62,6 +66,26 @@ def role_of_key_name(stem: str) -> Role | str:
     return Role.WORKER
 
 
+def server_key_rank(stem: str) -> int | None:
+    """The rank a server's own key ``shard-R`` is bound to, or None (any other key name)."""
+    prefix, dash, rank = stem.partition("-")
+    return int(rank) if prefix == KEY_NAMES[Role.SERVER] and dash and rank.isdigit() \
+        and str(int(rank)) == rank else None
+
+
+def key_identity(stem: str) -> str:
+    """What the ZAP handler names a connection holding the key ``STEM.key``: its role, or
+    ``server-R`` for a server's own key ``shard-R`` (bound to rank R)."""
+    rank = server_key_rank(stem)
+    return f"{Role.SERVER}-{rank}" if rank is not None else str(role_of_key_name(stem))
+
+
+def rank_of(user_id: str | None) -> int | None:
+    """The server rank a connection's key is bound to (``server-3`` -> 3), or None."""
+    prefix, dash, rank = (user_id or "").partition("-")
+    return int(rank) if prefix == Role.SERVER and dash and rank.isdigit() else None
+
+
 def roles_of(user_id: str | None) -> frozenset[Role] | None:
     """The roles a connection may act in, from its ZeroMQ ``User-Id``; None when unknown
     (no CURVE: every op is open)."""
@@ -69,6 +93,8 @@ def roles_of(user_id: str | None) -> frozenset[Role] | None:
         return None
     if user_id == LEGACY:
         return LEGACY_ROLES
+    if rank_of(user_id) is not None:
+        return frozenset({Role.SERVER})
     try:
         return frozenset({Role(user_id)})
     except ValueError:

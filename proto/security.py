@@ -19,6 +19,13 @@ Layout written by ``hogshard keys generate DIR`` (ZeroMQ certificate files, mode
     DIR/admin.key_secret         the CLI's and launchers' keypair (and DIR/admin.key)
     DIR/authorized/NAME.key      public keys allowed to connect; NAME gives the role
 
+With ``hogshard keys generate --servers N DIR`` each server rank R gets its **own** keypair
+``DIR/shard-R.key_secret`` (and ``authorized/shard-R.key``) in place of the shared
+``shard.key_secret``: its connections are named ``server-R`` and may send only as ``server-R``
+(``from``), and register only as rank R, so one server's key cannot speak for another. A server
+loads ``shard-R.key_secret`` for its ``--rank R`` (a folder with per-rank keys and no shared one
+refuses a server without ``--rank``).
+
 Each process loads the keypair of its role; an older folder with one shared
 ``client.key_secret`` still works (that key may act in every role, with a warning), and
 ``hogshard keys generate --if-missing DIR`` adds the role keys to it. A folder without
@@ -50,7 +57,15 @@ from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils import z85
 
 from hogshard.proto.errors import ConfigError
-from hogshard.proto.roles import KEY_NAMES, LEGACY, LEGACY_KEY_NAME, Role, role_of_key_name
+from hogshard.proto.roles import (
+    KEY_NAMES,
+    LEGACY,
+    LEGACY_KEY_NAME,
+    Role,
+    key_identity,
+    rank_of,
+    server_key_rank,
+)
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +74,21 @@ CLIENT = LEGACY_KEY_NAME  # the shared client key of older folders
 AUTHORIZED = "authorized"
 #: The client keypairs ``hogshard keys generate`` writes: one per role.
 ROLE_CLIENTS = tuple(KEY_NAMES.values())
+#: The name of the keypair every server shares when servers have no keys of their own.
+SHARED_SHARD = KEY_NAMES[Role.SERVER]
+
+
+def clients_for(servers: int = 0, clients: Sequence[str] = ROLE_CLIENTS) -> list[str]:
+    """The client keypairs to write: ``clients``, with one ``shard-R`` per server rank in place
+    of the shared ``shard`` when ``servers`` > 0.
+
+    >>> clients_for(2)
+    ['worker', 'admin', 'shard-0', 'shard-1']
+    """
+    if servers <= 0:
+        return list(clients)
+    return [c for c in clients if c != SHARED_SHARD] + [f"{SHARED_SHARD}-{r}"
+                                                       for r in range(servers)]
 
 
 def generate_keys(directory: str | os.PathLike[str],
@@ -143,6 +173,26 @@ def ensure_keys(directory: str | os.PathLike[str],
     return _write_keys(root, absent, with_server=False) if absent else []
 
 
+def _server_client(root: Path, rank: int | None) -> str | None:
+    """The client keypair a server of ``rank`` loads: its own ``shard-R`` where the folder
+    has it, else None (the shared ``shard`` or an older folder's ``client``). A folder with
+    per-rank keys and no shared one refuses a server without a rank, or without its key."""
+    if rank is not None and (root / f"{SHARED_SHARD}-{rank}.key_secret").exists():
+        return f"{SHARED_SHARD}-{rank}"
+    own = sorted(p.name for p in root.glob(f"{SHARED_SHARD}-*.key_secret")
+                 if server_key_rank(p.name.removesuffix(".key_secret")) is not None)
+    if not own or (root / f"{SHARED_SHARD}.key_secret").exists():
+        return None
+    if rank is None:
+        raise ConfigError(f"{root} holds one key per server rank ({', '.join(own[:3])}"
+                          f"{', ...' if len(own) > 3 else ''}); start the server with --rank R "
+                          "(HOGSHARD_RANK) to load its own shard-R.key_secret")
+    raise ConfigError(f"{root} has no {SHARED_SHARD}-{rank}.key_secret for server rank {rank} "
+                      f"(it holds {', '.join(own[:3])}{', ...' if len(own) > 3 else ''}); add "
+                      f"it with `hogshard keys generate --if-missing --servers {rank + 1} "
+                      f"{root}`")
+
+
 def _load(path: Path, what: str) -> tuple[bytes, bytes | None]:
     import zmq.auth
 
@@ -197,12 +247,13 @@ class Security:
 
     @classmethod
     def from_dir(cls, directory: str | os.PathLike[str], client: str | None = None,
-                 role: Role | None = Role.WORKER) -> Security:
+                 role: Role | None = Role.WORKER, rank: int | None = None) -> Security:
         """The keys in ``directory``: the server public key, the server secret if present
         (only binding roles need it) and the client keypair ``client`` or, by default, that
-        of ``role`` (``worker.key_secret``, ``shard.key_secret``, ``admin.key_secret``, or
-        an older folder's shared ``client.key_secret``). ``role=None`` with no ``client``:
-        no client keypair (a process that only binds, the scheduler)."""
+        of ``role`` (``worker.key_secret``, ``shard.key_secret`` or, for the server of
+        ``rank``, its own ``shard-R.key_secret``, ``admin.key_secret``, or an older folder's
+        shared ``client.key_secret``). ``role=None`` with no ``client``: no client keypair (a
+        process that only binds, the scheduler)."""
         root = Path(directory)
         if not root.is_dir():
             raise ConfigError(f"keys folder {root} does not exist; create one with "
@@ -215,6 +266,8 @@ class Security:
                 raise ConfigError(f"{root}: server.key and server.key_secret do not match")
         if client is None and role is None:
             return cls(root, server_public, server_secret, None, None)
+        if client is None and role == Role.SERVER:
+            client = _server_client(root, rank)
         if client is None:
             assert role is not None
             name = KEY_NAMES.get(role, LEGACY_KEY_NAME)
@@ -253,23 +306,35 @@ class Security:
         sock.setsockopt(zmq.CURVE_SECRETKEY, self.client_secret)
 
     def key_roles(self) -> dict[bytes, str]:
-        """{authorised public key (Z85): its role, or ``LEGACY``} from the key file names."""
+        """{authorised public key (Z85): its role, ``LEGACY``, or ``server-R`` for server R's
+        own key} from the key file names (the ZAP ``User-Id`` of its connections)."""
         import zmq.auth
 
-        roles: dict[bytes, str] = {}
+        names: dict[bytes, str] = {}
         for path in sorted(self.authorized.glob("*.key")):
             try:
                 public, _ = zmq.auth.load_certificate(path)
             except (ValueError, OSError):
                 continue  # the authenticator skips it too
             if public is not None:
-                roles[public] = role_of_key_name(path.stem)
+                names[public] = path.stem
+        own_keys = any(server_key_rank(stem) is not None for stem in names.values())
+        roles: dict[bytes, str] = {}
+        for public, stem in names.items():
+            roles[public] = key_identity(stem)
+            if own_keys and stem == SERVER:  # a flattened folder: the cluster's own key, which
+                roles[public] = str(Role.SCHEDULER)  # every server holds, speaks for none
         return roles
 
     def _authenticator(self, context: zmq.Context) -> None:
         if id(context) in self._authenticators:
             return
         roles = self.key_roles()
+        if any(rank_of(r) is not None for r in roles.values()) and \
+                str(Role.SERVER) in roles.values():
+            log.warning("%s admits a shared server key (shard.key) besides the servers' own "
+                        "keys: a server holding it may speak for another rank; remove it once "
+                        "every server has its shard-R.key_secret", self.authorized)
         if LEGACY in roles.values():
             log.warning("%s admits the shared client key (client.key), which may act in "
                         "every role; remove it once every process has its role key",
@@ -288,10 +353,10 @@ class Security:
 
 
 def load_security(keys: str | os.PathLike[str] | None,
-                  role: Role | None = Role.WORKER) -> Security | None:
-    """``Security.from_dir(keys, role=role)``, or None (plain TCP) when no keys folder is
-    configured."""
-    return Security.from_dir(keys, role=role) if keys else None
+                  role: Role | None = Role.WORKER, rank: int | None = None) -> Security | None:
+    """``Security.from_dir(keys, role=role, rank=rank)``, or None (plain TCP) when no keys
+    folder is configured."""
+    return Security.from_dir(keys, role=role, rank=rank) if keys else None
 def is_local_endpoint(address: str) -> bool:
     """Whether ``address`` binds only this host: ipc://, inproc:// or a loopback tcp host."""
     if not address.startswith("tcp://"):

@@ -24,9 +24,16 @@ import zmq
 
 from hogshard.proto.dispatch import as_error
 from hogshard.proto.errors import HogshardError, UnknownOpError
-from hogshard.proto.ops import OpSpec, check_claimed_role, check_header, check_role, claimed_role
+from hogshard.proto.ops import (
+    OpSpec,
+    check_claimed_rank,
+    check_claimed_role,
+    check_header,
+    check_role,
+    claimed_role,
+)
 from hogshard.proto.peerlog import PeerErrorLog
-from hogshard.proto.roles import Role, roles_of
+from hogshard.proto.roles import Role, rank_of, roles_of
 from hogshard.proto.transport import recv_frames, reply_error, reply_ok, salvage_request_id
 from hogshard.proto.wire import DEFAULT_LIMITS, Limits, Message, decode
 
@@ -52,6 +59,8 @@ class ServiceCore:
         self.on_other = on_other
         self._error_log = PeerErrorLog(log)
         self.sender_roles: frozenset[Role] | None = None  # of the message being handled
+        #: the server rank its key is bound to (``shard-R.key``), None for any other key
+        self.sender_rank: int | None = None
 
     def handle_one(self, invoke: Invoke,
                    before: Callable[[Message], None] | None = None) -> None:
@@ -81,9 +90,12 @@ class ServiceCore:
 
     def _authorise(self, spec: OpSpec, message: Message, frame: zmq.Frame
                    ) -> frozenset[Role] | None:
-        roles = roles_of(str(frame.get(USER_ID)))
+        user_id = str(frame.get(USER_ID))
+        roles = roles_of(user_id)
+        self.sender_rank = rank_of(user_id)
         check_role(spec, roles, self.service)
         check_claimed_role(claimed_role(message.get("from")), roles, message.op)
+        check_claimed_rank(message.get("from"), self.sender_rank, message.op)
         return roles
 
     def answer(self, identity: bytes, request_id: int, result: Any) -> None:

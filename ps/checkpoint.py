@@ -16,14 +16,19 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from hogshard.proto.errors import CheckpointError, HogshardError
-from hogshard.proto.manifest import atomic_write, file_entry, load_manifest, resolve_checkpoint
+from hogshard.proto.manifest import (
+    atomic_write,
+    disk_error,
+    file_entry,
+    load_manifest,
+    resolve_checkpoint,
+)
 from hogshard.ps.dense import FLOAT32, DenseChunk, DenseStore, DenseTable
 from hogshard.ps.embedding_store import EmbeddingStore
 
@@ -69,9 +74,7 @@ def save_shard(store: DenseStore, embeddings: EmbeddingStore, rank: int,
     entries = [file_entry(path, rank=rank, kind="dense", chunks=held)]
     if embeddings.tables:
         emb = Path(ckpt) / embedding_file(rank)
-        embeddings.save(emb)  # written through a temporary name and renamed
-        with open(emb, "rb") as f:
-            os.fsync(f.fileno())
+        embeddings.save(emb)  # written through a temporary name, fsynced and renamed
         entries.append(file_entry(emb, rank=rank, kind="embedding"))
     return entries
 
@@ -151,7 +154,8 @@ class ShardCheckpointer:
               about: dict[str, Any]) -> bool:
         """Write this shard into ``request["path"]`` (once per path); ``about`` goes into
         the report of a written one (updates, incarnation). Returns whether a new report is
-        to be sent."""
+        to be sent. A failed write (a full or read-only disk) removes this rank's files from
+        the folder, reports the error, and leaves the shard serving as before."""
         path = request.get("path")
         if not isinstance(path, str) or (self.report or {}).get("path") == path:
             return False
@@ -161,8 +165,15 @@ class ShardCheckpointer:
             self.report = {"path": path, "files": files, **about}
             log.info("wrote checkpoint %s", path)
         except (OSError, HogshardError, ValueError) as err:
-            log.error("cannot write checkpoint %s: %r", path, err)
-            self.report = {"path": path, "error": repr(err)}
+            why = disk_error(err) if isinstance(err, OSError) else \
+                err.message if isinstance(err, HogshardError) else repr(err)
+            log.error("cannot write checkpoint %s: %s", path, why)
+            self.report = {"path": path, "error": f"cannot write its shard: {why}"}
+            for name in (shard_file(rank), embedding_file(rank)):
+                try:
+                    (Path(path) / name).unlink(missing_ok=True)
+                except OSError:
+                    pass  # a read-only disk: there is nothing of ours to remove
         return True
 
     def restore(self, path: str, rank: int) -> dict[str, int]:

@@ -19,7 +19,6 @@ Example::
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ import numpy as np
 
 from hogshard.proto.errors import ConflictError, HogshardError, ProtocolError, UnknownTableError
 from hogshard.proto.hashing import init_rows_of_tables
+from hogshard.proto.manifest import atomic_write
 from hogshard.proto.tables import EmbeddingSpec
 from hogshard.ps.embedding import FLOAT32, EmbeddingTable, Found
 from hogshard.ps.row_checks import check_grads, check_ids
@@ -117,7 +117,7 @@ class EmbeddingStore:
 
     def save(self, path: str | Path) -> int:
         """Write every table's touched rows, optimizer state and admission sketch to ``path``
-        (an ``.npz``, written atomically); returns the rows written."""
+        (an ``.npz``, written atomically and fsynced); returns the rows written."""
         arrays: dict[str, np.ndarray] = {}
         specs, total = [], 0
         for i, table in enumerate(self.tables.values()):
@@ -130,11 +130,11 @@ class EmbeddingStore:
                 arrays[f"{i}.sketch"] = table.sketch.counts
             total += ids.size
         arrays["specs"] = np.frombuffer(json.dumps(specs).encode(), dtype=np.uint8)
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "wb") as f:
+
+        def write(f: Any) -> None:
             np.savez(f, **arrays)  # type: ignore[arg-type]  # stubs: ** meets allow_pickle
-        os.replace(tmp, path)
+
+        atomic_write(Path(path), write)  # a failed write leaves no temporary file
         return total
 
     def load(self, path: str | Path) -> None:

@@ -3,7 +3,8 @@
 primary of every chunk (or embedding shard) the message touches, with this server as its
 backup, and only in a replicated job (or, for ``emb_snapshot``, a job with embedding slots,
 whose rows move from owner to owner). This holds with or without CURVE keys (with keys the
-service core has already checked that the sender holds a server key).
+service core has already checked that the sender holds a server key and, where each server has
+its own key, that the ``from`` checked here is the key's own rank).
 
 A primary may learn a new map (a new table, a new backup) a moment before its backup does, so
 a message that names a newer map epoch than this server knows is held, the next heartbeat is

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from hogshard.proto.errors import ConfigError, ConflictError, HogshardError
+from hogshard.proto.errors import CheckpointError, ConfigError, ConflictError, HogshardError
 from hogshard.proto.manifest import load_manifest, resolve_checkpoint
 from hogshard.proto.policy import ConsistencyPolicy, parse_policy
 from hogshard.proto.tables import Chunk, DenseTableSpec
@@ -87,8 +87,9 @@ class CheckpointCoordinator:
         if self.rounds.due(now) and directory is not None and self._chunks.tables:
             try:  # nothing to save before a table exists
                 self.start(directory)
+            except CheckpointError:  # the folder cannot be made: logged, kept for status
+                self.rounds.postpone(now)  # try again one interval later, not on every tick
             except HogshardError as err:
-                # try again one interval later rather than on every tick
                 self.rounds.postpone(now)
                 log.warning("periodic checkpoint skipped: %s", err.message)
 

@@ -7,7 +7,10 @@ stops serving while it writes, so each shard file is a consistent cut of that sh
 reports ``checkpoint: {"path", "files"}`` (or ``"error"``) in its following heartbeats. When
 every server of the round has reported, the scheduler writes ``manifest.json`` (the shard map,
 policy, worker clocks and every file's size and SHA-256) and moves ``LATEST``. A round fails if
-a server reports an error, dies, or takes longer than ``timeout`` seconds.
+a server reports an error (a full or read-only disk), dies, or takes longer than ``timeout``
+seconds, or the manifest cannot be written: the error is logged and kept for ``status``, the
+files of the failed folder are deleted (best effort; its number is not used again), ``LATEST``
+still names the last complete checkpoint, and training goes on.
 
 Example::
 
@@ -25,7 +28,13 @@ from pathlib import Path
 from typing import Any
 
 from hogshard.proto.errors import CheckpointError, ConfigError, ConflictError
-from hogshard.proto.manifest import new_checkpoint_dir, next_sequence, write_manifest
+from hogshard.proto.manifest import (
+    discard_partial,
+    disk_error,
+    new_checkpoint_dir,
+    next_sequence,
+    write_manifest,
+)
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +75,10 @@ class CheckpointRounds:
         #: The newest complete checkpoint (this scheduler's last complete round, or the one it
         #: was restored from): what a server that lost its chunks is restored from.
         self.complete = complete
+        #: rounds that failed (or could not start for want of a writable folder) in this run
+        self.failures = 0
+        #: parent folder -> the highest checkpoint number this scheduler used in it
+        self._used: dict[Path, int] = {}
         self._next_due = time.monotonic() + every if every else float("inf")
 
     def due(self, now: float) -> bool:
@@ -85,9 +98,16 @@ class CheckpointRounds:
             raise ConflictError("no live server to checkpoint")
         parent = Path(parent)
         try:
-            path = new_checkpoint_dir(parent, next_sequence(parent))
+            seq = max(next_sequence(parent), self._used.get(parent, 0) + 1)
+            path = new_checkpoint_dir(parent, seq)
         except OSError as err:
-            raise CheckpointError(f"cannot create a checkpoint in {parent}: {err}") from None
+            failed = Round(parent, set(ranks), describe, now,
+                           error=f"cannot create a checkpoint in {parent}: {disk_error(err)}")
+            self.failures += 1
+            self.last = failed
+            log.error("%s", failed.error)
+            raise CheckpointError(str(failed.error)) from None
+        self._used[parent] = seq
         self.current = Round(path, set(ranks), describe, now, expected=expected or {})
         if self.every:
             self._next_due = now + self.every
@@ -146,7 +166,7 @@ class CheckpointRounds:
         try:
             write_manifest(r.path, manifest)
         except OSError as err:
-            self._fail(f"cannot write the manifest: {err}")
+            self._fail(f"cannot write the manifest: {disk_error(err)}")
             return
         r.manifest = manifest
         log.info("checkpoint %s complete (%d files)", r.path, len(manifest["files"]))
@@ -157,7 +177,24 @@ class CheckpointRounds:
         assert r is not None
         r.error = f"checkpoint {r.path} failed: {why}"
         log.error("%s", r.error)
+        self.failures += 1
         self.last, self.current = r, None
+        discard_partial(r.path)  # a server still writing into it leaves a file: never restored
+
+    def status(self) -> dict[str, Any]:
+        """The ``checkpoint`` field of the scheduler's ``status`` reply: the newest complete
+        checkpoint, the round in progress, how the last round ended, and the failures.
+
+        >>> CheckpointRounds().status()
+        {'latest': None, 'running': None, 'last': None, 'failures': 0}
+        """
+        last = None
+        if self.last is not None:
+            last = {"path": str(self.last.path), "ok": self.last.error is None,
+                    "error": self.last.error}
+        return {"latest": str(self.complete.path) if self.complete else None,
+                "running": str(self.current.path) if self.current else None,
+                "last": last, "failures": self.failures}
 
     def waiter(self, r: Round) -> Callable[[], dict[str, Any] | None]:
         """For the ``checkpoint`` op: the reply once ``r`` is done; raises if it failed."""

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from hogshard.proto.errors import ConfigError, FencedError, UnknownMemberError
+from hogshard.proto.errors import ConfigError, ConflictError, FencedError, UnknownMemberError
 
 ROLES = ("server", "worker")
 
@@ -88,7 +88,7 @@ class MembershipTable:
 
     def register(
         self, role: str, address: str, now: float, rank_hint: int | None = None, clock: int = 0,
-        incarnation: int | None = None,
+        incarnation: int | None = None, exact_rank: bool = False,
     ) -> Member:
         if role not in ROLES:
             raise ConfigError(f"unknown role {role!r}; expected one of {ROLES}")
@@ -108,6 +108,10 @@ class MembershipTable:
             rank = rank_hint
         else:
             rank = next(r for r in range(len(taken) + 1) if r not in taken)
+        if exact_rank and rank != rank_hint:
+            raise ConflictError(f"{role}-{rank_hint} is held by a live process; a {role} with "
+                                "that rank's own key registers under it only (stop the other "
+                                "process, or register with a new incarnation)")
         if incarnation is not None and any(incarnation in self._fenced.get(f"{role}-{r}", ())
                                            for r in (rank, rank_hint)):
             raise FencedError(f"{role}-{rank} incarnation {incarnation} was replaced by a newer "

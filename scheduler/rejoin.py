@@ -17,6 +17,7 @@ import logging
 import time
 from typing import Any, Protocol
 
+from hogshard.proto.errors import ForbiddenError
 from hogshard.scheduler.membership import Member, MembershipTable
 from hogshard.scheduler.server_recovery import ServerRecovery
 
@@ -29,6 +30,22 @@ class LosesServers(Protocol):
     def servers_lost(self, dead: list[Member]) -> None: ...
 
 
+def server_key_rank_hint(rank_hint: Any, key_rank: int | None) -> Any:
+    """The rank a registering peer may take: its ``rank_hint`` with any key but a server's
+    own; with server R's own key (``shard-R.key``) exactly R, another rank is FORBIDDEN.
+
+    >>> server_key_rank_hint(None, 2), server_key_rank_hint(5, None)
+    (2, 5)
+    """
+    if key_rank is None:
+        return rank_hint
+    if rank_hint is not None and rank_hint != key_rank:
+        raise ForbiddenError(f"'register' as server rank {rank_hint!r} refused: the sender's "
+                             f"key is server {key_rank}'s own (shard-{key_rank}.key); a "
+                             "server registers only under its key's rank")
+    return key_rank
+
+
 class Rejoin:
     """Registration with fencing, and the consequences of members being gone."""
 
@@ -38,11 +55,12 @@ class Rejoin:
         self._shard_map = shard_map
         self._recovery = recovery
 
-    def join(self, role: str, address: str, rank_hint: Any, clock: int, incarnation: Any
-             ) -> tuple[Member, dict[str, Any] | None]:
+    def join(self, role: str, address: str, rank_hint: Any, clock: int, incarnation: Any,
+             exact_rank: bool = False) -> tuple[Member, dict[str, Any] | None]:
         """Register a member; a server asking for its rank under a new incarnation fences
         off the old one first. Returns the member and, for a server whose rank lost its
-        chunks, the checkpoint to restore them from."""
+        chunks, the checkpoint to restore them from. ``exact_rank``: the member takes
+        ``rank_hint`` or none (a server with its own key)."""
         if role != "server":
             incarnation = None
         replaced = self._members.fence(role, rank_hint, incarnation)
@@ -51,7 +69,8 @@ class Rejoin:
                         "fenced off", replaced.node_id, incarnation, replaced.incarnation)
             self.members_gone([replaced])
         member = self._members.register(role, address, time.monotonic(), rank_hint=rank_hint,
-                                        clock=clock, incarnation=incarnation)
+                                        clock=clock, incarnation=incarnation,
+                                        exact_rank=exact_rank)
         restore = self._recovery.back(member) if role == "server" else None
         return member, restore
 

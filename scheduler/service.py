@@ -43,7 +43,7 @@ from hogshard.scheduler.membership import MembershipTable, server_list
 from hogshard.scheduler.op_table import scheduler_ops
 from hogshard.scheduler.policy_control import PolicyControl
 from hogshard.scheduler.recovery import parse_table_report
-from hogshard.scheduler.rejoin import Rejoin
+from hogshard.scheduler.rejoin import Rejoin, server_key_rank_hint
 from hogshard.scheduler.replication import check_replication
 from hogshard.scheduler.resharding import check_slots, parse_slot_report
 from hogshard.scheduler.server_recovery import ServerRecovery
@@ -216,9 +216,10 @@ class Scheduler:
         owned_slots = parse_slot_report(msg.get("embedding_slots"),
                                         self.shard_map.resharding.slots) \
             if role == "server" and msg.get("embedding_slots") is not None else None
-        member, restore = self.rejoin.join(role, str(msg.get("address", "")),
-                                           msg.get("rank_hint"), start_clock,
-                                           msg.get("incarnation"))
+        rank_hint = server_key_rank_hint(msg.get("rank_hint"), self._core.sender_rank)
+        member, restore = self.rejoin.join(role, str(msg.get("address", "")), rank_hint,
+                                           start_clock, msg.get("incarnation"),
+                                           exact_rank=self._core.sender_rank is not None)
         member.host = msg.get("host")
         self.shard_map.adopt(member.rank, reported)
         if owned_slots is not None:
@@ -314,5 +315,6 @@ class Scheduler:
             **({"embedding_slots": self.shard_map.resharding.status()}
                if self.shard_map.resharding.slots else {}),
             "errors": dict(self.errors),
+            "checkpoint": self.checkpoints.rounds.status(),
             **self.recovery.status(),
         }

@@ -34,6 +34,9 @@ import yaml
 
 from hogshard.cli import main as cli_main
 from hogshard.proto.config import ClientSettings, env_name
+from hogshard.proto.errors import ConfigError
+from hogshard.proto.roles import Role
+from hogshard.proto.security import Security, clients_for, generate_keys
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKER = REPO / "docker"
@@ -221,7 +224,7 @@ def test_compose_schema_and_references() -> None:
             assert set(service.get("secrets", [])) <= set(overlay.get("secrets", {}))
 
 
-KEYS_COMMAND = ["hogshard", "keys", "generate", "--if-missing", "/keys"]
+KEYS_COMMAND = ["hogshard", "keys", "generate", "--if-missing", "--servers", "2", "/keys"]
 
 
 def job_services(doc: dict[str, Any]) -> dict[str, Any]:
@@ -242,6 +245,13 @@ def test_compose_runs_curve_by_default() -> None:
         assert "keys:/keys:ro" in service["volumes"], f"{name} must mount the keys read-only"
         assert service["depends_on"]["keys"] == {
             "condition": "service_completed_successfully"}, name
+    # one keypair per server rank: every server service's rank has its own key
+    servers = int(doc["services"]["scheduler"]["environment"]["HOGSHARD_SERVERS"])
+    assert keys["command"][keys["command"].index("--servers") + 1] == str(servers)
+    ranks = sorted(int(service["environment"]["HOGSHARD_RANK"])
+                   for service in job_services(doc).values()
+                   if service["command"][:2] == ["hogshard", "server"])
+    assert ranks == list(range(servers))
 
 
 def test_insecure_overlay_turns_curve_off() -> None:
@@ -310,16 +320,53 @@ def test_k8s_references_resolve() -> None:
             secrets = {v["name"]: v["secret"] for v in pod["volumes"] if "secret" in v}
             assert [s["secretName"] for s in secrets.values()] == ["hogshard-keys"], name
             assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsUser"]
+            # A server pod's container sees only its own keys: a memory folder its init
+            # container fills from the Secret (test_k8s_server_pods_get_only_their_own_key).
+            own = {v["name"] for v in pod["volumes"] if v.get("emptyDir", {}).get(
+                "medium") == "Memory"} if kind == "StatefulSet" else set()
             for container in pod["containers"]:
                 mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
                 mount = mounts[config["HOGSHARD_KEYS"]]
-                assert mount["name"] in secrets and mount["readOnly"], name
+                assert mount["name"] in set(secrets) | own and mount["readOnly"], name
+                assert kind != "StatefulSet" or mount["name"] in own, name
     assert "HOGSHARD_INSECURE" not in config
     for name, service in by_kind["Service"].items():
         selector = service["spec"]["selector"]
         assert any(selector.items() <= d["spec"]["template"]["metadata"]["labels"].items()
                    for kind in ("Deployment", "StatefulSet") for d in by_kind[kind].values()), \
             f"Service {name} selects no pods"
+
+
+def test_k8s_server_pods_get_only_their_own_key(tmp_path: Path) -> None:
+    """The server StatefulSet's init container, run here on a flattened copy of a `keys
+    generate --servers N` folder (what the Secret mounts) for pod hogshard-server-1: the
+    folder it fills holds the cluster's keys, the public keys and rank 1's keypair only, and
+    a server of rank 1 loads its own key from it."""
+    docs = {doc["metadata"]["name"]: doc for _, doc in k8s_documents()}
+    config = docs["hogshard-config"]["data"]
+    servers = int(config["HOGSHARD_SERVERS"])
+    pod = docs["hogshard-server"]["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    mounts = {m["name"]: m["mountPath"] for m in init["volumeMounts"]}
+    secret = next(v["name"] for v in pod["volumes"] if "secret" in v)
+    own = next(v["name"] for v in pod["volumes"] if "emptyDir" in v)
+    keys = tmp_path / "keys"
+    generate_keys(keys, clients_for(servers=servers))
+    flat, target = tmp_path / "secret", tmp_path / "own"
+    flat.mkdir()
+    target.mkdir()
+    for path in keys.glob("*.key*"):
+        (flat / path.name).write_bytes(path.read_bytes())
+    command = init["command"][-1].replace(mounts[secret], str(flat)).replace(
+        mounts[own], str(target))
+    done = subprocess.run([*init["command"][:-1], command], capture_output=True, text=True,
+                          env={**os.environ, "HOSTNAME": "hogshard-server-1"}, timeout=30)
+    assert done.returncode == 0, done.stderr
+    secrets = sorted(p.name for p in target.glob("*.key_secret"))
+    assert secrets == ["server.key_secret", "shard-1.key_secret"], secrets
+    assert Security.from_dir(target, role=Role.SERVER, rank=1).client_name == "shard-1"
+    with pytest.raises(ConfigError, match="shard-0.key_secret"):
+        Security.from_dir(target, role=Role.SERVER, rank=0)
 
 
 def test_every_hogshard_variable_is_read_by_hogshard() -> None:
@@ -456,6 +503,9 @@ def test_compose_services_train_as_local_processes(procs, tmp_path: Path) -> Non
         if attempt == 0:
             generated = key_files(keys)
             assert "server.key_secret" in generated and "worker.key_secret" in generated
+            # each server its own key, none shared
+            assert {"shard-0.key_secret", "shard-1.key_secret"} <= set(generated)
+            assert "shard.key_secret" not in generated
     assert key_files(keys) == generated
     for name in ("scheduler", "server0", "server1", "worker"):
         assert local[name]["env"]["HOGSHARD_KEYS"] == str(keys), name

@@ -107,3 +107,6 @@ def test_help_readme_and_protocol_name_the_same_key_files() -> None:
     assert "| worker | `server.key`, `worker.key_secret` |" in section
     assert "| server | `server.key`, `server.key_secret`, `authorized/`, `shard.key_secret` |" \
         in section
+    # one key per server rank (keys generate --servers N)
+    assert "shard-R.key_secret" in help_text and "shard-R.key_secret" in section
+    assert "shard-R.key_secret" in protocol

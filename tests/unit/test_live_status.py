@@ -58,3 +58,13 @@ def test_shard_map_shows_backups_of_a_replicated_table() -> None:
         "chunks": [[0, 0, 60, 0, 1], [1, 60, 40, 1, 0]]}}}
     text = render(status_panel(status))
     assert "server-0: 60, server-1: 40; backups server-0: 40, server-1: 60" in text, text
+
+
+def test_panel_shows_a_failed_checkpoint_and_the_latest_complete_one() -> None:
+    status = {**STATUS, "checkpoint": {
+        "latest": "/ckpt/ckpt-000001", "running": None, "failures": 1,
+        "last": {"path": "/ckpt/ckpt-000002", "ok": False,
+                 "error": "checkpoint /ckpt/ckpt-000002 failed: server 0: no space left"}}}
+    text = render(status_panel(status))
+    assert "latest complete /ckpt/ckpt-000001" in text, text
+    assert "checkpoint FAILED (1 so far): checkpoint /ckpt/ckpt-000002 failed" in text, text
