@@ -169,6 +169,7 @@ class LocalCluster:
             "--heartbeat-timeout", str(self.heartbeat_timeout),
             "--replication", str(self.replication),
             "--embedding-slots", str(self.embedding_slots), *self._checkpoint_args(),
+            "--num-workers", str(self.workers), "--exit-when-done",
             *self._keys_args(),
         ), dict(os.environ))
         deadline = time.monotonic() + self.startup_timeout

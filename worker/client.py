@@ -31,7 +31,13 @@ import numpy as np
 import zmq
 
 from hogshard.proto.config import ClientSettings, ShmSettings
-from hogshard.proto.errors import RequestTimeoutError, ServerLostError
+from hogshard.proto.errors import (
+    JOB_ENDING,
+    HogshardError,
+    JobStopped,
+    RequestTimeoutError,
+    ServerLostError,
+)
 from hogshard.proto.malloc import tune_malloc
 from hogshard.proto.security import load_security
 from hogshard.proto.shm import host_identity
@@ -87,7 +93,7 @@ class PSClient:
                                    sender="worker-?", security=self.security)
         #: Set by the heartbeat thread when the scheduler says the job lost a shard for good;
         #: every request from then on raises it.
-        self.failure: ServerLostError | None = None
+        self.failure: ServerLostError | JobStopped | None = None
         self._ids = itertools.count(1)
         self._push_ids = itertools.count(1)
         self._incarnation = secrets.randbits(30)  # push ids stay unique across restarts
@@ -97,25 +103,17 @@ class PSClient:
         shm = shm or ShmSettings.from_env()
         #: Shared memory with the servers on this host (worker/shm.py).
         self.shm = ShmLink(shm, host_identity(shm.host_id))
-        reply = self._control.call(
-            "register", {"role": "worker", "rank_hint": self.settings.rank,
-                         "host": self.shm.host},
-            timeout=self.settings.connect_timeout,
-        )
-        self._adopt_registration(reply.header)
-        self.policy: str = reply.get("policy")
-        self._heartbeat = Heartbeat(self, self._control_context,
-                                    reply.get("heartbeat_interval"))
-        self._heartbeat.start()
-        # a script that ends on an exception never closes its client; collecting a context
-        # whose sockets are still open (the heartbeat thread's) would hang the exit
-        atexit.register(_close_at_exit, weakref.ref(self))
-        servers = self._control.call("wait_servers", timeout=self.settings.connect_timeout)
         self._servers: dict[int, zmq.Socket] = {}
         self._addresses: dict[int, tuple[str, Any]] = {}  # rank -> (address, incarnation)
         self._hosts: dict[int, Any] = {}  # rank -> the host identity it reported
         self._links: dict[int, int] = {}  # rank -> how many sockets were opened to it
         self._poller = zmq.Poller()
+        self._heartbeat: Heartbeat | None = None
+        try:
+            servers = self._join()
+        except BaseException:
+            self.close(leave=False)  # nothing left open for the exit to trip on
+            raise
         self._connect_servers(servers.get("servers"))
         #: The servers embedding rows are hashed over (fixed for the client's life: a rank
         #: taken over by a new process keeps its place; worker/sparse.py).
@@ -124,6 +122,37 @@ class PSClient:
         self.embedding_map: DenseTable | None = None
         log.info("%s joined: %d servers, policy %s, clock %d",
                  self.node_id, len(self._servers), self.policy, self.clock)
+
+    def _join(self) -> Any:
+        """Register with the scheduler and wait for every server; the ``wait_servers`` reply.
+        Says what it waits for, and at a timeout what may be wrong (control.connect_error)."""
+        timeout = self.settings.connect_timeout
+        log.info("registering with the scheduler at %s (waiting up to %.0f s)",
+                 self.settings.scheduler, timeout)
+        try:
+            reply = self._control.call(
+                "register", {"role": "worker", "rank_hint": self.settings.rank,
+                             "host": self.shm.host},
+                timeout=timeout)
+        except RequestTimeoutError:
+            raise control.connect_error(self.settings, "register") from None
+        self._adopt_registration(reply.header)
+        self.policy: str = reply.get("policy")
+        self._heartbeat = Heartbeat(self, self._control_context,
+                                    reply.get("heartbeat_interval"))
+        self._heartbeat.start()
+        # a script that ends on an exception never closes its client; collecting a context
+        # whose sockets are still open (the heartbeat thread's) would hang the exit
+        atexit.register(_close_at_exit, weakref.ref(self))
+        live, expected = reply.get("servers"), reply.get("expected_servers")
+        if isinstance(live, int) and isinstance(expected, int):
+            log.info("%s registered; %d of %d servers up%s", self.node_id, live, expected,
+                     "" if live >= expected else ", waiting for the rest")
+        try:
+            return self._control.call("wait_servers", timeout=timeout)
+        except RequestTimeoutError:
+            raise control.connect_error(self.settings, "wait_servers",
+                                        control.servers_up(self._control)) from None
 
     def _connect_servers(self, servers: Sequence[dict[str, Any]]) -> None:
         """One DEALER per live server; a server gone, moved or restarted (a new incarnation)
@@ -340,9 +369,16 @@ class PSClient:
         fields: dict[str, Any] = {"name": name}
         if ranks is not None:
             fields["ranks"] = ranks
-        control.call_across_restarts(self._control, "barrier", fields,
-                                     timeout or self.settings.request_timeout,
-                                     lambda: self.generation)
+        try:
+            control.call_across_restarts(self._control, "barrier", fields,
+                                         timeout or self.settings.request_timeout,
+                                         lambda: self.generation)
+        except HogshardError as err:
+            if self.failure is None and err.message.startswith(JOB_ENDING):
+                self.failure = JobStopped(f"{self.node_id}: {err.message}")
+            if isinstance(self.failure, JobStopped):
+                raise self.failure from None  # the scheduler released the barrier: stopped
+            raise
 
     def set_progress(self, **fields: Any) -> None:
         """Progress shown by ``hogshard status`` and the launcher (e.g. done, total, loss)."""
@@ -356,8 +392,11 @@ class PSClient:
         if self._closed:
             return
         self._closed = True
-        self._heartbeat.stopped.set()
-        self._heartbeat.join(timeout=10.0)  # no heartbeat may arrive after the leave
+        if self._heartbeat is not None:
+            self._heartbeat.stopped.set()
+            self._heartbeat.join(timeout=10.0)  # no heartbeat may arrive after the leave
+        else:
+            leave = False  # never registered
         if leave:
             control.leave(self)
         for sock in self._servers.values():
@@ -379,4 +418,5 @@ class PSClient:
 def _close_at_exit(ref: weakref.ref[PSClient]) -> None:
     client = ref()
     if client is not None and not client._closed:
-        client.close(leave=False)
+        # a stopped job's worker leaves (the scheduler waits for it); any other is lost
+        client.close(leave=isinstance(client.failure, JobStopped))

@@ -22,7 +22,14 @@ from typing import TYPE_CHECKING, Any
 
 import zmq
 
-from hogshard.proto.errors import ErrorCode, HogshardError, RequestTimeoutError, UnknownMemberError
+from hogshard.proto.config import ClientSettings, env_name
+from hogshard.proto.errors import (
+    ErrorCode,
+    HogshardError,
+    JobStopped,
+    RequestTimeoutError,
+    UnknownMemberError,
+)
 from hogshard.proto.transport import ERROR, RpcChannel, raise_if_error
 from hogshard.proto.wire import Message
 from hogshard.worker.futures import Future
@@ -34,6 +41,38 @@ log = logging.getLogger(__name__)
 
 #: How often the wait looks at the generation (seconds).
 POLL_S = 0.2
+
+
+def connect_error(settings: ClientSettings, op: str,
+                  servers: str | None = None) -> RequestTimeoutError:
+    """The error of a worker that waited ``settings.connect_timeout`` seconds for ``op``
+    (``register``: the scheduler; ``wait_servers``: the servers), naming the address, the
+    time waited and the likely causes."""
+    waited = f"{settings.connect_timeout:.0f} s ({env_name('connect_timeout')})"
+    if op == "register":
+        keys = (f"the keys in {settings.keys} may not be this cluster's (the scheduler logs "
+                "a refused CURVE handshake)" if settings.keys else
+                "this cluster may use CURVE; pass --keys (HOGSHARD_KEYS)")
+        return RequestTimeoutError(
+            f"no reply from the scheduler at {settings.scheduler} after {waited}: nothing "
+            f"listening there (a wrong host or port, the scheduler not started), a firewall "
+            f"between, or {keys}")
+    return RequestTimeoutError(
+        f"registered with the scheduler at {settings.scheduler}, but "
+        f"{servers or 'not every server'} had registered after {waited}: start the missing "
+        "servers with `hogshard server --scheduler ...`, or check the scheduler's --servers "
+        "and the servers' keys")
+
+
+def servers_up(channel: RpcChannel) -> str | None:
+    """``k of S servers`` from the scheduler's status, or None if it does not answer."""
+    try:
+        status = channel.call("status", timeout=2.0).header
+    except HogshardError:
+        return None
+    up = sum(1 for m in status.get("members", ())
+             if m.get("role") == "server" and m.get("state") == "alive")
+    return f"{up} of {status.get('expected_servers')} servers"
 
 
 def call_across_restarts(channel: RpcChannel, op: str, fields: dict[str, Any], timeout: float,
@@ -95,3 +134,5 @@ def leave(client: PSClient) -> None:
         Future.gather(leaves, client._pump).result(2.0)
     except HogshardError as err:
         log.debug("telling the servers of the leave: %s", err.message)
+    except JobStopped:
+        pass  # the servers are stopping too
