@@ -51,6 +51,8 @@ class Member:
     incarnation: int | None = None
     #: The host identity it reported (proto/shm.py): peers with the same share memory.
     host: str | None = None
+    #: Servers: the shard-map epoch their last heartbeat said they know (None: none yet).
+    map_epoch: int | None = None
     #: The member this one replaced under the same node id (its predecessor's own is dropped).
     previous: Member | None = field(default=None, repr=False)
 

@@ -265,11 +265,26 @@ class Scheduler:
 
         return ready
 
-    def _declare_table(self, msg: Message) -> Reply:
+    def _declare_table(self, msg: Message) -> Reply | Ready:
         self.recovery.check_not_failed()
         table = self.shard_map.declare(msg.header["table"], msg.get("size"),
                                        msg.get("chunk_elems"), msg.header["rule"])
-        return self.shard_map.view(table)
+        if table.replication < 2:
+            return self.shard_map.view(table)
+        # A replicated table's servers learn their roles from a heartbeat reply: answer once
+        # each live server has said it knows this map, so that the worker's first requests
+        # find their primaries ready (not NOT_OWNER); a server that stays silent is waited
+        # for a heartbeat timeout at most (then the worker's retries cover it).
+        epoch = self.shard_map.map_epoch
+        deadline = time.monotonic() + self.members.heartbeat_timeout
+
+        def ready() -> Reply | None:
+            known = all(m.map_epoch is not None and m.map_epoch >= epoch
+                        for m in self.members.live("server"))
+            return self.shard_map.view(table) if known or time.monotonic() > deadline \
+                else None
+
+        return ready
 
     def _table_ready(self, msg: Message) -> Reply:
         self.recovery.check_not_failed()

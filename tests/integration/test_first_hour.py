@@ -6,12 +6,14 @@ job's worker count is refused."""
 
 from __future__ import annotations
 
+import signal
 import socket
 from pathlib import Path
 
 import pytest
 
 from hogshard.proto.security import generate_keys
+from hogshard.proto.transport import RpcChannel
 from tests.conftest import PYTHON, REPO
 from tests.integration.conftest import start_scheduler
 
@@ -131,3 +133,42 @@ def test_a_rank_beyond_the_jobs_workers_is_refused_and_a_freed_rank_handed_out_a
     code, output = procs.run("worker", [PYTHON, "-c", JOIN], timeout=60.0,
                              env={**env, "HOGSHARD_RANK": "2"})
     assert code == 1 and "rank 2 is not a rank of this job: it has 2 workers" in output, output
+
+
+def test_a_replicated_start_has_no_warnings_and_no_not_owner(procs, cluster_factory) -> None:
+    # a slow heartbeat: servers learn a new table's roles up to a second after it is declared
+    cluster = cluster_factory(servers=2, heartbeat_interval=1.0, heartbeat_timeout=6.0,
+                              scheduler_args=("--replication", "2"))
+    worker = procs.hogshard("worker", "worker", "--scheduler", cluster.address, "--", PYTHON,
+                            TRAIN, "--steps", "5")
+    assert worker.wait(90.0) == 0, worker.tail()
+    servers = cluster.members("server")
+    assert all(not m["stats"].get("errors") for m in servers), servers
+    for proc in [cluster.scheduler, *cluster.servers]:
+        assert " WARNING " not in proc.output(), proc.tail()
+
+
+def test_a_replicated_table_is_declared_once_its_servers_know_the_map(
+        cluster_factory, zmq_ctx) -> None:
+    cluster = cluster_factory(servers=2, heartbeat_interval=0.2, heartbeat_timeout=8.0,
+                              scheduler_args=("--replication", "2"))
+    worker = RpcChannel(zmq_ctx, cluster.address, sender="worker-?")
+    try:
+        node = worker.call("register", {"role": "worker"}, timeout=10.0).get("node_id")
+        worker.sender = node
+        for server in cluster.servers:  # they cannot learn the table's roles meanwhile
+            server.signal_group(signal.SIGSTOP)
+        try:
+            request = worker.start("declare_table", {"table": "t", "size": 8,
+                                                     "rule": {"rule": "sgd", "lr": 0.1}})
+            # without the wait, the reply came at once and the worker's first pull or push
+            # reached a primary that did not know it was one (NOT_OWNER)
+            assert not worker.socket.poll(1000), "declared before the servers knew the map"
+        finally:
+            for server in cluster.servers:
+                server.signal_group(signal.SIGCONT)
+        assert worker.socket.poll(10_000), "no declare_table reply once the servers went on"
+        reply = worker.read_reply()
+        assert reply is not None and reply.request_id == request and reply.op == "ok", reply
+    finally:
+        worker.close()
