@@ -243,9 +243,11 @@ def launch(servers: int, workers: int, policy: str, heartbeat_timeout: float, re
            command: tuple[str, ...]) -> None:
     """Run a whole job on this host: a scheduler, SERVERS servers and WORKERS copies of COMMAND.
 
-    Binds 127.0.0.1 only. Exits 0 when every worker exited 0, 1 when a worker failed or the
-    scheduler or a server exited (with --replication 2 an exited server is replaced
-    instead), 130 on Ctrl-C or SIGTERM."""
+    Binds 127.0.0.1 only. The scheduler runs with --num-workers WORKERS --exit-when-done: it
+    ends the job (a final checkpoint with --checkpoint-dir) once every worker is done, or at
+    `hogshard stop`. Exits 0 when every worker exited 0, 1 when a worker failed or the
+    scheduler or a server failed (with --replication 2 a failed server is replaced instead),
+    130 on Ctrl-C or SIGTERM."""
     from hogshard.launcher import LocalCluster
 
     check_command(command)
