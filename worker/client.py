@@ -181,7 +181,8 @@ class PSClient:
     def surplus(self) -> bool:
         """Whether this worker's rank is beyond the job's ``num_workers``: every data shard
         (rank) of the job is trained or being trained, since the rank of a worker that left
-        is never handed out again. A script that shards its data by rank has nothing to do.
+        is never handed out again (a scheduler given ``--num-workers`` refuses such a worker
+        instead, docs/LIFECYCLE.md). A script that shards its data by rank has nothing to do.
 
         Example::
 
