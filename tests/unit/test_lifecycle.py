@@ -125,3 +125,15 @@ def test_a_good_address_passes(address: str, bind: bool) -> None:
 def test_the_scheduler_variable_is_checked_when_read() -> None:
     with pytest.raises(ConfigError, match="HOGSHARD_SCHEDULER '10.0.0.1:7000': no scheme"):
         ClientSettings.from_env({"HOGSHARD_SCHEDULER": "10.0.0.1:7000"})
+
+
+def test_an_address_from_a_config_file_is_checked(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from hogshard.cli import main
+
+    config = tmp_path / "job.toml"
+    config.write_text('[status]\nscheduler = "127.0.0.1:7000"\n')
+    result = CliRunner().invoke(main, ["--config", str(config), "status"])
+    assert result.exit_code == 2 and "'--scheduler'" in result.output, result.output
+    assert "no scheme" in result.output, result.output
