@@ -292,8 +292,10 @@ def stop(scheduler: str, timeout: float, keys: str | None) -> None:
     scheduler has taken the request; exits 1 when it does not answer within --timeout."""
     reply = call_scheduler(scheduler, "shutdown", None, timeout, keys)
     checkpoint = ", then a final checkpoint" if reply.get("final_checkpoint") else ""
-    click.echo(f"stopping the job at {scheduler}: {reply.get('workers', 0)} live workers "
-               f"told to stop{checkpoint}, then the servers and the scheduler exit")
+    workers = int(reply.get("workers", 0))
+    click.echo(f"stopping the job at {scheduler}: {workers} live worker"
+               f"{'' if workers == 1 else 's'} told to stop{checkpoint}, then the servers and "
+               "the scheduler exit")
 
 
 @main.command("export")

@@ -9,7 +9,8 @@ the parts, each of which owns its state: membership (scheduler/membership.py), t
 and its replication roles (scheduler/shard_map.py), the policy (scheduler/policy_control.py),
 barriers (scheduler/barriers.py), checkpoints (scheduler/checkpoint_coordinator.py), recovery
 of lost servers (scheduler/server_recovery.py), rejoin (scheduler/rejoin.py), heartbeats
-(scheduler/heartbeats.py) and the held requests (scheduler/waiters.py).
+(scheduler/heartbeats.py), the end of the job (scheduler/lifecycle.py) and the held requests
+(scheduler/waiters.py).
 
 Example::
 

@@ -98,7 +98,7 @@ def test_stop_ends_a_job_with_a_final_checkpoint_and_every_process_exits_0(
     worker.wait_for_output(r"step 3 ", 60.0)
     code, output = procs.run("stop", [PYTHON, "-m", "hogshard", "stop", "--scheduler",
                                       cluster.address], timeout=60.0)
-    assert code == 0 and "1 live workers told to stop" in output, output
+    assert code == 0 and "1 live worker told to stop" in output, output
     assert worker.wait(60.0) == 0, worker.tail()
     assert "Traceback" not in worker.output(), worker.tail()
     for server in cluster.servers:
