@@ -18,7 +18,6 @@ Example::
 
 from __future__ import annotations
 
-import atexit
 import itertools
 import logging
 import secrets
@@ -109,8 +108,9 @@ class PSClient:
         self._links: dict[int, int] = {}  # rank -> how many sockets were opened to it
         self._poller = zmq.Poller()
         self._heartbeat: Heartbeat | None = None
+        self.policy: str = ""
         try:
-            servers = self._join()
+            servers = control.join(self, _close_at_exit)
         except BaseException:
             self.close(leave=False)  # nothing left open for the exit to trip on
             raise
@@ -122,37 +122,6 @@ class PSClient:
         self.embedding_map: DenseTable | None = None
         log.info("%s joined: %d servers, policy %s, clock %d",
                  self.node_id, len(self._servers), self.policy, self.clock)
-
-    def _join(self) -> Any:
-        """Register with the scheduler and wait for every server; the ``wait_servers`` reply.
-        Says what it waits for, and at a timeout what may be wrong (control.connect_error)."""
-        timeout = self.settings.connect_timeout
-        log.info("registering with the scheduler at %s (waiting up to %.0f s)",
-                 self.settings.scheduler, timeout)
-        try:
-            reply = self._control.call(
-                "register", {"role": "worker", "rank_hint": self.settings.rank,
-                             "host": self.shm.host},
-                timeout=timeout)
-        except RequestTimeoutError:
-            raise control.connect_error(self.settings, "register") from None
-        self._adopt_registration(reply.header)
-        self.policy: str = reply.get("policy")
-        self._heartbeat = Heartbeat(self, self._control_context,
-                                    reply.get("heartbeat_interval"))
-        self._heartbeat.start()
-        # a script that ends on an exception never closes its client; collecting a context
-        # whose sockets are still open (the heartbeat thread's) would hang the exit
-        atexit.register(_close_at_exit, weakref.ref(self))
-        live, expected = reply.get("servers"), reply.get("expected_servers")
-        if isinstance(live, int) and isinstance(expected, int):
-            log.info("%s registered; %d of %d servers up%s", self.node_id, live, expected,
-                     "" if live >= expected else ", waiting for the rest")
-        try:
-            return self._control.call("wait_servers", timeout=timeout)
-        except RequestTimeoutError:
-            raise control.connect_error(self.settings, "wait_servers",
-                                        control.servers_up(self._control)) from None
 
     def _connect_servers(self, servers: Sequence[dict[str, Any]]) -> None:
         """One DEALER per live server; a server gone, moved or restarted (a new incarnation)

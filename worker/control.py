@@ -1,4 +1,5 @@
-"""Control calls that survive a scheduler restart: requests, re-registration, the leave.
+"""Control calls: joining the job (:func:`join` says what it waits for and, at a timeout,
+what may be wrong), calls that survive a scheduler restart, re-registration, the leave.
 
 A request sent to a scheduler that then dies is lost, and a restarted scheduler does not know
 the worker until the heartbeat thread has registered it again (``UNKNOWN_MEMBER`` meanwhile).
@@ -11,12 +12,15 @@ Example::
                                  lambda: client.generation)
     reregister(client, channel)   # the heartbeat thread, told UNKNOWN_MEMBER
     leave(client)                 # PSClient.close: the scheduler, then every server
+    join(client, at_exit)         # PSClient.__init__: register, heartbeat, wait_servers
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import time
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +37,7 @@ from hogshard.proto.errors import (
 from hogshard.proto.transport import ERROR, RpcChannel, raise_if_error
 from hogshard.proto.wire import Message
 from hogshard.worker.futures import Future
+from hogshard.worker.heartbeat import Heartbeat
 
 if TYPE_CHECKING:
     from hogshard.worker.client import PSClient
@@ -62,6 +67,38 @@ def connect_error(settings: ClientSettings, op: str,
         f"{servers or 'not every server'} had registered after {waited}: start the missing "
         "servers with `hogshard server --scheduler ...`, or check the scheduler's --servers "
         "and the servers' keys")
+
+
+def join(client: PSClient, at_exit: Callable[[Any], None]) -> Message:
+    """Register ``client`` with the scheduler, start its heartbeat (and ``at_exit`` with a
+    weak reference to it) and wait for every server; the ``wait_servers`` reply. Says what it
+    waits for, and at a timeout what may be wrong (:func:`connect_error`)."""
+    settings = client.settings
+    timeout = settings.connect_timeout
+    log.info("registering with the scheduler at %s (waiting up to %.0f s)", settings.scheduler,
+             timeout)
+    try:
+        reply = client._control.call(
+            "register", {"role": "worker", "rank_hint": settings.rank, "host": client.shm.host},
+            timeout=timeout)
+    except RequestTimeoutError:
+        raise connect_error(settings, "register") from None
+    client._adopt_registration(reply.header)
+    client.policy = reply.get("policy")
+    client._heartbeat = Heartbeat(client, client._control_context,
+                                  reply.get("heartbeat_interval"))
+    client._heartbeat.start()
+    # a script that ends on an exception never closes its client; collecting a context whose
+    # sockets are still open (the heartbeat thread's) would hang the exit
+    atexit.register(at_exit, weakref.ref(client))
+    live, expected = reply.get("servers"), reply.get("expected_servers")
+    if isinstance(live, int) and isinstance(expected, int):
+        log.info("%s registered; %d of %d servers up%s", client.node_id, live, expected,
+                 "" if live >= expected else ", waiting for the rest")
+    try:
+        return client._control.call("wait_servers", timeout=timeout)
+    except RequestTimeoutError:
+        raise connect_error(settings, "wait_servers", servers_up(client._control)) from None
 
 
 def servers_up(channel: RpcChannel) -> str | None:
