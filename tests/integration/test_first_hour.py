@@ -172,3 +172,18 @@ def test_a_replicated_table_is_declared_once_its_servers_know_the_map(
         assert reply is not None and reply.request_id == request and reply.op == "ok", reply
     finally:
         worker.close()
+
+
+def test_stop_releases_a_worker_waiting_at_a_barrier(procs, cluster_factory) -> None:
+    cluster = cluster_factory(servers=1)
+    script = ("from hogshard import PSClient; c = PSClient.from_env(); print('waiting', "
+              "flush=True); c.barrier('end', ranks=2, timeout=60.0); print('released')")
+    worker = procs.spawn("worker", [PYTHON, "-c", script],
+                         env={"HOGSHARD_SCHEDULER": cluster.address})
+    worker.wait_for_output(r"waiting", 60.0)
+    code, output = procs.run("stop", [PYTHON, "-m", "hogshard", "stop", "--scheduler",
+                                      cluster.address], timeout=60.0)
+    assert code == 0, output
+    assert worker.wait(30.0) == 0, worker.tail()  # not 60 s later, not with a traceback
+    assert "released" not in worker.output() and "Traceback" not in worker.output()
+    assert cluster.scheduler.wait(60.0) == 0, cluster.scheduler.tail()
