@@ -20,6 +20,8 @@ from pathlib import Path
 import click
 
 from hogshard.cli_options import (
+    address_check,
+    address_option,
     call_scheduler,
     check_command,
     check_policy,
@@ -33,6 +35,7 @@ from hogshard.cli_options import (
     policy_option,
     process_security,
     restore_option,
+    server_restore_option,
     start_metrics,
 )
 from hogshard.proto.config import (
@@ -85,7 +88,8 @@ def main(ctx: click.Context, config_file: str | None, log_level: str, log_format
 
 
 @main.command()
-@option("bind", default=DEFAULT_SCHEDULER, help="address to bind (tcp://HOST:0 picks a port)")
+@address_option("bind", bind=True, default=DEFAULT_SCHEDULER,
+                help="address to bind (tcp://HOST:0 picks a port)")
 @policy_option()
 @option("servers", default=1, type=click.IntRange(min=1),
         help="servers to wait for before placing tables")
@@ -99,6 +103,14 @@ def main(ctx: click.Context, config_file: str | None, log_level: str, log_format
         help="place embedding rows in this many virtual slots (4096 is a good size), so that "
         "'hogshard embeddings add/drain' can move them between servers mid-job; 0: rows "
         "hashed over the --servers servers, fixed")
+@option("num-workers", default=None, type=click.IntRange(min=1),
+        help="workers in the job: worker ranks stay below it (a worker asking for a higher "
+        "rank, or one more than it while every rank is held, is refused); unset: no limit")
+@click.option("--exit-when-done/--no-exit-when-done", default=False, show_default=True,
+              envvar=env_name("exit-when-done"), show_envvar=True,
+              help="end the job (final checkpoint where --checkpoint-dir is set, servers "
+              "stopped, scheduler exits 0) once a worker of every rank below --num-workers "
+              "has finished; `hogshard launch` and the compose file turn it on")
 @option("address-file", default=None, type=click.Path(dir_okay=False),
         help="write the bound address here once listening")
 @metrics_options
@@ -108,10 +120,12 @@ def main(ctx: click.Context, config_file: str | None, log_level: str, log_format
 @insecure_option
 def scheduler(bind: str, policy: str, servers: int, heartbeat_interval: float,
               heartbeat_timeout: float, replication: int, embedding_slots: int,
+              num_workers: int | None, exit_when_done: bool,
               address_file: str | None, metrics_port: int | None,
               metrics_host: str, checkpoint_every: float | None, checkpoint_dir: str | None,
               restore: str | None, keys: str | None, insecure: bool) -> None:
-    """Run the scheduler: membership, heartbeats, shard map, consistency policy."""
+    """Run the scheduler: membership, heartbeats, shard map, consistency policy. Exits 0 when
+    the job ends (`hogshard stop`, or --exit-when-done); see docs/LIFECYCLE.md."""
     from hogshard.scheduler.service import Scheduler
 
     security = process_security(keys, bind, insecure, role=None)
@@ -119,7 +133,9 @@ def scheduler(bind: str, policy: str, servers: int, heartbeat_interval: float,
                                         heartbeat_timeout, checkpoint_every=checkpoint_every,
                                         checkpoint_dir=checkpoint_dir, restore=restore,
                                         security=security, replication=replication,
-                                        embedding_slots=embedding_slots))
+                                        embedding_slots=embedding_slots,
+                                        num_workers=num_workers,
+                                        exit_when_done=exit_when_done))
     start_metrics(service, "scheduler", metrics_port, metrics_host)
     if address_file:
         tmp = Path(address_file + ".tmp")
@@ -130,9 +146,10 @@ def scheduler(bind: str, policy: str, servers: int, heartbeat_interval: float,
 
 
 @main.command()
-@option("scheduler", default=DEFAULT_SCHEDULER, help="the scheduler's address")
-@option("bind", default="tcp://127.0.0.1:0", help="data-plane address to bind")
-@option("advertise", default=None,
+@address_option("scheduler", default=DEFAULT_SCHEDULER, help="the scheduler's address")
+@address_option("bind", bind=True, default="tcp://127.0.0.1:0",
+                help="data-plane address to bind")
+@address_option("advertise", default=None,
         help="address workers should use (default: the bound one, where a wildcard "
         "tcp://*:PORT or tcp://0.0.0.0:PORT becomes tcp://127.0.0.1:PORT: give it on a "
         "multi-host job)")
@@ -149,14 +166,14 @@ def scheduler(bind: str, policy: str, servers: int, heartbeat_interval: float,
         help="threads that apply update rules off the socket loop (0: on the loop; see "
               "docs/TUNING.md)")
 @metrics_options
-@restore_option
+@server_restore_option
 @keys_option
 @insecure_option
 def server(scheduler: str, bind: str, advertise: str | None, rank: int | None,
            max_message_bytes: int, check_finite: bool, update_threads: int,
            metrics_port: int | None, metrics_host: str, restore: str | None, keys: str | None,
            insecure: bool) -> None:
-    """Run one parameter-server shard."""
+    """Run one parameter-server shard. Exits 0 when the scheduler ends the job."""
     from hogshard.tuning import tune_server_process
 
     tune_server_process()
@@ -173,7 +190,7 @@ def server(scheduler: str, bind: str, advertise: str | None, rank: int | None,
 
 
 @main.command(context_settings={"ignore_unknown_options": True})
-@option("scheduler", default=DEFAULT_SCHEDULER, help="the scheduler's address")
+@address_option("scheduler", default=DEFAULT_SCHEDULER, help="the scheduler's address")
 @option("rank", default=None, type=click.IntRange(min=0),
         help="rank to ask for (unset: the lowest free one)")
 @option("num-workers", default=None, type=click.IntRange(min=1),
@@ -226,9 +243,11 @@ def launch(servers: int, workers: int, policy: str, heartbeat_timeout: float, re
            command: tuple[str, ...]) -> None:
     """Run a whole job on this host: a scheduler, SERVERS servers and WORKERS copies of COMMAND.
 
-    Binds 127.0.0.1 only. Exits 0 when every worker exited 0, 1 when a worker failed or the
-    scheduler or a server exited (with --replication 2 an exited server is replaced
-    instead), 130 on Ctrl-C or SIGTERM."""
+    Binds 127.0.0.1 only. The scheduler runs with --num-workers WORKERS --exit-when-done: it
+    ends the job (a final checkpoint with --checkpoint-dir) once every worker is done, or at
+    `hogshard stop`. Exits 0 when every worker exited 0, 1 when a worker failed or the
+    scheduler or a server failed (with --replication 2 a failed server is replaced instead),
+    130 on Ctrl-C or SIGTERM."""
     from hogshard.launcher import LocalCluster
 
     check_command(command)
@@ -246,7 +265,7 @@ def launch(servers: int, workers: int, policy: str, heartbeat_timeout: float, re
 
 
 @main.command()
-@option("scheduler", default=DEFAULT_SCHEDULER, help="the scheduler's address")
+@address_option("scheduler", default=DEFAULT_SCHEDULER, help="the scheduler's address")
 @option("timeout", default=300.0, type=click.FloatRange(min=0.1),
         help="seconds to wait for the checkpoint round to end")
 @keys_option
@@ -261,6 +280,24 @@ def checkpoint(scheduler: str, timeout: float, keys: str | None, directory: str)
     click.echo(f"{reply['path']} ({len(reply['files'])} files, {total} bytes)")
 
 
+@main.command()
+@address_option("scheduler", default=DEFAULT_SCHEDULER, help="the scheduler's address")
+@option("timeout", default=5.0, type=click.FloatRange(min=0.1),
+        help="seconds to wait for the scheduler's reply")
+@keys_option
+def stop(scheduler: str, timeout: float, keys: str | None) -> None:
+    """End the running job (admin role): the workers are told and exit 0 at their next
+    request, the servers take a final checkpoint where the scheduler has --checkpoint-dir,
+    then every server and the scheduler exit 0 (docs/LIFECYCLE.md). Returns once the
+    scheduler has taken the request; exits 1 when it does not answer within --timeout."""
+    reply = call_scheduler(scheduler, "shutdown", None, timeout, keys)
+    checkpoint = ", then a final checkpoint" if reply.get("final_checkpoint") else ""
+    workers = int(reply.get("workers", 0))
+    click.echo(f"stopping the job at {scheduler}: {workers} live worker"
+               f"{'' if workers == 1 else 's'} told to stop{checkpoint}, then the servers and "
+               "the scheduler exit")
+
+
 @main.command("export")
 @option("out", required=True, type=click.Path(file_okay=False),
         help="directory to write the export into (created; an export already there is "
@@ -268,7 +305,8 @@ def checkpoint(scheduler: str, timeout: float, keys: str | None, directory: str)
 @option("since", default=None, type=click.Path(exists=True, file_okay=False),
         help="an older checkpoint of the same job: export only the embedding rows that "
         "appeared or changed after it (incremental; dense tables are always whole)")
-@click.option("--scheduler", default=None,  # no HOGSHARD_SCHEDULER: it changes what is read
+@click.option("--scheduler", default=None, callback=address_check(),
+              # no HOGSHARD_SCHEDULER: it changes what is read
               help="first checkpoint the running job at this scheduler address into SOURCE, "
               "then export that checkpoint")
 @option("timeout", default=300.0, type=click.FloatRange(min=0.1),
@@ -302,19 +340,28 @@ def policy() -> None:
 
 
 @policy.command("set")
-@option("scheduler", default=DEFAULT_SCHEDULER, help="the scheduler's address")
+@address_option("scheduler", default=DEFAULT_SCHEDULER, help="the scheduler's address")
 @option("timeout", default=5.0, type=click.FloatRange(min=0.1),
         help="seconds to wait for the scheduler's reply")
 @keys_option
 @click.argument("spec", callback=check_policy)
 def policy_set(scheduler: str, timeout: float, keys: str | None, spec: str) -> None:
-    """Switch the running job to policy SPEC; every server switches at the same clock."""
+    """Switch the running job to policy SPEC; every server switches at the same clock.
+
+    \b
+    SPEC is one of:
+      async          apply each gradient at once
+      hardsync       one gradient from each live worker per step (BSP)
+      softsync:N     apply the mean of every floor(workers/N) gradients
+      ssp:S          a worker may run at most S clocks ahead of the slowest
+    optionally followed by +lr=staleness, +lr=mean, +dc=LAMBDA or +maxstale=K
+    (docs/POLICIES.md)."""
     reply = call_scheduler(scheduler, "set_policy", {"policy": spec}, timeout, keys)
     click.echo(f"policy {reply['policy']} from clock {reply['from_clock']}")
 
 
 @policy.command("show")
-@option("scheduler", default=DEFAULT_SCHEDULER, help="the scheduler's address")
+@address_option("scheduler", default=DEFAULT_SCHEDULER, help="the scheduler's address")
 @option("timeout", default=5.0, type=click.FloatRange(min=0.1),
         help="seconds to wait for the scheduler's reply")
 @keys_option
@@ -324,7 +371,7 @@ def policy_show(scheduler: str, timeout: float, keys: str | None) -> None:
 
 
 @main.command()
-@option("scheduler", default=DEFAULT_SCHEDULER, help="the scheduler's address")
+@address_option("scheduler", default=DEFAULT_SCHEDULER, help="the scheduler's address")
 @click.option("--json", "as_json", is_flag=True, help="print the raw status as JSON")
 @option("timeout", default=5.0, type=click.FloatRange(min=0.1),
         help="seconds to wait for the scheduler's reply")

@@ -26,6 +26,29 @@ def option(name: str, **kwargs):
                         **kwargs)
 
 
+def address_option(name: str, bind: bool = False, **kwargs):
+    """An address flag (``--scheduler``, ``--bind``, ``--advertise``) checked where it is read
+    (flag, ``HOGSHARD_<NAME>`` or config file): a missing scheme, a bad host or port is a
+    usage error naming the flag (exit 2), not a ZeroMQ traceback."""
+    return option(name, callback=address_check(bind), **kwargs)
+
+
+def address_check(bind: bool = False):
+    """The click callback of :func:`address_option` (for a flag made without it)."""
+
+    def check(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+        from hogshard.proto.config import check_address
+
+        if value is None:
+            return None
+        try:
+            return check_address(value, "", bind=bind)
+        except HogshardError as err:
+            raise click.BadParameter(err.message) from None
+
+    return check
+
+
 def check_codec(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     if not value:
         return None
@@ -44,8 +67,8 @@ def codec_option():
                   "powersgd:2, qsgd:16, randomk:0.1, or auto (chosen from the measured link); "
                   "options ,min_size=N ,ef=0 ,momentum=M ,clip=C ,warmup=STEPS ,pull=fp16|bf16 "
                   "(weights pulled in half precision); per table: 'topk:0.01;emb=fp16'. "
-                  "The example picks the codec's server rule and lr when --rule/--lr are "
-                  "not given")
+                  "examples/fashion_mnist.py picks the codec's server rule and lr when its "
+                  "--rule/--lr are not given")
 
 
 def checkpoint_options(command):
@@ -62,7 +85,15 @@ def restore_option(command):
     return option("restore", default=None, type=click.Path(exists=True, file_okay=False),
                   help="resume from this checkpoint (a ckpt-N folder, or its parent: LATEST); "
                   "the number of servers and their ranks must match; the scheduler takes "
-                  "the checkpoint's policy, not --policy")(command)
+                  "the checkpoint's policy, not --policy (docs/LIFECYCLE.md: ranks and data "
+                  "of a resumed job)")(command)
+
+
+def server_restore_option(command):
+    return option("restore", default=None, type=click.Path(exists=True, file_okay=False),
+                  help="load this server's shard from this checkpoint (a ckpt-N folder, or "
+                  "its parent: LATEST) before serving; the job's number of servers and this "
+                  "server's rank must match the checkpoint's")(command)
 
 
 def keys_option(command):

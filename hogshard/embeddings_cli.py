@@ -21,7 +21,7 @@ from typing import Any
 
 import click
 
-from hogshard.cli_options import call_scheduler, keys_option, option
+from hogshard.cli_options import address_option, call_scheduler, keys_option, option
 from hogshard.proto.config import DEFAULT_SCHEDULER
 
 #: Seconds between two looks at the job's status while waiting for the slots to move.
@@ -32,7 +32,7 @@ def _common(command: Any) -> Any:
     for decorate in (keys_option,
                      option("timeout", default=5.0, type=click.FloatRange(min=0.1),
                             help="seconds to wait for the scheduler's reply"),
-                     option("scheduler", default=DEFAULT_SCHEDULER,
+                     address_option("scheduler", default=DEFAULT_SCHEDULER,
                             help="the scheduler's address")):
         command = decorate(command)
     return command

@@ -42,6 +42,11 @@ log = logging.getLogger(__name__)
 
 #: Servers a replicated job replaces before it gives up (a crash loop is not hidden).
 MAX_SERVER_RESTARTS = 8
+#: Seconds the launcher waits, once its workers are done, for the scheduler to take its final
+#: checkpoint and exit (with --checkpoint-dir).
+FINAL_CHECKPOINT_S = 120.0
+#: The same without a final checkpoint: the servers hear of the end at their next heartbeat.
+END_S = 15.0
 
 
 def worker_environment(
@@ -169,6 +174,7 @@ class LocalCluster:
             "--heartbeat-timeout", str(self.heartbeat_timeout),
             "--replication", str(self.replication),
             "--embedding-slots", str(self.embedding_slots), *self._checkpoint_args(),
+            "--num-workers", str(self.workers), "--exit-when-done",
             *self._keys_args(),
         ), dict(os.environ))
         deadline = time.monotonic() + self.startup_timeout
@@ -225,10 +231,14 @@ class LocalCluster:
                     pass
                 time.sleep(0.5)
             try:
-                view = ClusterView(channel.call("status", timeout=5.0).header)
-                channel.call("shutdown", timeout=5.0)
+                view = ClusterView(channel.call("status", timeout=2.0).header)
+                channel.call("shutdown", timeout=2.0)  # the job ends (if not already)
             except HogshardError as err:
-                self._emit(f"[launch] final status unavailable: {err.message}")
+                if not self._scheduler_ended():  # one that ended the job was heard last above
+                    self._emit(f"[launch] final status unavailable: {err.message}")
+            # every worker done: the scheduler ends the job (final checkpoint, servers told)
+            self._await_scheduler(FINAL_CHECKPOINT_S if self.checkpoint_dir else END_S)
+
         finally:
             self._close_bar()
             channel.close()
@@ -240,13 +250,29 @@ class LocalCluster:
             self._emit(f"[launch] {w.label} exited with code {w.process.returncode}")
         return 1 if failed else 0
 
+    def _scheduler_ended(self) -> bool:
+        return any(c.role == "scheduler" and c.process.poll() == 0 for c in self._children)
+
+    def _await_scheduler(self, timeout: float) -> None:
+        """Until the scheduler has ended the job and exited (at most ``timeout`` seconds)."""
+        for child in self._children:
+            if child.role == "scheduler":
+                try:
+                    child.process.wait(timeout)
+                except subprocess.TimeoutExpired:
+                    self._emit("[launch] the scheduler did not end the job in "
+                               f"{timeout:.0f} s; stopping it")
+
     def _check_infrastructure(self) -> None:
-        """Stop the job if the scheduler or (unreplicated) a server exited; with replication
+        """Stop the job if the scheduler or (unreplicated) a server failed (one that exits 0
+        has seen the job end, docs/LIFECYCLE.md); with replication
         a server that exited is replaced (same rank): its backups took over, and the new one
         becomes their backup."""
         for child in list(self._children):
             if child.role == "worker" or child.replaced or child.process.poll() is None:
                 continue
+            if child.process.returncode == 0:
+                continue  # the job ended (every worker done, or `hogshard stop`)
             restarts = sum(1 for c in self._children if c.role == "server" and c.replaced)
             if child.role == "server" and self.replication > 1 \
                     and restarts < MAX_SERVER_RESTARTS:

@@ -59,18 +59,46 @@ class ClusterView:
         if not self.members:
             return []
         st = self.staleness()
-        servers = self.of_role("server")
-        pushes = sum(m.get("stats", {}).get("pushes", 0) for m in servers)
-        pulls = sum(m.get("stats", {}).get("pulls", 0) for m in servers)
-        errors = sum(sum(m.get("stats", {}).get("errors", {}).values()) for m in servers)
         return [
-            f"pushes={pushes} pulls={pulls} updates={sum(m.get('stats', {}).get('updates', 0) for m in servers)} "
-            f"server errors={errors}",
+            self.traffic_line(),
             f"staleness: n={st['count']} mean={st['mean']:.2f} p50={st['p50']} p99={st['p99']} "
             f"max={st['max']}",
             *self.recovery_lines(),
             *self.checkpoint_lines(),
         ]
+
+    def traffic_line(self) -> str:
+        """The servers' counters, each named so that they add up: push and pull requests,
+        the updates they applied (one per chunk or embedding row a push carries, a
+        softsync/hardsync group as one), those applied again by backups, and error replies
+        by code.
+
+        Example::
+
+            >>> view = ClusterView({"members": [{"role": "server", "rank": 0, "stats": {
+            ...     "pushes": 4, "pulls": 5, "updates": 8, "errors": {"NOT_OWNER": 1}}}]})
+            >>> print(view.traffic_line())  # doctest: +ELLIPSIS
+            requests: pushes=4 pulls=5; updates=8 applied (...); server errors=1 (NOT_OWNER=1...)
+        """
+        stats = [m.get("stats", {}) for m in self.of_role("server")]
+        total = {key: sum(int(st.get(key, 0)) for st in stats)
+                 for key in ("pushes", "pulls", "updates", "replicated")}
+        by_code: dict[str, int] = {}
+        for st in stats:
+            for code, count in (st.get("errors") or {}).items():
+                by_code[code] = by_code.get(code, 0) + int(count)
+        line = (f"requests: pushes={total['pushes']} pulls={total['pulls']}; "
+                f"updates={total['updates']} applied (one per chunk or embedding row a push "
+                "carries; a softsync/hardsync group applied as one)")
+        if total["replicated"]:
+            line += f", {total['replicated']} applied again by backups"
+        line += f"; server errors={sum(by_code.values())}"
+        if by_code:
+            line += " (" + ", ".join(f"{c}={n}" for c, n in sorted(by_code.items()))
+            line += (": a worker sent to a chunk's primary before the server knew the "
+                     "map, or after a failover; it fetched the map and sent again)"
+                     if "NOT_OWNER" in by_code else ")")
+        return line
 
     def recovery_lines(self) -> list[str]:
         """One line per server that came back as a new process, and the job's failure."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
@@ -32,6 +33,47 @@ LOG_FORMATS = ("text", "logfmt", "json")
 def env_name(option: str) -> str:
     """The environment variable that sets a CLI option or setting."""
     return ENV_PREFIX + option.upper().replace("-", "_")
+
+
+_HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+|\*)$")
+
+
+def check_address(address: str, what: str, bind: bool = False) -> str:
+    """``address`` if ZeroMQ can use it, else a :class:`ConfigError` naming ``what`` (the flag or
+    variable it came from): ``tcp://HOST:PORT``, ``ipc://PATH`` or ``inproc://NAME``. A bind may
+    use the host ``*`` and the port 0 (any free port); a connect needs a real host and port.
+
+    Example::
+
+        >>> check_address("tcp://127.0.0.1:7000", "--scheduler")
+        'tcp://127.0.0.1:7000'
+        >>> check_address("127.0.0.1:7000", "--scheduler")  # doctest: +SKIP
+        ConfigError: --scheduler '127.0.0.1:7000': no scheme; expected tcp://HOST:PORT, ...
+    """
+    what = f"{what} {address!r}".strip()
+    example = "tcp://127.0.0.1:7000" if not bind else "tcp://127.0.0.1:0 (any free port)"
+    scheme, sep, rest = address.partition("://")
+    if not sep:
+        raise ConfigError(f"{what}: no scheme; expected tcp://HOST:PORT, e.g. "
+                          f"{example}")
+    if scheme in ("ipc", "inproc"):
+        if not rest:
+            raise ConfigError(f"{what}: expected {scheme}://NAME")
+        return address
+    if scheme != "tcp":
+        raise ConfigError(f"{what}: unknown scheme {scheme!r}; expected tcp://, "
+                          "ipc:// or inproc://")
+    host, colon, port = rest.rpartition(":")
+    if not colon or not host:
+        raise ConfigError(f"{what}: expected tcp://HOST:PORT, e.g. {example}")
+    if not _HOST.match(host) or (host == "*" and not bind):
+        raise ConfigError(f"{what}: {host!r} is not a host name or address"
+                          + ("" if bind else " (to connect, name the host)"))
+    lowest = 0 if bind else 1
+    if not port.isdigit() or not lowest <= int(port) <= 65535:
+        raise ConfigError(f"{what}: port {port!r} is not a number from {lowest} "
+                          "to 65535")
+    return address
 
 
 def _convert(name: str, raw: str, kind: Any) -> Any:
@@ -87,6 +129,7 @@ class ClientSettings:
         if self.log_format not in LOG_FORMATS:
             raise ConfigError(f"{env_name('log_format')}={self.log_format!r}: expected one of "
                               f"{', '.join(LOG_FORMATS)}")
+        check_address(self.scheduler, env_name("scheduler"))
         if self.rank is not None and self.rank < 0:
             raise ConfigError(f"{env_name('rank')}={self.rank}: expected >= 0")
 

@@ -159,6 +159,33 @@ class ShmUnavailableError(HogshardError):
     code = ErrorCode.SHM_UNAVAILABLE
 
 
+#: How the scheduler's refusal of a barrier (or another wait) of an ending job begins.
+JOB_ENDING = "the job is ending"
+
+
+class JobStopped(SystemExit):
+    """The job was ended (``hogshard stop``, or the scheduler's ``--exit-when-done``): raised
+    by the worker's next request once its heartbeat hears of it. A ``SystemExit`` with status
+    0, so a training script that does not catch it unwinds (its ``finally`` blocks and
+    ``with`` exits run), leaves the job and exits 0 without a traceback; ``except Exception``
+    does not swallow it.
+
+    Example::
+
+        try:
+            train(client)
+        except JobStopped:
+            log.info("stopped: saving what I have"); raise
+    """
+
+    def __init__(self, reason: str = "the job was stopped") -> None:
+        super().__init__(0)
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return self.reason
+
+
 _BY_CODE: dict[ErrorCode, type[HogshardError]] = {
     ErrorCode.MALFORMED: ProtocolError,
     ErrorCode.BAD_VERSION: VersionMismatchError,

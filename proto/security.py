@@ -57,6 +57,7 @@ from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils import z85
 
 from hogshard.proto.errors import ConfigError
+from hogshard.proto.handshakes import DenialLog, HandshakeMonitor
 from hogshard.proto.roles import (
     KEY_NAMES,
     LEGACY,
@@ -212,12 +213,26 @@ class _RoleAuthenticator(ThreadAuthenticator):
     """A ZAP handler that names each CURVE connection by its key's role: the ``User-Id`` of
     every message it sends (read by proto/service.py)."""
 
-    def __init__(self, context: zmq.Context, roles: dict[bytes, str]) -> None:
+    def __init__(self, context: zmq.Context, roles: dict[bytes, str],
+                 denials: DenialLog | None = None) -> None:
         super().__init__(context, log=logging.getLogger(__name__ + ".zap"))
         self.roles = roles
+        self.denials = denials or DenialLog()
+        self._peer = "?"
 
     def curve_user_id(self, client_public_key: bytes) -> str:
         return str(self.roles.get(z85.encode(client_public_key), Role.WORKER))
+
+    async def handle_zap_message(self, msg: list[bytes]) -> None:
+        # one request at a time (the authenticator's thread): the peer of the reply below
+        self._peer = msg[3].decode("utf-8", "replace") if len(msg) > 3 else "?"
+        await super().handle_zap_message(msg)
+
+    def _send_zap_reply(self, request_id: bytes, status_code: bytes,
+                        status_text: bytes, user_id: str = "anonymous") -> None:
+        if status_code != b"200":
+            self.denials.denied(self._peer, "zap", status_text.decode("utf-8", "replace"))
+        super()._send_zap_reply(request_id, status_code, status_text, user_id)
 
 
 class Security:
@@ -244,6 +259,9 @@ class Security:
         if not self.authorized.is_dir():  # a flattened copy of the folder (k8s Secret)
             self.authorized = directory
         self._authenticators: dict[int, Any] = {}
+        self._monitors: dict[int, list[HandshakeMonitor]] = {}
+        #: Refused handshakes on this process's binding sockets (logged, rate-limited).
+        self.denials = DenialLog()
 
     @classmethod
     def from_dir(cls, directory: str | os.PathLike[str], client: str | None = None,
@@ -292,6 +310,8 @@ class Security:
             raise ConfigError(f"{self.authorized} lists no client public keys (*.key); no "
                               "one could connect")
         self._authenticator(context)
+        self._monitors.setdefault(id(context), []).append(
+            HandshakeMonitor(context, sock, self.denials))
         sock.setsockopt(zmq.CURVE_SERVER, 1)
         sock.setsockopt(zmq.CURVE_PUBLICKEY, self.server_public)
         sock.setsockopt(zmq.CURVE_SECRETKEY, self.server_secret)
@@ -339,7 +359,7 @@ class Security:
             log.warning("%s admits the shared client key (client.key), which may act in "
                         "every role; remove it once every process has its role key",
                         self.authorized)
-        auth = _RoleAuthenticator(context, roles)
+        auth = _RoleAuthenticator(context, roles, self.denials)
         auth.start()
         auth.configure_curve(domain="*", location=str(self.authorized))
         self._authenticators[id(context)] = auth
@@ -347,6 +367,8 @@ class Security:
 
     def stop(self, context: zmq.Context) -> None:
         """Stop the authenticator of ``context`` (its sockets block ``context.term()``)."""
+        for monitor in self._monitors.pop(id(context), []):
+            monitor.stop()
         auth = self._authenticators.pop(id(context), None)
         if auth is not None:
             auth.stop()

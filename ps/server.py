@@ -281,6 +281,7 @@ class ShardServer:
                 self.updates.settle()  # both read or move weights wholesale
             if "assignments" in reply.header:
                 self.replicas.take_assignments(reply, self.store, self.rank, self.embeddings)
+                self.link.hurry()  # say soon that this map is known (a worker may wait on it)
             if isinstance(checkpoint, dict) and self.checkpoints.write(
                     checkpoint, self.rank, self.view.observed,
                     {"updates": self.stats.updates, "incarnation": self.incarnation}):

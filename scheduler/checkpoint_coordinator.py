@@ -76,6 +76,10 @@ class CheckpointCoordinator:
         return self.rounds.start(parent, ranks, self._describe, time.monotonic(),
                                  self._chunks.primaries())
 
+    def tables_placed(self) -> bool:
+        """Whether there is anything to save (a table exists)."""
+        return bool(self._chunks.tables)
+
     def request(self, directory: str) -> Ready:
         """The ``checkpoint`` op: a round into ``directory``, answered once it is written."""
         return self.rounds.waiter(self.start(Path(directory)))

@@ -5,19 +5,19 @@ checkpoint requests and the end of the job out (PROTOCOL.md, ``heartbeat``).
 Example::
 
     heartbeats = Heartbeats(members, shard_map, recovery, coordinator, policy, barriers,
-                            shutting_down=lambda: job.shutting_down)
+                            lifecycle)
     reply = heartbeats.handle(message)
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 from hogshard.proto.wire import Message
 from hogshard.scheduler.barriers import Barriers
 from hogshard.scheduler.checkpoint_coordinator import CheckpointCoordinator
+from hogshard.scheduler.lifecycle import JobLifecycle
 from hogshard.scheduler.membership import Member, MembershipTable
 from hogshard.scheduler.policy_control import PolicyControl
 from hogshard.scheduler.server_recovery import ServerRecovery
@@ -49,23 +49,30 @@ class Heartbeats:
 
     def __init__(self, members: MembershipTable, shard_map: ShardMap,
                  recovery: ServerRecovery, checkpoints: CheckpointCoordinator,
-                 policy: PolicyControl, barriers: Barriers,
-                 shutting_down: Callable[[], bool]) -> None:
+                 policy: PolicyControl, barriers: Barriers, lifecycle: JobLifecycle) -> None:
         self._members = members
         self._shard_map = shard_map
         self._recovery = recovery
         self._checkpoints = checkpoints
         self._policy = policy
         self._barriers = barriers
-        self._shutting_down = shutting_down
+        self._lifecycle = lifecycle
 
     def handle(self, msg: Message) -> dict[str, Any]:
         now = time.monotonic()
         member = self._members.touch(msg.get("from", ""), now, msg.get("incarnation"))
         observe(member, msg.get("clock"), msg.get("stats"), msg.get("progress"), now)
+        if member.role == "server" and type(msg.get("map_epoch")) is int:
+            member.map_epoch = msg.get("map_epoch")
         if member.role == "server" and msg.get("handed_off") is not None:
             self._shard_map.resharding.handed_off(member.rank, msg.get("handed_off"))
-        reply: dict[str, Any] = {"epoch": self._members.epoch, "shutdown": self._shutting_down(),
+        # workers are told first; servers once the workers are gone and the final checkpoint
+        # is written (scheduler/lifecycle.py)
+        shutdown = self._lifecycle.servers_told if member.role == "server" \
+            else self._lifecycle.workers_told
+        if shutdown and member.role == "server":
+            self._lifecycle.told(member.rank)
+        reply: dict[str, Any] = {"epoch": self._members.epoch, "shutdown": shutdown,
                                  **self._shard_map.replica_fields(member, msg.get("map_epoch"))}
         if self._recovery.failed is not None:
             reply["failed"] = self._recovery.failed

@@ -51,6 +51,8 @@ class Member:
     incarnation: int | None = None
     #: The host identity it reported (proto/shm.py): peers with the same share memory.
     host: str | None = None
+    #: Servers: the shard-map epoch their last heartbeat said they know (None: none yet).
+    map_epoch: int | None = None
     #: The member this one replaced under the same node id (its predecessor's own is dropped).
     previous: Member | None = field(default=None, repr=False)
 
@@ -65,15 +67,19 @@ class Member:
 
 class MembershipTable:
     """Ranks are the lowest free for the role (a requested rank is honoured when free), so a
-    restarted process can take the rank of the one that died. A worker rank whose worker left
-    (``done``) is never handed out again: its share of the data is trained. A server that asks
+    restarted process can take the rank of the one that died. Without ``num_workers`` a worker
+    rank whose worker left (``done``) is never handed out again: its share of the data is
+    trained. With it, worker ranks stay below ``num_workers`` (see :meth:`_worker_rank`). A server that asks
     for its rank under a new incarnation takes it over from a live holder (see :meth:`fence`)."""
 
     #: Replaced incarnations remembered per rank.
     MAX_FENCED = 64
 
-    def __init__(self, heartbeat_timeout: float, epoch: int = 0) -> None:
+    def __init__(self, heartbeat_timeout: float, epoch: int = 0,
+                 num_workers: int | None = None) -> None:
         self.heartbeat_timeout = heartbeat_timeout
+        #: The job's worker count (--num-workers), None when the scheduler was not told.
+        self.num_workers = num_workers
         self._members: dict[str, Member] = {}
         self._fenced: dict[str, list[int]] = {}  # node id -> incarnations replaced
         #: Moves whenever membership or the layout of a table changes (``bump``).
@@ -102,12 +108,15 @@ class MembershipTable:
             same.address, same.last_seen = address, now  # the same process, registering again
             self.epoch += 1
             return same
-        taken = {m.rank for m in self._members.values() if m.role == role and (
-            m.alive or (role == "worker" and m.state is MemberState.DONE))}
-        if rank_hint is not None and rank_hint >= 0 and rank_hint not in taken:
-            rank = rank_hint
+        if role == "worker" and self.num_workers is not None:
+            rank = self._worker_rank(rank_hint)
         else:
-            rank = next(r for r in range(len(taken) + 1) if r not in taken)
+            taken = {m.rank for m in self._members.values() if m.role == role and (
+                m.alive or (role == "worker" and m.state is MemberState.DONE))}
+            if rank_hint is not None and rank_hint >= 0 and rank_hint not in taken:
+                rank = rank_hint
+            else:
+                rank = next(r for r in range(len(taken) + 1) if r not in taken)
         if exact_rank and rank != rank_hint:
             raise ConflictError(f"{role}-{rank_hint} is held by a live process; a {role} with "
                                 "that rank's own key registers under it only (stop the other "
@@ -124,6 +133,32 @@ class MembershipTable:
         self._members[member.node_id] = member
         self.epoch += 1
         return member
+
+    def _worker_rank(self, rank_hint: int | None) -> int:
+        """A worker's rank in a job of ``num_workers``: the rank asked for when no live worker
+        holds it, else the lowest rank never handed out, else the lowest whose worker left
+        (done or dead: a restored job's new workers take the ranks a check worker or a lost
+        one held). A rank at or above ``num_workers`` is refused, never trained beside the
+        job's data shards."""
+        limit = self.num_workers
+        assert limit is not None
+        live = {m.rank for m in self._members.values() if m.role == "worker" and m.alive}
+        if rank_hint is not None and rank_hint >= 0:
+            if rank_hint >= limit:
+                raise ConflictError(
+                    f"rank {rank_hint} is not a rank of this job: it has {limit} workers "
+                    f"(ranks 0..{limit - 1}, the scheduler's --num-workers); ask for a lower "
+                    "rank or none")
+            if rank_hint not in live:
+                return rank_hint
+        used = {m.rank for m in self._members.values() if m.role == "worker"}
+        for candidates in (set(range(limit)) - used, set(range(limit)) - live):
+            if candidates:
+                return min(candidates)
+        raise ConflictError(
+            f"every rank of this job is held by a live worker ({limit} workers, the "
+            "scheduler's --num-workers): no rank for another; start it once one has left, "
+            "or start the scheduler with a larger --num-workers")
 
     def fence(self, role: str, rank: Any, incarnation: Any) -> Member | None:
         """Before a registration under ``rank`` with ``incarnation``: a live member holding

@@ -9,7 +9,8 @@ the parts, each of which owns its state: membership (scheduler/membership.py), t
 and its replication roles (scheduler/shard_map.py), the policy (scheduler/policy_control.py),
 barriers (scheduler/barriers.py), checkpoints (scheduler/checkpoint_coordinator.py), recovery
 of lost servers (scheduler/server_recovery.py), rejoin (scheduler/rejoin.py), heartbeats
-(scheduler/heartbeats.py) and the held requests (scheduler/waiters.py).
+(scheduler/heartbeats.py), the end of the job (scheduler/lifecycle.py) and the held requests
+(scheduler/waiters.py).
 
 Example::
 
@@ -27,7 +28,7 @@ from typing import Any
 
 import zmq
 
-from hogshard.proto.errors import ConfigError, HogshardError
+from hogshard.proto.errors import JOB_ENDING, ConfigError, ConflictError, HogshardError
 from hogshard.proto.ops import OpSpec, check_claimed_role
 from hogshard.proto.policy import parse_policy
 from hogshard.proto.security import Security
@@ -38,6 +39,7 @@ from hogshard.scheduler.barriers import Barriers
 from hogshard.scheduler.checkpoint_coordinator import CheckpointCoordinator, restore_job
 from hogshard.scheduler.checkpointing import CheckpointRounds
 from hogshard.scheduler.heartbeats import Heartbeats
+from hogshard.scheduler.lifecycle import JobLifecycle
 from hogshard.scheduler.lost import LostShards
 from hogshard.scheduler.membership import MembershipTable, server_list
 from hogshard.scheduler.op_table import scheduler_ops
@@ -71,16 +73,21 @@ class Scheduler:
         security: Security | None = None,
         replication: int = 1,
         embedding_slots: int = 0,
+        num_workers: int | None = None,
+        exit_when_done: bool = False,
     ) -> None:
         consistency = parse_policy(policy)
         check_replication(replication, consistency)
         check_slots(embedding_slots, replication)
         if expected_servers < 1:
             raise ConfigError(f"expected_servers must be at least 1; got {expected_servers}")
+        if num_workers is not None and num_workers < 1:
+            raise ConfigError(f"num_workers must be at least 1; got {num_workers}")
+        if exit_when_done and num_workers is None:
+            raise ConfigError("--exit-when-done needs --num-workers (the workers to wait for)")
         self.expected_servers = expected_servers
         self.replication = replication
         self.heartbeat_interval = heartbeat_interval
-        self.shutting_down = False
         self.started_at = time.monotonic()
         self.errors: dict[str, int] = {}
         restored = restore_job(Path(restore), expected_servers) if restore else None
@@ -93,7 +100,8 @@ class Scheduler:
         self.restored_clock = restored.clock if restored is not None else 0
 
         self.members = MembershipTable(heartbeat_timeout,
-                                       epoch=restored.epoch if restored is not None else 0)
+                                       epoch=restored.epoch if restored is not None else 0,
+                                       num_workers=num_workers)
         self.shard_map = ShardMap(self.members, expected_servers, replication,
                                   restored.tables if restored is not None else None,
                                   embedding_slots, report_grace=heartbeat_timeout)
@@ -105,9 +113,12 @@ class Scheduler:
         self.checkpoints = CheckpointCoordinator(rounds, self.members, self.shard_map,
                                                  self.recovery, self._job_description,
                                                  expected_servers)
+        self.lifecycle = JobLifecycle(self.members, self.checkpoints, num_workers,
+                                      exit_when_done, grace=max(10.0, 2 * heartbeat_timeout),
+                                      linger=max(1.0, 2 * heartbeat_interval))
         self.heartbeats = Heartbeats(self.members, self.shard_map, self.recovery,
                                      self.checkpoints, self.policy, self.barriers,
-                                     lambda: self.shutting_down)
+                                     self.lifecycle)
 
         self._stop = threading.Event()
         self._own_context = context is None
@@ -178,6 +189,8 @@ class Scheduler:
         self.shard_map.place_reported_slots()
         self.checkpoints.tick(now)
         self._waiters.release()
+        if self.lifecycle.tick(now):
+            self.stop()
 
     def _hold(self, identity: bytes, request_id: int, ready: Any) -> None:
         """A handler's ``ready()``: the request is answered once it returns its fields."""
@@ -239,6 +252,10 @@ class Scheduler:
             "heartbeat_timeout": self.members.heartbeat_timeout,
             "epoch": self.members.epoch,
             "replication": self.replication,
+            "servers": len(self.members.live("server")),
+            "expected_servers": self.expected_servers,
+            **({"num_workers": self.members.num_workers}
+               if self.members.num_workers is not None else {}),
         }
 
     def _wait_servers(self, msg: Message) -> Ready:
@@ -250,11 +267,26 @@ class Scheduler:
 
         return ready
 
-    def _declare_table(self, msg: Message) -> Reply:
+    def _declare_table(self, msg: Message) -> Reply | Ready:
         self.recovery.check_not_failed()
         table = self.shard_map.declare(msg.header["table"], msg.get("size"),
                                        msg.get("chunk_elems"), msg.header["rule"])
-        return self.shard_map.view(table)
+        if table.replication < 2:
+            return self.shard_map.view(table)
+        # A replicated table's servers learn their roles from a heartbeat reply: answer once
+        # each live server has said it knows this map, so that the worker's first requests
+        # find their primaries ready (not NOT_OWNER); a server that stays silent is waited
+        # for a heartbeat timeout at most (then the worker's retries cover it).
+        epoch = self.shard_map.map_epoch
+        deadline = time.monotonic() + self.members.heartbeat_timeout
+
+        def ready() -> Reply | None:
+            known = all(m.map_epoch is not None and m.map_epoch >= epoch
+                        for m in self.members.live("server"))
+            return self.shard_map.view(table) if known or time.monotonic() > deadline \
+                else None
+
+        return ready
 
     def _table_ready(self, msg: Message) -> Reply:
         self.recovery.check_not_failed()
@@ -276,9 +308,17 @@ class Scheduler:
 
     def _barrier(self, msg: Message) -> Ready:
         self.members.get(msg.get("from", ""))
-        return self.barriers.arrive(
+        ready = self.barriers.arrive(
             str(msg.get("name")), msg.get("from"), msg.get("ranks"),
             lambda: {m.node_id for m in self.members.live("worker")})
+
+        def unless_ending() -> Reply | None:
+            if self.lifecycle.workers_told:
+                raise ConflictError(f"{JOB_ENDING} ({self.lifecycle.reason}): barrier "
+                                    f"{msg.get('name')!r} is not waited for")
+            return ready()
+
+        return unless_ending
 
     def _leave(self, msg: Message) -> Reply:
         member = self.members.leave(msg.get("from", ""))
@@ -290,9 +330,14 @@ class Scheduler:
     def _set_policy(self, msg: Message) -> Reply:
         return self.policy.change(msg.get("policy"), self.members.live("worker"))
 
+    @property
+    def shutting_down(self) -> bool:
+        """Whether the job is ending (``shutdown`` op, or every worker done)."""
+        return self.lifecycle.workers_told
+
     def _shutdown(self, msg: Message) -> Reply:
-        self.shutting_down = True
-        return {}
+        return self.lifecycle.stop(f"shutdown from {msg.get('from') or 'an admin'}",
+                                   time.monotonic())
 
     def _status(self, msg: Message) -> Reply:
         now = time.monotonic()
@@ -302,6 +347,7 @@ class Scheduler:
             "uptime": now - self.started_at,
             "expected_servers": self.expected_servers,
             "shutdown": self.shutting_down,
+            "job": self.lifecycle.status(),
             "members": [
                 {
                     "node_id": m.node_id, "role": m.role, "rank": m.rank, "address": m.address,

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Create .venv (once) and install hogshard with its worker, example and test extras.
-# torch comes from the CPU build pinned below (the CPU wheel index where it is reachable),
-# installed first so nothing pulls a CUDA build.
+# torch comes from the CPU build pinned below (the CPU wheel index where it is reachable, else
+# a local CPU wheel pip finds), installed first so nothing pulls a CUDA build; only a CUDA build
+# installed after all gets a warning.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TORCH_VERSION="${HOGSHARD_TORCH_VERSION:-2.13.0}"
@@ -24,13 +25,17 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
       torch_args=(--extra-index-url "$cpu_index")
       echo "installing torch==${TORCH_VERSION} (CPU build, from $cpu_index)..." >&2
     else
-      echo "installing torch==${TORCH_VERSION} by its plain name: the CPU wheel index does not answer (without a local CPU wheel, pip takes the CUDA build)..." >&2
+      echo "installing torch==${TORCH_VERSION}..." >&2
     fi
     .venv/bin/python -m pip install --quiet "${torch_args[@]}" "torch==${TORCH_VERSION}" numpy 2>&1 | grep -v '^WARNING: Location' >&2 || true
     .venv/bin/python -c "import torch" || {
       echo "could not install torch==${TORCH_VERSION}; install a CPU build of torch into .venv by hand" >&2
       exit 1
     }
+    # Only a real problem is worth a word: pip found no CPU build and took the CUDA one.
+    if ! .venv/bin/python -c "import sys, torch; sys.exit(torch.version.cuda is not None)"; then
+      echo "warning: pip installed a CUDA build of torch (the CPU wheel index $cpu_index did not answer and no local CPU wheel was found); uninstall it and install a CPU wheel (HOGSHARD_TORCH_INDEX=URL names another index)" >&2
+    fi
   fi
   echo "installing hogshard and its dependencies..." >&2
   .venv/bin/python -m pip install --quiet -e ".[worker,examples,test]" 2>&1 | grep -v '^WARNING: Location' >&2 || true

@@ -18,7 +18,6 @@ Example::
 
 from __future__ import annotations
 
-import atexit
 import itertools
 import logging
 import secrets
@@ -31,7 +30,13 @@ import numpy as np
 import zmq
 
 from hogshard.proto.config import ClientSettings, ShmSettings
-from hogshard.proto.errors import RequestTimeoutError, ServerLostError
+from hogshard.proto.errors import (
+    JOB_ENDING,
+    HogshardError,
+    JobStopped,
+    RequestTimeoutError,
+    ServerLostError,
+)
 from hogshard.proto.malloc import tune_malloc
 from hogshard.proto.security import load_security
 from hogshard.proto.shm import host_identity
@@ -87,7 +92,7 @@ class PSClient:
                                    sender="worker-?", security=self.security)
         #: Set by the heartbeat thread when the scheduler says the job lost a shard for good;
         #: every request from then on raises it.
-        self.failure: ServerLostError | None = None
+        self.failure: ServerLostError | JobStopped | None = None
         self._ids = itertools.count(1)
         self._push_ids = itertools.count(1)
         self._incarnation = secrets.randbits(30)  # push ids stay unique across restarts
@@ -97,25 +102,18 @@ class PSClient:
         shm = shm or ShmSettings.from_env()
         #: Shared memory with the servers on this host (worker/shm.py).
         self.shm = ShmLink(shm, host_identity(shm.host_id))
-        reply = self._control.call(
-            "register", {"role": "worker", "rank_hint": self.settings.rank,
-                         "host": self.shm.host},
-            timeout=self.settings.connect_timeout,
-        )
-        self._adopt_registration(reply.header)
-        self.policy: str = reply.get("policy")
-        self._heartbeat = Heartbeat(self, self._control_context,
-                                    reply.get("heartbeat_interval"))
-        self._heartbeat.start()
-        # a script that ends on an exception never closes its client; collecting a context
-        # whose sockets are still open (the heartbeat thread's) would hang the exit
-        atexit.register(_close_at_exit, weakref.ref(self))
-        servers = self._control.call("wait_servers", timeout=self.settings.connect_timeout)
         self._servers: dict[int, zmq.Socket] = {}
         self._addresses: dict[int, tuple[str, Any]] = {}  # rank -> (address, incarnation)
         self._hosts: dict[int, Any] = {}  # rank -> the host identity it reported
         self._links: dict[int, int] = {}  # rank -> how many sockets were opened to it
         self._poller = zmq.Poller()
+        self._heartbeat: Heartbeat | None = None
+        self.policy: str = ""
+        try:
+            servers = control.join(self, _close_at_exit)
+        except BaseException:
+            self.close(leave=False)  # nothing left open for the exit to trip on
+            raise
         self._connect_servers(servers.get("servers"))
         #: The servers embedding rows are hashed over (fixed for the client's life: a rank
         #: taken over by a new process keeps its place; worker/sparse.py).
@@ -152,7 +150,8 @@ class PSClient:
     def surplus(self) -> bool:
         """Whether this worker's rank is beyond the job's ``num_workers``: every data shard
         (rank) of the job is trained or being trained, since the rank of a worker that left
-        is never handed out again. A script that shards its data by rank has nothing to do.
+        is never handed out again (a scheduler given ``--num-workers`` refuses such a worker
+        instead, docs/LIFECYCLE.md). A script that shards its data by rank has nothing to do.
 
         Example::
 
@@ -344,9 +343,16 @@ class PSClient:
         fields: dict[str, Any] = {"name": name}
         if ranks is not None:
             fields["ranks"] = ranks
-        control.call_across_restarts(self._control, "barrier", fields,
-                                     timeout or self.settings.request_timeout,
-                                     lambda: self.generation)
+        try:
+            control.call_across_restarts(self._control, "barrier", fields,
+                                         timeout or self.settings.request_timeout,
+                                         lambda: self.generation)
+        except HogshardError as err:
+            if self.failure is None and err.message.startswith(JOB_ENDING):
+                self.failure = JobStopped(f"{self.node_id}: {err.message}")
+            if isinstance(self.failure, JobStopped):
+                raise self.failure from None  # the scheduler released the barrier: stopped
+            raise
 
     def set_progress(self, **fields: Any) -> None:
         """Progress shown by ``hogshard status`` and the launcher (e.g. done, total, loss)."""
@@ -360,8 +366,11 @@ class PSClient:
         if self._closed:
             return
         self._closed = True
-        self._heartbeat.stopped.set()
-        self._heartbeat.join(timeout=10.0)  # no heartbeat may arrive after the leave
+        if self._heartbeat is not None:
+            self._heartbeat.stopped.set()
+            self._heartbeat.join(timeout=10.0)  # no heartbeat may arrive after the leave
+        else:
+            leave = False  # never registered
         if leave:
             control.leave(self)
         for sock in self._servers.values():
@@ -383,4 +392,5 @@ class PSClient:
 def _close_at_exit(ref: weakref.ref[PSClient]) -> None:
     client = ref()
     if client is not None and not client._closed:
-        client.close(leave=False)
+        # a stopped job's worker leaves (the scheduler waits for it); any other is lost
+        client.close(leave=isinstance(client.failure, JobStopped))

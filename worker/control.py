@@ -1,4 +1,5 @@
-"""Control calls that survive a scheduler restart: requests, re-registration, the leave.
+"""Control calls: joining the job (:func:`join` says what it waits for and, at a timeout,
+what may be wrong), calls that survive a scheduler restart, re-registration, the leave.
 
 A request sent to a scheduler that then dies is lost, and a restarted scheduler does not know
 the worker until the heartbeat thread has registered it again (``UNKNOWN_MEMBER`` meanwhile).
@@ -11,21 +12,32 @@ Example::
                                  lambda: client.generation)
     reregister(client, channel)   # the heartbeat thread, told UNKNOWN_MEMBER
     leave(client)                 # PSClient.close: the scheduler, then every server
+    join(client, at_exit)         # PSClient.__init__: register, heartbeat, wait_servers
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import time
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import zmq
 
-from hogshard.proto.errors import ErrorCode, HogshardError, RequestTimeoutError, UnknownMemberError
+from hogshard.proto.config import ClientSettings, env_name
+from hogshard.proto.errors import (
+    ErrorCode,
+    HogshardError,
+    JobStopped,
+    RequestTimeoutError,
+    UnknownMemberError,
+)
 from hogshard.proto.transport import ERROR, RpcChannel, raise_if_error
 from hogshard.proto.wire import Message
 from hogshard.worker.futures import Future
+from hogshard.worker.heartbeat import Heartbeat
 
 if TYPE_CHECKING:
     from hogshard.worker.client import PSClient
@@ -34,6 +46,70 @@ log = logging.getLogger(__name__)
 
 #: How often the wait looks at the generation (seconds).
 POLL_S = 0.2
+
+
+def connect_error(settings: ClientSettings, op: str,
+                  servers: str | None = None) -> RequestTimeoutError:
+    """The error of a worker that waited ``settings.connect_timeout`` seconds for ``op``
+    (``register``: the scheduler; ``wait_servers``: the servers), naming the address, the
+    time waited and the likely causes."""
+    waited = f"{settings.connect_timeout:.0f} s ({env_name('connect_timeout')})"
+    if op == "register":
+        keys = (f"the keys in {settings.keys} may not be this cluster's (the scheduler logs "
+                "a refused CURVE handshake)" if settings.keys else
+                "this cluster may use CURVE; pass --keys (HOGSHARD_KEYS)")
+        return RequestTimeoutError(
+            f"no reply from the scheduler at {settings.scheduler} after {waited}: nothing "
+            f"listening there (a wrong host or port, the scheduler not started), a firewall "
+            f"between, or {keys}")
+    return RequestTimeoutError(
+        f"registered with the scheduler at {settings.scheduler}, but "
+        f"{servers or 'not every server'} had registered after {waited}: start the missing "
+        "servers with `hogshard server --scheduler ...`, or check the scheduler's --servers "
+        "and the servers' keys")
+
+
+def join(client: PSClient, at_exit: Callable[[Any], None]) -> Message:
+    """Register ``client`` with the scheduler, start its heartbeat (and ``at_exit`` with a
+    weak reference to it) and wait for every server; the ``wait_servers`` reply. Says what it
+    waits for, and at a timeout what may be wrong (:func:`connect_error`)."""
+    settings = client.settings
+    timeout = settings.connect_timeout
+    log.info("registering with the scheduler at %s (waiting up to %.0f s)", settings.scheduler,
+             timeout)
+    try:
+        reply = client._control.call(
+            "register", {"role": "worker", "rank_hint": settings.rank, "host": client.shm.host},
+            timeout=timeout)
+    except RequestTimeoutError:
+        raise connect_error(settings, "register") from None
+    client._adopt_registration(reply.header)
+    client.policy = reply.get("policy")
+    client._heartbeat = Heartbeat(client, client._control_context,
+                                  reply.get("heartbeat_interval"))
+    client._heartbeat.start()
+    # a script that ends on an exception never closes its client; collecting a context whose
+    # sockets are still open (the heartbeat thread's) would hang the exit
+    atexit.register(at_exit, weakref.ref(client))
+    live, expected = reply.get("servers"), reply.get("expected_servers")
+    if isinstance(live, int) and isinstance(expected, int):
+        log.info("%s registered; %d of %d servers up%s", client.node_id, live, expected,
+                 "" if live >= expected else ", waiting for the rest")
+    try:
+        return client._control.call("wait_servers", timeout=timeout)
+    except RequestTimeoutError:
+        raise connect_error(settings, "wait_servers", servers_up(client._control)) from None
+
+
+def servers_up(channel: RpcChannel) -> str | None:
+    """``k of S servers`` from the scheduler's status, or None if it does not answer."""
+    try:
+        status = channel.call("status", timeout=2.0).header
+    except HogshardError:
+        return None
+    up = sum(1 for m in status.get("members", ())
+             if m.get("role") == "server" and m.get("state") == "alive")
+    return f"{up} of {status.get('expected_servers')} servers"
 
 
 def call_across_restarts(channel: RpcChannel, op: str, fields: dict[str, Any], timeout: float,
@@ -95,3 +171,5 @@ def leave(client: PSClient) -> None:
         Future.gather(leaves, client._pump).result(2.0)
     except HogshardError as err:
         log.debug("telling the servers of the leave: %s", err.message)
+    except JobStopped:
+        pass  # the servers are stopping too

@@ -16,7 +16,12 @@ from typing import TYPE_CHECKING
 
 import zmq
 
-from hogshard.proto.errors import HogshardError, ServerLostError, UnknownMemberError
+from hogshard.proto.errors import (
+    HogshardError,
+    JobStopped,
+    ServerLostError,
+    UnknownMemberError,
+)
 from hogshard.proto.transport import RpcChannel
 
 if TYPE_CHECKING:
@@ -50,9 +55,12 @@ class Heartbeat(threading.Thread):
                     if isinstance(reply.get("failed"), str) and self._client.failure is None:
                         log.error("the job failed: %s", reply.get("failed"))
                         self._client.failure = ServerLostError(reply.get("failed"))
-                    if isinstance(reply.get("failed"), str) and self._client.failure is None:
-                        log.error("the job failed: %s", reply.get("failed"))
-                        self._client.failure = ServerLostError(reply.get("failed"))
+                    if reply.get("shutdown") is True and self._client.failure is None:
+                        log.warning("%s: the scheduler ended the job; this worker stops at "
+                                    "its next request (exit status 0)", self._client.node_id)
+                        self._client.failure = JobStopped(
+                            f"{self._client.node_id}: the job was stopped by its scheduler "
+                            "(hogshard stop, or every worker done)")
                 except UnknownMemberError as err:
                     if self.stopped.is_set():
                         break

@@ -60,6 +60,56 @@ def docker_ready() -> str | None:
     return None
 
 
+DEFAULT_BASE_IMAGE = "python:3.11-slim"
+DOCKER_ENV = REPO / ".docker-env"  # written by scripts/docker-setup.sh
+
+
+def _image_exists(image: str) -> bool:
+    return subprocess.run(["docker", "image", "inspect", image], capture_output=True,
+                          timeout=60).returncode == 0
+
+
+def read_docker_env(path: Path = DOCKER_ENV) -> dict[str, str]:
+    """The ``export NAME=VALUE`` lines of scripts/docker-setup.sh's ``.docker-env``."""
+    found = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            name, sep, value = line.removeprefix("export ").partition("=")
+            if sep and name.startswith("HOGSHARD_"):
+                found[name.strip()] = value.strip()
+    return found
+
+
+def base_image_env() -> tuple[dict[str, str], str | None]:
+    """What the image builds need to find their base image, the way ``.ci/run`` prepares it:
+    ``HOGSHARD_PYTHON_IMAGE`` (and ``HOGSHARD_PIP_ARGS``) from the environment, from a
+    ``.docker-env`` an earlier ``scripts/docker-setup.sh`` wrote, ``python:3.11-slim`` where
+    it is here or can be pulled, else what ``scripts/docker-setup.sh`` makes from Debian
+    packages (as root). Returns the variables and None, or ``{}`` and why no base image can
+    be had (the test then skips, or fails under ``HOGSHARD_SYSTEM_TESTS=1``)."""
+    if os.environ.get("HOGSHARD_PYTHON_IMAGE"):
+        return {}, None
+    prepared = read_docker_env()
+    if prepared.get("HOGSHARD_PYTHON_IMAGE") and _image_exists(prepared["HOGSHARD_PYTHON_IMAGE"]):
+        return prepared, None
+    if _image_exists(DEFAULT_BASE_IMAGE) or subprocess.run(
+            ["docker", "pull", "-q", DEFAULT_BASE_IMAGE], capture_output=True,
+            timeout=180).returncode == 0:
+        return {}, None
+    if os.geteuid() != 0:
+        return {}, (f"no {DEFAULT_BASE_IMAGE} image (Docker Hub unreachable?), and making one "
+                    "from Debian packages needs root: run `sudo bash scripts/docker-setup.sh` "
+                    "once (as .ci/run does)")
+    done = subprocess.run(["bash", str(REPO / "scripts" / "docker-setup.sh")],
+                          capture_output=True, text=True, timeout=3600)
+    if done.returncode != 0:
+        return {}, f"scripts/docker-setup.sh failed: {done.stderr.strip()[-500:]}"
+    prepared = read_docker_env()
+    if not prepared.get("HOGSHARD_PYTHON_IMAGE"):
+        return {}, "scripts/docker-setup.sh wrote no HOGSHARD_PYTHON_IMAGE to .docker-env"
+    return prepared, None
+
+
 class ComposeCluster:
     """One compose project of the hogshard cluster; a context manager that tears it down."""
 

@@ -11,7 +11,9 @@ the workers.
 Needs a docker daemon and compose (``.ci/run`` installs and starts both, and sets
 ``HOGSHARD_SYSTEM_TESTS=1`` so that a missing daemon fails instead of skipping). Images are
 built through the compose file; ``HOGSHARD_PYTHON_IMAGE`` and ``HOGSHARD_PIP_ARGS`` choose the
-base image and pip's sources (docker/README.md, "Building without Docker Hub").
+base image and pip's sources (docker/README.md, "Building without Docker Hub"). Where they are
+unset the test prepares a base image as ``.ci/run`` does (scripts/docker-setup.sh, as root)
+and skips, saying why, where it cannot (fails under ``HOGSHARD_SYSTEM_TESTS=1``).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import pytest
 
 from hogshard.datasets import FASHION_MNIST
 
-from .compose_cluster import ComposeCluster, docker_ready
+from .compose_cluster import ComposeCluster, base_image_env, docker_ready
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(1500)]
 
@@ -40,8 +42,13 @@ HAS_DATA = (FASHION_MNIST / "train-images-idx3-ubyte.gz").exists()
 MIN_ACCURACY = 0.85 if HAS_DATA else 0.9  # the digits fallback trains to ~0.95
 
 
+#: The base image's variables when the test prepared it (base_image_env).
+PREPARED: dict[str, str] = {}
+
+
 def _environ() -> dict[str, str]:
     env = {
+        **PREPARED,
         "HOGSHARD_REPLICATION": "2",
         "HOGSHARD_NUM_WORKERS": str(WORKERS),
         "HOGSHARD_HEARTBEAT_TIMEOUT": "5",
@@ -60,6 +67,12 @@ def images() -> None:
         if REQUIRED:
             pytest.fail(f"HOGSHARD_SYSTEM_TESTS=1 but {why}")
         pytest.skip(f"system tests need docker: {why}")
+    prepared, why = base_image_env()
+    if why is not None:
+        if REQUIRED:
+            pytest.fail(f"HOGSHARD_SYSTEM_TESTS=1 but {why}")
+        pytest.skip(f"system tests need a base image: {why}")
+    PREPARED.update(prepared)
     ComposeCluster("hs-build", _environ()).compose("build", timeout=1800)
 
 

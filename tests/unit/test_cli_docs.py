@@ -20,6 +20,7 @@ from hogshard.proto.transport import bind_router
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
 #: Commands whose every flag reads HOGSHARD_<FLAG>, less the flags README names as exceptions.
 WITH_ENV = ("scheduler", "server", "worker", "launch", "slurm", "checkpoint", "export", "status",
+            "stop",
             "embeddings add", "embeddings drain", "embeddings show",
             "policy set", "policy show")
 NO_ENV = {("launch", "progress"), ("launch", "verbose"), ("status", "json"),

@@ -16,6 +16,7 @@ from hogshard.scheduler.barriers import Barriers
 from hogshard.scheduler.checkpoint_coordinator import CheckpointCoordinator
 from hogshard.scheduler.checkpointing import CheckpointRounds
 from hogshard.scheduler.heartbeats import Heartbeats, observe
+from hogshard.scheduler.lifecycle import JobLifecycle
 from hogshard.scheduler.lost import LostShards
 from hogshard.scheduler.membership import MembershipTable
 from hogshard.scheduler.policy_control import PolicyControl
@@ -127,10 +128,10 @@ class Job:
                                                  self.recovery, dict, 1)
         self.policy = PolicyControl(parse_policy("ssp:2"), 2, 0.5)
         self.barriers = Barriers()
-        self.shutting_down = False
+        self.lifecycle = JobLifecycle(self.members, self.checkpoints)
         self.heartbeats = Heartbeats(self.members, self.shard_map, self.recovery,
                                      self.checkpoints, self.policy, self.barriers,
-                                     lambda: self.shutting_down)
+                                     self.lifecycle)
 
     def beat(self, sender: str, **fields: Any) -> dict[str, Any]:
         header = {"v": PROTOCOL_VERSION, "op": "heartbeat", "id": 1, "from": sender, **fields}
@@ -146,7 +147,7 @@ def test_a_worker_heartbeat_moves_its_clock_and_learns_the_epochs(tmp_path: Path
     assert worker.clock == 4 and worker.progress == {"loss": 0.5}
     job.beat("worker-0", clock=2)
     assert worker.clock == 4  # a clock never goes back
-    job.shutting_down = True
+    job.lifecycle.stop("test", 0.0)
     job.recovery.lost.fail("server-9 is gone")
     reply = job.beat("worker-0")
     assert reply["shutdown"] is True and reply["failed"] == "server-9 is gone"
