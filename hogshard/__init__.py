@@ -1,5 +1,24 @@
 """hogshard: a parameter server for asynchronous SGD over ZeroMQ.
 
+=====================  =============================================================================
+``__main__.py``        ``python -m hogshard``: runs the ``hogshard`` command
+``cli.py``             ``main``: the ``hogshard`` command; starts each role, launches, inspects jobs
+``cli_options.py``     the flags the commands share; bad values as usage errors, not tracebacks
+``config_file.py``     ``config_defaults``: ``--config job.toml``, defaults per command
+``logs.py``            ``configure_logging``: one line per event as text, logfmt or JSON
+``launcher.py``        :class:`LocalCluster`, ``worker_environment``: a whole job on this host
+``slurm.py``           ``slurm``, ``plan_task``, ``expand_nodelist``: a job brought up under SLURM
+``status.py``          :class:`ClusterView`: a readable view of the scheduler's ``status`` reply
+``live_status.py``     ``status_panel``, ``watch``: the ``hogshard status`` table drawn with rich
+``embeddings_cli.py``  ``hogshard embeddings``: embedding slots moved between servers
+``simulate.py``        ``hogshard simulate``: a whole job in one process (``sim/``)
+``report.py``          ``hogshard report``: loss, accuracy and staleness of runs, plotted
+``tuning.py``          ``tune_server_process``, ``single_threaded_blas``: settings for large frames
+``datasets.py``        ``load_image_dataset``, ``load_fashion_mnist``: data sets from local files
+``recsys_data.py``     ``load_open_bandit``, ``synthetic_criteo``, ``auc``: click data for DLRM
+``sim/``               :class:`Simulation`: a cluster simulator on a discrete-event clock
+=====================  =============================================================================
+
 Example (inside a process started by ``hogshard worker`` or ``hogshard launch``)::
 
     from hogshard import PSClient, PSOptimizer

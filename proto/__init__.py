@@ -1,23 +1,30 @@
 """hogshard.proto: what every role shares (imports nothing else of hogshard).
 
-=================  ============================================================================
-``wire.py``        :class:`Message`, :class:`Limits`, ``encode``/``decode``: frames and headers
-``transport.py``   ``bind_router``, ``connect_dealer``, ``send``, ``reply_ok``/``reply_error``
-``service.py``     :class:`ServiceCore`: the request loop of every long-running service
-``ops.py``         :class:`OpSpec`, :class:`Field`, ``check_header``, ``check_role``: op tables
-``dispatch.py``    ``run_handler``, ``as_error``: a handler's failure as a typed error
-``roles.py``       :class:`Role`, ``roles_of``: who a connection is
-``security.py``    :class:`Security`, ``generate_keys``, ``load_security``: CURVE and ZAP
-``errors.py``      :class:`ErrorCode`, :class:`HogshardError` and its typed subclasses
-``config.py``      :class:`ClientSettings`, ``env_name``: configuration, read in one place
-``malloc.py``      ``tune_malloc``: glibc settings that keep large receive buffers
-``manifest.py``    ``write_manifest``, ``load_manifest``, ``atomic_write``: checkpoint files
-``metrics.py``     :class:`MetricsServer`, ``snapshot``, ``staleness_histogram``
-``peerlog.py``     :class:`PeerErrorLog`: error replies logged once per peer
-``rule_groups.py`` ``check_table_rule``, ``check_hyper``: parameter groups, live values
-``hashing.py``     ``splitmix64``, ``shard_of``, ``row_keys``: ids to shards and rows
-``slot_index.py``  :class:`SlotIndex`: a vectorised id -> slot map (embedding rows, row cache)
-``codecs/``        :class:`Codec` (``base.py``) and its codecs (``simple.py``, ``sparse.py``,
-                   ``lowrank.py``), ``make_codec`` (``registry.py``), pull codecs (``pull.py``)
-=================  ============================================================================
+====================  ============================================================================
+``wire.py``           :class:`Message`, :class:`Limits`, ``encode``/``decode``: frames and headers
+``transport.py``      ``bind_router``, ``connect_dealer``, ``send``, ``reply_ok``/``reply_error``
+``service.py``        :class:`ServiceCore`: the request loop of every long-running service
+``ops.py``            :class:`OpSpec`, :class:`Field`, ``check_header``, ``check_role``: op tables
+``dispatch.py``       ``run_handler``, ``guarded``, ``as_error``: a handler's failure, typed
+``roles.py``          :class:`Role`, ``roles_of``: who a connection is
+``security.py``       :class:`Security`, ``generate_keys``, ``load_security``: CURVE and ZAP
+``errors.py``         :class:`ErrorCode`, :class:`HogshardError` and its typed subclasses
+``config.py``         :class:`ClientSettings`, ``env_name``: configuration, read in one place
+``malloc.py``         ``tune_malloc``: glibc settings that keep large receive buffers
+``manifest.py``       ``write_manifest``, ``load_manifest``, ``atomic_write``: checkpoint files
+``metrics.py``        :class:`MetricsServer`, ``snapshot``, ``staleness_histogram``
+``peerlog.py``        :class:`PeerErrorLog`: error replies logged once per peer
+``policy.py``         :class:`ConsistencyPolicy`, ``parse_policy``: Rudra / SSP policies (pure)
+``rule_groups.py``    ``check_table_rule``, ``check_hyper``: parameter groups, live values
+``rule_specs.py``     ``check_rule_spec``, ``check_params``: rules' parameters, defaults, ranges
+``tables.py``         :class:`Chunk`, :class:`DenseTableSpec`, :class:`EmbeddingSpec`: table specs
+``packed_rows.py``    ``pack``, ``split_ids``, ``split_rows``: many tables' rows in one frame
+``hashing.py``        ``splitmix64``, ``shard_of``, ``row_keys``: ids to shards and rows
+``slot_index.py``     :class:`SlotIndex`: a vectorised id -> slot map (embedding rows, row cache)
+``shm.py``            :class:`Segment`, :class:`PeerSegments`: shared memory on one host
+``export_format.py``  ``check_export_manifest``, ``embedding_file``: the export-for-serving format
+``codecs/``           :class:`Codec` (``base.py``) and its codecs (``simple.py``, ``sparse.py``,
+                      ``lowrank.py``; half precision in ``half.py``), ``make_codec``
+                      (``registry.py``), pull codecs (``pull.py``)
+====================  ============================================================================
 """

@@ -9,8 +9,12 @@ dense_ops.py                  DenseOps: init, push, pull, leave, stats; pulls th
 embedding_ops.py              EmbeddingOps: the emb_* ops
 replica_ops.py                BackupOps: replicate, replica_snapshot, emb_replicate, emb_snapshot
 dense.py                      DenseStore, DenseTable, DenseChunk
-embedding.py                  EmbeddingStore, EmbeddingTable, EmbeddingSpec
-rules.py                      UpdateRule: SGD, Momentum, Adagrad, Adam (make_rule)
+embedding.py                  EmbeddingTable: sparse rows created on first touch, row-wise state
+embedding_store.py            EmbeddingStore: all embedding tables; requests checked whole
+row_checks.py                 check_ids, check_grads: a row request checked before rows change
+row_bounds.py                 CountMinSketch: row admission that bounds a table's memory
+row_gate.py                   RowGate, HeldPull: the pull gate of ssp:S embedding tables
+rules.py                      UpdateRule: SGD, Momentum, Adagrad, Adam, AdamW, RMSprop
 row_rules.py                  RowRule: RowSGD, RowWiseAdagrad, RowAdam (make_row_rule)
 table_rules.py                TableRules: a table's rule per parameter group, live hyperparameters
 staging.py                    StagedPushes: partial pushes held until their step's closing push
@@ -26,6 +30,8 @@ embedding_replica.py          shard_rows, install_rows: embedding shards between
 embedding_slots.py            SlotRoles: embedding slots served, handed off, dropped
 scheduler_link.py             SchedulerLink, Registration: registration and heartbeats
 checkpoint.py                 ShardCheckpointer, save_shard, restore_shard
+export.py                     export_checkpoint: a checkpoint rewritten in the serving format
+shm_plane.py                  ShmPlane: the server's side of the shared-memory fast path
 stats.py, metrics.py          ServerStats; ServerCollector (Prometheus)
 ============================  ==================================================================
 """

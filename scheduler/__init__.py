@@ -8,15 +8,16 @@
                               fencing, worker clocks; :class:`Roster`, what other parts need
 ``shard_map.py``              :class:`ShardMap`: declared tables, primaries and backups, the
                               map epoch, the map relearnt from servers after a restart
-``placement.py``              :class:`Chunk`, :class:`DenseTableSpec`, :class:`PlacedTable`,
-                              ``plan_dense_table``: the chunk planner (pure)
+``placement.py``              :class:`PlacedTable`, ``plan_dense_table``: the chunk planner
+                              (pure; :class:`Chunk`, :class:`DenseTableSpec` are in
+                              ``proto/tables.py``)
 ``replication.py``            ``assign_backups``, ``drop_server``, ``assignments_for``,
                               ``check_replication``: chain replication's placement (pure)
 ``resharding.py``             :class:`Resharding`, ``rendezvous_owners``: embedding slots placed
                               by rendezvous hashing, moved as servers are added or drained
 ``recovery.py``               ``parse_table_report``, ``merge_chunks``: servers' reports (pure)
-``policy.py``                 :class:`ConsistencyPolicy` and ``parse_policy`` (pure)
 ``policy_control.py``         :class:`PolicyControl`: the policy in force and its changes
+                              (the policies themselves are ``proto/policy.py``)
 ``barriers.py``               :class:`Barriers`: named barriers of workers
 ``heartbeats.py``             :class:`Heartbeats`: the ``heartbeat`` op's reply from every part
 ``checkpointing.py``          :class:`CheckpointRounds`, :class:`Round`: rounds to a manifest

@@ -10,6 +10,7 @@ tables.py                     DenseTable: chunks, owners, pulled versions (open_
 control.py                    call_across_restarts, reregister, leave: scheduler restarts
 heartbeat.py                  Heartbeat: the thread sending clock and progress
 futures.py                    Future, PendingRequest, RequestBook: requests in flight
+replies.py                    pump: replies read, requests settled or sent elsewhere
 rerouting.py                  Rerouter, Route: requests follow chunks that moved
 shm.py                        ShmLink: the shared-memory fast path with servers on this host
 traffic.py                    Traffic: frame bytes sent and received by op

@@ -1,5 +1,15 @@
 """Gradient compression codecs: a worker encodes a float32 slice, a server decodes it back.
 
+===============  =================================================================================
+``base.py``      :class:`Codec`, :class:`Encoded`: the codec interface, shared validators
+``simple.py``    :class:`NoneCodec`, :class:`FP16Codec`, :class:`BF16Codec`, :class:`SignCodec`
+``half.py``      ``to_half``, ``to_float``: float32 <-> half precision on the fastest kernel
+``sparse.py``    :class:`TopKCodec`, :class:`RandomKCodec`, :class:`QSGDCodec`: sparsify, quantise
+``lowrank.py``   :class:`PowerSGDCodec`, ``matrix_shape``: rank-r approximations (PowerSGD)
+``registry.py``  ``CODECS``, ``make_codec``: a codec built from its spec string
+``pull.py``      ``pull_codec``, ``encode_weights``, ``decode_weights``: half-precision pulls
+===============  =================================================================================
+
 Example::
 
     >>> import numpy as np

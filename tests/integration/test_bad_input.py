@@ -302,8 +302,8 @@ def test_scheduler_refuses_a_table_of_too_many_chunks(procs, tmp_path: Path,
     count (2^40) is absurd gets a prompt error naming the problem (not INTERNAL after the
     planner ran out of memory), and the scheduler keeps answering.
 
-    Regression guard: the scheduler used to plan such a table chunk by chunk in a Python list,
-    stopping its loop and growing by gigabytes (fixed in fd7021c)."""
+    Regression guard: this keeps the scheduler from planning such a table chunk by chunk in a
+    Python list, which stopped its loop and grew it by gigabytes."""
     address_file = tmp_path / "scheduler.address"
     boot = (
         "import resource, runpy, sys\n"

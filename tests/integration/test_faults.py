@@ -145,8 +145,8 @@ def test_sigterm_to_launcher_stops_its_children(procs, tmp_path: Path) -> None:
     """SIGTERM to ``hogshard launch`` (e.g. from a CI timeout or ``kill``) must stop the job:
     its scheduler, servers and workers are gone shortly after the launcher is.
 
-    Regression guard: without a SIGTERM handler the launcher died without running its
-    cleanup and orphaned its children, each in a session of its own (fixed in fd7021c)."""
+    Regression guard: it protects the launcher's SIGTERM handler; without one the launcher
+    died without running its cleanup and orphaned its children, each in a session of its own."""
     marker = tmp_path / "worker-started"
     worker = ("import pathlib, sys, time; pathlib.Path(sys.argv[1]).touch(); "
               "time.sleep(120)")  # a worker that runs until it is stopped

@@ -121,9 +121,9 @@ def test_one_worker_ssp0_sgd_is_sequential_sgd(procs, tmp_path: Path, device: st
 def test_one_worker_ssp0_momentum_is_sequential_momentum(procs, tmp_path: Path) -> None:
     """Same as the SGD case with server-side momentum (0.9) against torch.optim.SGD(momentum).
 
-    Regression guard: the momentum rule's last step used to round twice (w - round(lr * buf))
-    where torch rounds once (fused), and the 1-ulp differences grew to 3e-5 over these 32
-    steps (fixed in fd7021c)."""
+    Regression guard: it keeps the momentum rule's last step rounding once (fused), as torch
+    does; rounding twice (w - round(lr * buf)) gave 1-ulp differences that grew to 3e-5 over
+    these 32 steps."""
     diff = _sequential_vs_local(procs, tmp_path, "momentum")
     assert diff <= 1e-5, f"cluster and local momentum weights differ by {diff:.3g}"
 
