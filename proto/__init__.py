@@ -8,6 +8,7 @@
 ``dispatch.py``       ``run_handler``, ``guarded``, ``as_error``: a handler's failure, typed
 ``roles.py``          :class:`Role`, ``roles_of``: who a connection is
 ``security.py``       :class:`Security`, ``generate_keys``, ``load_security``: CURVE and ZAP
+``handshakes.py``     :class:`HandshakeMonitor`, :class:`DenialLog`: refused handshakes, logged
 ``errors.py``         :class:`ErrorCode`, :class:`HogshardError` and its typed subclasses
 ``config.py``         :class:`ClientSettings`, ``env_name``: configuration, read in one place
 ``malloc.py``         ``tune_malloc``: glibc settings that keep large receive buffers

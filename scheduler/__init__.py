@@ -27,6 +27,8 @@
 ``server_recovery.py``        :class:`ServerRecovery`: what to do when a server is lost or back
 ``rejoin.py``                 :class:`Rejoin`: registration with fencing; members gone
 ``waiters.py``                :class:`Waiters`: requests answered later, bounded per peer
+``lifecycle.py``              :class:`JobLifecycle`: the end of a job (``hogshard stop``,
+                              ``--exit-when-done``): workers, a final checkpoint, servers
 ``metrics.py``                :class:`SchedulerCollector`: Prometheus metrics
 ============================  ================================================================
 """
