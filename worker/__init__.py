@@ -13,6 +13,7 @@ futures.py                    Future, PendingRequest, RequestBook: requests in f
 rerouting.py                  Rerouter, Route: requests follow chunks that moved
 shm.py                        ShmLink: the shared-memory fast path with servers on this host
 traffic.py                    Traffic: frame bytes sent and received by op
+shard.py                      Shard, ShardSampler: this rank's share of a data set, by epoch
 optimizer.py                  PSOptimizer: a torch-optimizer-shaped front
 overlap.py                    GradientBuckets: pushes while backward still runs
 device.py, cuda.py            HostMirror, CudaMirror: weights on the model's device

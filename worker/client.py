@@ -242,6 +242,20 @@ class PSClient:
         """Send row gradients (see :func:`hogshard.worker.sparse.push_rows`)."""
         return sparse.push_rows(self, tables, ids, grads, clock, codec)
 
+    def shard(self, data: Any, batch_size: int = 64, epochs: int = 1, seed: int = 0,
+              **options: Any) -> Any:
+        """This worker's batches of ``data`` (a torch ``Dataset``, an array or a tuple of
+        arrays), reshuffled every epoch with ``seed`` (the same on every rank), disjoint from
+        the other ranks' and empty on a surplus rank; sets the progress ``total`` that
+        ``hogshard launch`` shows. ``options``: ``shuffle``, ``drop_last``, ``start_step``
+        (resume, e.g. ``opt.steps``), ``device`` (:class:`hogshard.worker.shard.Shard`).
+
+        Example: ``for x, y in client.shard((images, labels), batch_size=64, epochs=2): ...``
+        """
+        from hogshard.worker.shard import Shard  # torch only where a script shards data
+
+        return Shard(data, batch_size, epochs, seed, client=self, **options)
+
     # ---- data plane -------------------------------------------------------------------------
 
     def _request(
