@@ -25,7 +25,7 @@ import secrets
 import time
 import weakref
 from collections.abc import Collection, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import zmq
@@ -51,6 +51,9 @@ from hogshard.worker.rerouting import Rerouter, Route
 from hogshard.worker.shm import ShmLink
 from hogshard.worker.tables import DenseTable, open_dense_table
 from hogshard.worker.traffic import Traffic
+
+if TYPE_CHECKING:
+    from hogshard.worker.shard import Shard
 
 log = logging.getLogger(__name__)
 
@@ -243,7 +246,7 @@ class PSClient:
         return sparse.push_rows(self, tables, ids, grads, clock, codec)
 
     def shard(self, data: Any, batch_size: int = 64, epochs: int = 1, seed: int = 0,
-              **options: Any) -> Any:
+              **options: Any) -> Shard:
         """This worker's batches of ``data`` (a torch ``Dataset``, an array or a tuple of
         arrays), reshuffled every epoch with ``seed`` (the same on every rank), disjoint from
         the other ranks' and empty on a surplus rank; sets the progress ``total`` that
