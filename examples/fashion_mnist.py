@@ -108,7 +108,9 @@ def make_schedule(optimizer: torch.optim.Optimizer, kind: str, steps: int,
         return torch.optim.lr_scheduler.OneCycleLR(
             optimizer, max_lr=[g["lr"] for g in optimizer.param_groups], total_steps=steps,
             pct_start=min(max(frac, 0.01), 0.99),
-            cycle_momentum="momentum" in group or "betas" in group)
+            # cycles momentum (or Adam's beta1) only where the rule has one: torch.optim.SGD's
+            # groups hold momentum 0 for plain sgd, which OneCycleLR would turn on
+            cycle_momentum=bool(group.get("momentum")) or "betas" in group)
     warm = round(frac * steps)
 
     def factor(step: int) -> float:
