@@ -46,6 +46,7 @@ from hogshard.recsys_data import (
     synthetic_criteo,
 )
 from hogshard.worker.device import add_device_argument
+from hogshard.worker.shard import epoch_permutation
 
 log = logging.getLogger("dlrm")
 
@@ -145,13 +146,20 @@ class LocalRowWiseAdagrad:
 def batches(data: RecsysDataset, sparse: np.ndarray, epoch: int, args: argparse.Namespace,
             rank: int, workers: int, ids_device: torch.device):
     """Dense features and labels on ``args.device``, the ids on ``ids_device``."""
-    order = np.random.default_rng([args.seed, epoch]).permutation(data.train)[rank::workers]
+    order = data.train[epoch_permutation(data.train.size, epoch, args.seed)][rank::workers]
     for start in range(0, order.size, args.batch):
         index = order[start:start + args.batch]
-        yield (torch.from_numpy(data.dense[index]).to(args.device),
-               [torch.from_numpy(sparse[index, f:f + 1]).to(ids_device)
-                for f in range(sparse.shape[1])],
-               torch.from_numpy(data.labels[index]).to(args.device))
+        yield to_step((torch.from_numpy(data.dense[index]), torch.from_numpy(sparse[index]),
+                       torch.from_numpy(data.labels[index])), args.device, ids_device)
+
+
+def to_step(batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor], device: torch.device,
+            ids_device: torch.device) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
+    """A batch of (dense, sparse, labels) as a step takes it: the dense features and labels on
+    ``device``, one column of ids per feature on ``ids_device``."""
+    dense, sparse, labels = batch
+    return (dense.to(device), [sparse[:, f:f + 1].to(ids_device) for f in range(sparse.shape[1])],
+            labels.to(device))
 
 
 @torch.no_grad()
@@ -221,11 +229,13 @@ def train_remote(args: argparse.Namespace, data: RecsysDataset) -> dict[str, Any
     model = DLRM(data.dense.shape[1], bags, args.dim).to(args.device)  # moves the bags too
     opt = PSOptimizer(client, model.named_parameters(), rule="adam", lr=args.lr,
                       table="dlrm-dense", embeddings=bags)
-    steps = args.epochs * -(-len(range(rank, data.train.size, workers)) // args.batch)
+    train = data.train  # this rank's share of it, one seeded shuffle per epoch
+    shard = client.shard((data.dense[train], data.sparse[train], data.labels[train]),
+                         args.batch, args.epochs, args.seed)
+    # client.shard set the progress total: len(shard) steps
     host = torch.device("cpu")  # the bags look their ids up on the host
     started, seen, step, ema, peak = time.monotonic(), 0, 0, None, 0
-    stream = (b for epoch in range(args.epochs)
-              for b in batches(data, data.sparse, epoch, args, rank, workers, host))
+    stream = (to_step(b, args.device, host) for b in shard)
     upcoming = next(stream, None)
     announced = False  # the pipeline pulls this batch's rows during the last step
     while upcoming is not None:
@@ -243,7 +253,7 @@ def train_remote(args: argparse.Namespace, data: RecsysDataset) -> dict[str, Any
         opt.step()
         seen, step = seen + len(y), step + 1
         ema = loss.item() if ema is None else 0.95 * ema + 0.05 * loss.item()
-        client.set_progress(done=step, total=steps, loss=ema, **cache_stats(bags))
+        client.set_progress(done=step, loss=ema, **cache_stats(bags))
         if rank == 0 and args.rows_every and step % args.rows_every == 0:
             peak = max(peak, peak_table_rows(embedding_stats(client)))
     flush(client, bags)  # the last row push applied before the others evaluate

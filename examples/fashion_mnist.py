@@ -20,10 +20,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -33,7 +35,9 @@ from torch import nn
 from hogshard.datasets import ImageDataset, load_image_dataset
 from hogshard.logs import configure_logging
 from hogshard.proto.config import ClientSettings
+from hogshard.proto.rule_specs import DENSE_RULES
 from hogshard.worker.device import add_device_argument
+from hogshard.worker.shard import Shard, epoch_permutation
 
 log = logging.getLogger("fashion_mnist")
 
@@ -63,26 +67,61 @@ def make_model(data: ImageDataset, seed: int) -> SmallCNN:
 
 
 def batch_order(n: int, epoch: int, seed: int, rank: int, workers: int) -> np.ndarray:
-    """This worker's share of a seeded shuffle of the training set for one epoch."""
-    return np.random.default_rng([seed, epoch]).permutation(n)[rank::workers]
+    """This worker's share of a seeded shuffle of the training set for one epoch (what
+    ``client.shard`` yields; the simulator and benchmarks/vs_ddp.py draw the same)."""
+    return epoch_permutation(n, epoch, seed)[rank::workers]
 
 
-def batches(data: ImageDataset, epochs: int, batch: int, seed: int, rank: int, workers: int,
-            limit: int | None, device: torch.device | str = "cpu"):
+def training_arrays(data: ImageDataset, limit: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """The training images and labels, the first ``limit`` only with ``--limit``."""
     n = min(len(data.train_y), limit) if limit else len(data.train_y)
-    for epoch in range(epochs):
-        order = batch_order(n, epoch, seed, rank, workers)
-        for start in range(0, len(order), batch):
-            index = order[start:start + batch]
-            yield (torch.from_numpy(data.train_x[index]).to(device),
-                   torch.from_numpy(data.train_y[index]).to(device))
+    return data.train_x[:n], data.train_y[:n]
 
 
-def steps_per_run(data: ImageDataset, epochs: int, batch: int, rank: int, workers: int,
-                  limit: int | None) -> int:
-    n = min(len(data.train_y), limit) if limit else len(data.train_y)
-    share = len(range(rank, n, workers))
-    return epochs * ((share + batch - 1) // batch)
+def param_groups(model: nn.Module, weight_decay: float) -> Any:
+    """Weight decay on the weights of convolutions and linear layers; none on biases and
+    normalisation layers (every parameter of fewer than two dimensions). Without weight decay,
+    the named parameters in the model's order (one group: the table's layout as before)."""
+    if not weight_decay:
+        return list(model.named_parameters())
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    return [{"params": decay, "weight_decay": weight_decay},
+            {"params": no_decay, "weight_decay": 0.0}]
+
+
+#: The warm-up each schedule takes by default, as a fraction of the run's steps.
+DEFAULT_WARMUP = {"none": 0.0, "cosine": 0.05, "step": 0.0, "onecycle": 0.3}
+
+
+def make_schedule(optimizer: torch.optim.Optimizer, kind: str, steps: int,
+                  warmup: float | None) -> torch.optim.lr_scheduler.LRScheduler | None:
+    """A per-step lr schedule over ``steps`` steps: ``cosine`` (linear warm-up, then cosine
+    to 0), ``step`` (warm-up, then x0.1 at half and at three quarters of the steps),
+    ``onecycle`` (torch's OneCycleLR peaking at --lr, ``warmup`` its ``pct_start``), or none."""
+    if kind == "none":
+        return None
+    frac = DEFAULT_WARMUP[kind] if warmup is None else warmup
+    steps = max(1, steps)
+    if kind == "onecycle":
+        group = optimizer.param_groups[0]
+        return torch.optim.lr_scheduler.OneCycleLR(
+            optimizer, max_lr=[g["lr"] for g in optimizer.param_groups], total_steps=steps,
+            pct_start=min(max(frac, 0.01), 0.99),
+            # cycles momentum (or Adam's beta1) only where the rule has one: torch.optim.SGD's
+            # groups hold momentum 0 for plain sgd, which OneCycleLR would turn on
+            cycle_momentum=bool(group.get("momentum")) or "betas" in group)
+    warm = round(frac * steps)
+
+    def factor(step: int) -> float:
+        if step < warm:
+            return (step + 1) / warm
+        done = (step - warm) / max(1, steps - warm)
+        if kind == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * min(1.0, done)))
+        return 0.1 ** sum(done >= m for m in (0.5, 0.75))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
 @torch.no_grad()
@@ -119,10 +158,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--lr", type=float, default=None,
                    help="learning rate (default: the codec's recipe, else 1e-3)")
-    p.add_argument("--rule", default=None, choices=["sgd", "momentum", "adagrad", "adam"],
+    p.add_argument("--rule", default=None, choices=sorted(DENSE_RULES),
                    help="server update rule (default: the codec's recipe, else adam)")
     p.add_argument("--momentum", type=float, default=None,
                    help="for --rule momentum (default: the codec's recipe, else 0.9)")
+    p.add_argument("--schedule", default="none", choices=sorted(DEFAULT_WARMUP),
+                   help="lr schedule over the run's steps, peaking at --lr: cosine (warm-up, "
+                   "then cosine to 0), step (x0.1 at 50%% and 75%%), onecycle (torch's "
+                   "OneCycleLR), none (a fixed lr; the default)")
+    p.add_argument("--warmup", type=float, default=None,
+                   help="fraction of the steps spent warming up linearly (default: cosine "
+                   "0.05, onecycle 0.3 (its pct_start), step and none 0)")
+    p.add_argument("--weight-decay", type=float, default=0.0,
+                   help="weight decay of the rule on conv and linear weights; biases and "
+                   "norms get none (two parameter groups; default 0)")
+    p.add_argument("--clip", type=float, default=None,
+                   help="clip the gradients' global norm to this before each step")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--limit", type=int, default=None, help="use only the first N training images")
     p.add_argument("--report", type=Path, default=None, help="write a JSON report here (rank 0)")
@@ -171,13 +222,14 @@ def rule_hyper(args: argparse.Namespace) -> dict:
     return hyper
 
 
+#: The torch.optim class of each server rule, for --local.
+LOCAL_OPTIMIZERS = {"sgd": "SGD", "momentum": "SGD", "adagrad": "Adagrad", "adam": "Adam",
+                    "adamw": "AdamW", "rmsprop": "RMSprop"}
+
+
 def local_optimizer(model: nn.Module, args: argparse.Namespace) -> torch.optim.Optimizer:
-    hyper = rule_hyper(args)
-    if args.rule in ("sgd", "momentum"):
-        return torch.optim.SGD(model.parameters(), foreach=False, **hyper)
-    if args.rule == "adagrad":
-        return torch.optim.Adagrad(model.parameters(), foreach=False, **hyper)
-    return torch.optim.Adam(model.parameters(), foreach=False, **hyper)
+    optimizer = getattr(torch.optim, LOCAL_OPTIMIZERS[args.rule])
+    return optimizer(param_groups(model, args.weight_decay), foreach=False, **rule_hyper(args))
 
 
 def flat_weights(model: nn.Module) -> np.ndarray:
@@ -229,23 +281,32 @@ def main(argv: list[str] | None = None) -> int:
         rank, workers = client.rank, client.settings.num_workers
         context.rank = rank
         policy, servers = client.policy, client.num_servers
-        optimizer = PSOptimizer(client, model.named_parameters(), rule=args.rule,
+        optimizer = PSOptimizer(client, param_groups(model, args.weight_decay), rule=args.rule,
                                 chunk_elems=args.chunk_elems, overlap=args.overlap or None,
                                 bucket_bytes=args.bucket_bytes, prefetch=args.prefetch,
                                 **rule_hyper(args))
 
-    total = steps_per_run(data, args.epochs, args.batch, rank, workers, args.limit)
-    log.info("rank %d of %d: %s, %d steps of batch %d, rule %s lr %g, on %s", rank, workers,
-             data.name, total, args.batch, args.rule, args.lr, args.device)
+    arrays = training_arrays(data, args.limit)
+    shard = (Shard(arrays, args.batch, args.epochs, args.seed, device=args.device, rank=0,
+                   num_workers=1) if client is None else
+             client.shard(arrays, args.batch, args.epochs, args.seed, device=args.device))
+    total = len(shard)  # client.shard set it as the progress total
+    schedule = make_schedule(optimizer, args.schedule, total, args.warmup)
+    log.info("rank %d of %d: %s, %d steps of batch %d, rule %s lr %g (schedule %s, weight "
+             "decay %g, clip %s), on %s", rank, workers, data.name, total, args.batch,
+             args.rule, args.lr, args.schedule, args.weight_decay, args.clip, args.device)
     started, seen, ema, done = time.monotonic(), 0, None, 0
     history, sampled_at = [], -float("inf")  # rank 0's samples for `hogshard report`
-    for step, (x, y) in enumerate(batches(data, args.epochs, args.batch, args.seed, rank,
-                                          workers, args.limit, args.device)):
+    for step, (x, y) in enumerate(shard):
         optimizer.zero_grad()
         logits = model(x)
         loss = F.cross_entropy(logits, y)
         loss.backward()
+        if args.clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)
         optimizer.step()
+        if schedule is not None:
+            schedule.step()
         seen += len(y)
         done += 1
         ema = loss.item() if ema is None else 0.95 * ema + 0.05 * loss.item()
@@ -253,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
             sampled_at = time.monotonic() - started
             history.append(sample(client, sampled_at, step + 1, ema, logits.detach(), y))
         if client is not None:
-            client.set_progress(done=step + 1, total=total, loss=ema)
+            client.set_progress(loss=ema)  # done: PSOptimizer.step; total: client.shard
     wall = time.monotonic() - started
     log.info("rank %d finished %d samples in %.1f s (%.0f samples/s), loss %.3f", rank, seen,
              wall, seen / wall, ema or 0.0)
@@ -285,7 +346,8 @@ def main(argv: list[str] | None = None) -> int:
             "test_accuracy": test_accuracy, "wall_seconds": wall,
             "samples_per_second": samples_per_second, "workers": workers, "servers": servers,
             "policy": policy, "dataset": data.name, "epochs": args.epochs, "batch": args.batch,
-            "rule": args.rule, "lr": args.lr, "final_loss": ema,
+            "rule": args.rule, "lr": args.lr, "final_loss": ema, "schedule": args.schedule,
+            "warmup": args.warmup, "weight_decay": args.weight_decay, "clip": args.clip,
             "history_columns": ["seconds", "step", "loss", "batch_accuracy", "staleness_mean",
                                 "staleness_p99"],
             "history": history,

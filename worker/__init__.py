@@ -14,6 +14,7 @@ replies.py                    pump: replies read, requests settled or sent elsew
 rerouting.py                  Rerouter, Route: requests follow chunks that moved
 shm.py                        ShmLink: the shared-memory fast path with servers on this host
 traffic.py                    Traffic: frame bytes sent and received by op
+shard.py                      Shard, ShardSampler: this rank's share of a data set, by epoch
 optimizer.py                  PSOptimizer: a torch.optim.Optimizer whose updates servers apply
 param_groups.py               GroupHyper: param_groups as a table's rule and a push's hyper
 overlap.py                    GradientBuckets: pushes while backward still runs

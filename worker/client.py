@@ -24,7 +24,7 @@ import secrets
 import time
 import weakref
 from collections.abc import Collection, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import zmq
@@ -56,6 +56,9 @@ from hogshard.worker.rerouting import Rerouter, Route
 from hogshard.worker.shm import ShmLink
 from hogshard.worker.tables import DenseTable, open_dense_table
 from hogshard.worker.traffic import Traffic
+
+if TYPE_CHECKING:
+    from hogshard.worker.shard import Shard
 
 log = logging.getLogger(__name__)
 
@@ -240,6 +243,20 @@ class PSClient:
                   codec: str = "none") -> Future:
         """Send row gradients (see :func:`hogshard.worker.sparse.push_rows`)."""
         return sparse.push_rows(self, tables, ids, grads, clock, codec)
+
+    def shard(self, data: Any, batch_size: int = 64, epochs: int = 1, seed: int = 0,
+              **options: Any) -> Shard:
+        """This worker's batches of ``data`` (a torch ``Dataset``, an array or a tuple of
+        arrays), reshuffled every epoch with ``seed`` (the same on every rank), disjoint from
+        the other ranks' and empty on a surplus rank; sets the progress ``total`` that
+        ``hogshard launch`` shows. ``options``: ``shuffle``, ``drop_last``, ``start_step``
+        (resume, e.g. ``opt.steps``), ``device`` (:class:`hogshard.worker.shard.Shard`).
+
+        Example: ``for x, y in client.shard((images, labels), batch_size=64, epochs=2): ...``
+        """
+        from hogshard.worker.shard import Shard  # torch only where a script shards data
+
+        return Shard(data, batch_size, epochs, seed, client=self, **options)
 
     # ---- data plane -------------------------------------------------------------------------
 
