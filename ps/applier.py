@@ -8,6 +8,13 @@ whose mean is applied when the group is complete (softsync: c gradients; hardsyn
 every live worker). The version does not move while a group fills, so staleness measured on
 arrival equals staleness at apply time.
 
+A modifier's factor weights the gradient (it multiplies the gradient, not the rule's step:
+the same for sgd, and a constant factor that adam or adagrad normalise away). A short group
+(fewer gradients than the largest group this policy has formed, as learners leave at the end
+of a job or mid-job) moves the weights by its size over that full size: each gradient moves
+the weights as far as it would in a full group, so a job's tail never takes full steps on a
+few gradients (docs/POLICIES.md, "Run ends").
+
 Example::
 
     applier = UpdateApplier(parse_policy("softsync:2"), stats)
@@ -53,6 +60,9 @@ class UpdateApplier:
         #: Sum and count of the staleness of the gradients taken under this policy (+lr=mean).
         self._staleness_sum = 0
         self._staleness_count = 0
+        #: The largest group this policy has formed (c at full strength): a short group's step
+        #: is scaled by its size over it.
+        self.full_group = 1
 
     # ---- pushes -----------------------------------------------------------------------------
 
@@ -93,6 +103,7 @@ class UpdateApplier:
                     )
         modifiers = self.policy.modifiers
         group_size = self.policy.group_size(len(live))
+        self.full_group = max(self.full_group, group_size)
         result = self.staleness(chunks, pulled_versions)  # measured before any is applied
         for chunk, grad, staleness in zip(chunks, grads, result, strict=True):
             if staleness is None:
@@ -105,7 +116,9 @@ class UpdateApplier:
             self._staleness_count += 1
             scale = modifiers.lr_scale(staleness, self._staleness_sum / self._staleness_count)
             if group_size == 1 and not self.policy.waits_for_apply:
-                self.updates.run(table, chunk, grad, scale, ticket)
+                if scale != 1.0:
+                    grad = np.multiply(grad, np.float32(scale), dtype=np.float32)
+                self.updates.run(table, chunk, grad, 1.0 / self.full_group, ticket)
                 continue
             key = (table.name, chunk.chunk_id)
             group = self._groups.setdefault(key, _Group())
@@ -157,12 +170,13 @@ class UpdateApplier:
         table, chunk = self._chunks[key]
         if group.total is None or not group.contributors:
             return
-        group.total *= np.float32(1.0 / len(group.contributors))
+        size = len(group.contributors)
+        group.total *= np.float32(1.0 / size)
         # the update (and a forward to a backup) keeps the sum; the next group gets a new one
         total, group.total = group.total, None
         group.contributors.clear()
         group.staleness.clear()
-        self.updates.run(table, chunk, total, 1.0, ticket)
+        self.updates.run(table, chunk, total, size / max(size, self.full_group), ticket)
 
     # ---- pulls ------------------------------------------------------------------------------
 
@@ -189,5 +203,6 @@ class UpdateApplier:
             self._apply_group(key, None)
         self.policy = policy
         self._staleness_sum = self._staleness_count = 0
+        self.full_group = 1
         if not policy.modifiers.dc_lambda:
             self._pulled.clear()
