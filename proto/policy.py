@@ -228,6 +228,32 @@ def parse_policy(spec: str) -> ConsistencyPolicy:
     )
 
 
+#: Rules that normalise each coordinate's step by the gradient's own running magnitude.
+ADAPTIVE_RULES = ("adam", "adagrad")
+
+
+def rate_rule_mismatch(spec: str, rule: str) -> str | None:
+    """A sentence saying why the rate modifier of policy ``spec`` does not fit update rule
+    ``rule``, or None where it fits (docs/POLICIES.md, "Which rules each rate modifier fits").
+
+    ``+lr=mean`` is Rudra's alpha0 / <sigma> for sgd and momentum. Under an adaptive rule the
+    factor (which weights the gradient) is divided out by the rule's own running magnitude as
+    it settles, so it does not do what it does for sgd::
+
+        >>> rate_rule_mismatch("softsync:15+lr=mean", "sgd") is None
+        True
+        >>> "adam" in rate_rule_mismatch("softsync:15+lr=mean", "adam")
+        True
+    """
+    parsed = parse_policy(spec)
+    if parsed.modifiers.lr_mean and rule in ADAPTIVE_RULES:
+        return (f"+lr=mean is Rudra's rate for sgd and momentum; under {rule}, which normalises "
+                "each step by the gradients' running magnitude, it does not keep a softsync "
+                "round as far as one hardsync step (use --rule sgd or momentum with the rate "
+                "that trains hardsync, or +lr=staleness)")
+    return None
+
+
 def promises_fresh_reads(spec: str) -> bool:
     """Whether policy ``spec`` promises every step the freshest weights (``hardsync``,
     ``ssp:0``), so that reading anything one step older would break it."""
