@@ -106,6 +106,19 @@ class ConsistencyPolicy(ABC):
         (steps finished) of every live worker."""
         return True
 
+    def staleness_bound(self, live_workers: int) -> int | None:
+        """The most staleness (updates to a chunk between a worker's pull and its push) this
+        policy promises with ``live_workers`` live, or None where it promises none
+        (docs/POLICIES.md, "Staleness bounds"); ``+maxstale=K`` caps it at K."""
+        bound = self._base_bound(max(1, live_workers))
+        limit = self.modifiers.max_staleness
+        if limit is None:
+            return bound
+        return limit if bound is None else min(bound, limit)
+
+    def _base_bound(self, live_workers: int) -> int | None:
+        return None
+
 
 @dataclass(frozen=True)
 class AsyncPolicy(ConsistencyPolicy):
@@ -131,6 +144,11 @@ class SSPPolicy(ConsistencyPolicy):
         if not live_clocks:
             return True
         return min(live_clocks.values()) >= clock - self.staleness
+
+    def _base_bound(self, live_workers: int) -> int | None:
+        # between a worker's pull at clock c (the slowest at c - S or later) and its push,
+        # another worker pushes the gradients of its clocks c - S .. c + S at most
+        return (live_workers - 1) * (2 * self.staleness + 1)
 
 
 @dataclass(frozen=True)
@@ -159,6 +177,9 @@ class HardSyncPolicy(ConsistencyPolicy):
 
     def group_size(self, live_workers: int) -> int:
         return max(1, live_workers)
+
+    def _base_bound(self, live_workers: int) -> int | None:
+        return 0
 
 
 def _parse_modifier(text: str, spec: str, found: dict[str, object]) -> None:

@@ -105,11 +105,14 @@ class UpdateApplier:
         group_size = self.policy.group_size(len(live))
         self.full_group = max(self.full_group, group_size)
         result = self.staleness(chunks, pulled_versions)  # measured before any is applied
+        bound = self.policy.staleness_bound(len(live))
         for chunk, grad, staleness in zip(chunks, grads, result, strict=True):
             if staleness is None:
                 self.stats.dropped += 1
                 continue
             self.stats.record_staleness(staleness)
+            if bound is not None and staleness > bound:
+                self.stats.beyond_bound += 1
             if modifiers.dc_lambda:
                 grad = self._compensate(table.name, chunk, grad, sender)
             self._staleness_sum += staleness

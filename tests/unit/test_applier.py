@@ -563,3 +563,16 @@ def test_staleness_predicts_what_push_returns(spec: str) -> None:
         assert predicted == taken
     if spec == "async+maxstale=1":
         assert rig.stats.dropped > 0  # the case the prediction must get right
+
+
+def test_gradients_beyond_the_policy_bound_are_counted() -> None:
+    """ssp:0 with 2 live workers promises staleness <= 1: a staler gradient is taken (ssp
+    drops nothing) and counted."""
+    rig = Rig("ssp:0")
+    live = WORKERS[:2]
+    for _ in range(3):
+        rig.push("worker-0", 1.0, live)
+    assert rig.push("worker-1", 1.0, live, pulled=2) == 1
+    assert rig.stats.beyond_bound == 0
+    assert rig.push("worker-1", 1.0, live, pulled=0) == 4
+    assert rig.stats.beyond_bound == 1 and rig.stats.to_wire()["beyond_bound"] == 1

@@ -275,3 +275,12 @@ def test_rate_rule_mismatch_names_lr_mean_under_adaptive_rules(spec: str, rule: 
     assert (mismatch is not None) == warned
     if warned:
         assert rule in mismatch and "sgd" in mismatch
+
+
+@pytest.mark.parametrize(("spec", "live", "bound"), [
+    ("hardsync", 8, 0), ("ssp:0", 3, 2), ("ssp:2", 3, 10), ("ssp:2", 1, 0), ("ssp:1", 0, 0),
+    ("async", 8, None), ("softsync:4", 8, None), ("async+maxstale=5", 8, 5),
+    ("ssp:2+maxstale=4", 3, 4), ("ssp:2+maxstale=40", 3, 10),
+])
+def test_staleness_bound(spec: str, live: int, bound: int | None) -> None:
+    assert parse_policy(spec).staleness_bound(live) == bound
