@@ -8,8 +8,9 @@ whose mean is applied when the group is complete (softsync: c gradients; hardsyn
 every live worker). The version does not move while a group fills, so staleness measured on
 arrival equals staleness at apply time.
 
-A modifier's factor weights the gradient (it multiplies the gradient, not the rule's step:
-the same for sgd, and a constant factor that adam or adagrad normalise away). A short group
+A modifier's factor scales the rule's step. In a group the factors weight the gradients'
+mean and their mean scales the group's step (for sgd: the sum of each factor times its
+gradient, over the group's size, as if each were applied alone at its factor). A short group
 (fewer gradients than the largest group this policy has formed, as learners leave at the end
 of a job or mid-job) moves the weights by its size over that full size: each gradient moves
 the weights as far as it would in a full group, so a job's tail never takes full steps on a
@@ -43,6 +44,8 @@ class _Group:
     total: np.ndarray | None = None
     contributors: list[str] = field(default_factory=list)
     staleness: list[int] = field(default_factory=list)
+    #: Sum of the contributors' modifier factors.
+    scale: float = 0.0
 
 
 class UpdateApplier:
@@ -119,9 +122,7 @@ class UpdateApplier:
             self._staleness_count += 1
             scale = modifiers.lr_scale(staleness, self._staleness_sum / self._staleness_count)
             if group_size == 1 and not self.policy.waits_for_apply:
-                if scale != 1.0:
-                    grad = np.multiply(grad, np.float32(scale), dtype=np.float32)
-                self.updates.run(table, chunk, grad, 1.0 / self.full_group, ticket)
+                self.updates.run(table, chunk, grad, scale / self.full_group, ticket)
                 continue
             key = (table.name, chunk.chunk_id)
             group = self._groups.setdefault(key, _Group())
@@ -135,6 +136,7 @@ class UpdateApplier:
                 group.total += np.float32(scale) * grad
             group.contributors.append(sender)
             group.staleness.append(staleness)
+            group.scale += scale
         if membership_known:
             self.complete_groups(live, ticket)
         return result
@@ -173,13 +175,16 @@ class UpdateApplier:
         table, chunk = self._chunks[key]
         if group.total is None or not group.contributors:
             return
-        size = len(group.contributors)
-        group.total *= np.float32(1.0 / size)
+        size, scale = len(group.contributors), group.scale
+        # the factor-weighted mean, its step scaled by the factors' mean times size / full
+        # size: sum(scale_i * g_i) / full size for sgd
+        group.total *= np.float32(1.0 / scale)
         # the update (and a forward to a backup) keeps the sum; the next group gets a new one
         total, group.total = group.total, None
         group.contributors.clear()
         group.staleness.clear()
-        self.updates.run(table, chunk, total, size / max(size, self.full_group), ticket)
+        group.scale = 0.0
+        self.updates.run(table, chunk, total, scale / max(size, self.full_group), ticket)
 
     # ---- pulls ------------------------------------------------------------------------------
 
