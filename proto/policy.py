@@ -257,9 +257,9 @@ def rate_rule_mismatch(spec: str, rule: str) -> str | None:
     """A sentence saying why the rate modifier of policy ``spec`` does not fit update rule
     ``rule``, or None where it fits (docs/POLICIES.md, "Which rules each rate modifier fits").
 
-    ``+lr=mean`` is Rudra's alpha0 / <sigma> for sgd and momentum. Under an adaptive rule the
-    factor (which weights the gradient) is divided out by the rule's own running magnitude as
-    it settles, so it does not do what it does for sgd::
+    ``+lr=mean`` is Rudra's alpha0 / <sigma> for sgd and momentum, whose step grows with the
+    gradient. An adaptive rule's step is about its rate whatever the gradient's size, and
+    smaller for the noisy gradients of small groups; dividing it by <sigma> too starves it::
 
         >>> rate_rule_mismatch("softsync:15+lr=mean", "sgd") is None
         True
@@ -269,9 +269,9 @@ def rate_rule_mismatch(spec: str, rule: str) -> str | None:
     parsed = parse_policy(spec)
     if parsed.modifiers.lr_mean and rule in ADAPTIVE_RULES:
         return (f"+lr=mean is Rudra's rate for sgd and momentum; under {rule}, which normalises "
-                "each step by the gradients' running magnitude, it does not keep a softsync "
-                "round as far as one hardsync step (use --rule sgd or momentum with the rate "
-                "that trains hardsync, or +lr=staleness)")
+                "each step by the gradients' running magnitude, it divides an already small "
+                "step and starves learning (use --rule sgd or momentum with the rate that "
+                "trains hardsync, or +lr=staleness)")
     return None
 
 
