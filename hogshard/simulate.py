@@ -140,6 +140,10 @@ def simulate(learners: int, servers: int, policy: str, data: Path | None, model:
         server_s=net.server_s if server_us is None else server_us * 1e-6,
         server_bytes_per_s=(net.server_bytes_per_s if server_gbps is None
                             else server_gbps * 1e9))
+    from hogshard.proto.policy import rate_rule_mismatch
+    mismatch = rate_rule_mismatch(policy, rule)
+    if mismatch is not None:
+        click.echo(f"warning: {mismatch}", err=True)
     try:
         config = SimConfig(learners=learners, servers=servers, policy=policy, rule=rule, lr=lr,
                            momentum=momentum, batch=batch, epochs=epochs, limit=limit, seed=seed,

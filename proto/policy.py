@@ -106,6 +106,19 @@ class ConsistencyPolicy(ABC):
         (steps finished) of every live worker."""
         return True
 
+    def staleness_bound(self, live_workers: int) -> int | None:
+        """The most staleness (updates to a chunk between a worker's pull and its push) this
+        policy promises with ``live_workers`` live, or None where it promises none
+        (docs/POLICIES.md, "Staleness bounds"); ``+maxstale=K`` caps it at K."""
+        bound = self._base_bound(max(1, live_workers))
+        limit = self.modifiers.max_staleness
+        if limit is None:
+            return bound
+        return limit if bound is None else min(bound, limit)
+
+    def _base_bound(self, live_workers: int) -> int | None:
+        return None
+
 
 @dataclass(frozen=True)
 class AsyncPolicy(ConsistencyPolicy):
@@ -131,6 +144,11 @@ class SSPPolicy(ConsistencyPolicy):
         if not live_clocks:
             return True
         return min(live_clocks.values()) >= clock - self.staleness
+
+    def _base_bound(self, live_workers: int) -> int | None:
+        # between a worker's pull at clock c (the slowest at c - S or later) and its push,
+        # another worker pushes the gradients of its clocks c - S .. c + S at most
+        return (live_workers - 1) * (2 * self.staleness + 1)
 
 
 @dataclass(frozen=True)
@@ -159,6 +177,9 @@ class HardSyncPolicy(ConsistencyPolicy):
 
     def group_size(self, live_workers: int) -> int:
         return max(1, live_workers)
+
+    def _base_bound(self, live_workers: int) -> int | None:
+        return 0
 
 
 def _parse_modifier(text: str, spec: str, found: dict[str, object]) -> None:
@@ -226,6 +247,32 @@ def parse_policy(spec: str) -> ConsistencyPolicy:
         f"unknown policy {spec!r}; expected one of {', '.join(KNOWN_POLICIES)}, optionally "
         f"followed by modifiers +{', +'.join(KNOWN_MODIFIERS)}"
     )
+
+
+#: Rules that normalise each coordinate's step by the gradient's own running magnitude.
+ADAPTIVE_RULES = ("adam", "adagrad")
+
+
+def rate_rule_mismatch(spec: str, rule: str) -> str | None:
+    """A sentence saying why the rate modifier of policy ``spec`` does not fit update rule
+    ``rule``, or None where it fits (docs/POLICIES.md, "Which rules each rate modifier fits").
+
+    ``+lr=mean`` is Rudra's alpha0 / <sigma> for sgd and momentum, whose step grows with the
+    gradient. An adaptive rule's step is about its rate whatever the gradient's size, and
+    smaller for the noisy gradients of small groups; dividing it by <sigma> too starves it::
+
+        >>> rate_rule_mismatch("softsync:15+lr=mean", "sgd") is None
+        True
+        >>> "adam" in rate_rule_mismatch("softsync:15+lr=mean", "adam")
+        True
+    """
+    parsed = parse_policy(spec)
+    if parsed.modifiers.lr_mean and rule in ADAPTIVE_RULES:
+        return (f"+lr=mean is Rudra's rate for sgd and momentum; under {rule}, which normalises "
+                "each step by the gradients' running magnitude, it divides an already small "
+                "step and starves learning (use --rule sgd or momentum with the rate that "
+                "trains hardsync, or +lr=staleness)")
+    return None
 
 
 def promises_fresh_reads(spec: str) -> bool:

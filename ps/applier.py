@@ -8,6 +8,14 @@ whose mean is applied when the group is complete (softsync: c gradients; hardsyn
 every live worker). The version does not move while a group fills, so staleness measured on
 arrival equals staleness at apply time.
 
+A modifier's factor scales the rule's step. In a group the factors weight the gradients'
+mean and their mean scales the group's step (for sgd: the sum of each factor times its
+gradient, over the group's size, as if each were applied alone at its factor). A short group
+(fewer gradients than the largest group this policy has formed, as learners leave at the end
+of a job or mid-job) moves the weights by its size over that full size: each gradient moves
+the weights as far as it would in a full group, so a job's tail never takes full steps on a
+few gradients (docs/POLICIES.md, "Run ends").
+
 Example::
 
     applier = UpdateApplier(parse_policy("softsync:2"), stats)
@@ -37,6 +45,8 @@ class _Group:
     total: np.ndarray | None = None
     contributors: list[str] = field(default_factory=list)
     staleness: list[int] = field(default_factory=list)
+    #: Sum of the contributors' modifier factors.
+    scale: float = 0.0
     #: The rule the group is applied with: that of its latest gradient's push.
     rule: UpdateRule | None = None
 
@@ -56,6 +66,9 @@ class UpdateApplier:
         #: Sum and count of the staleness of the gradients taken under this policy (+lr=mean).
         self._staleness_sum = 0
         self._staleness_count = 0
+        #: The largest group this policy has formed (c at full strength): a short group's step
+        #: is scaled by its size over it.
+        self.full_group = 1
 
     # ---- pushes -----------------------------------------------------------------------------
 
@@ -98,20 +111,24 @@ class UpdateApplier:
                     )
         modifiers = self.policy.modifiers
         group_size = self.policy.group_size(len(live))
+        self.full_group = max(self.full_group, group_size)
         result = self.staleness(chunks, pulled_versions)  # measured before any is applied
+        bound = self.policy.staleness_bound(len(live))
         for chunk, grad, staleness, rule in zip(chunks, grads, result,
                                                 rules or [None] * len(chunks), strict=True):
             if staleness is None:
                 self.stats.dropped += 1
                 continue
             self.stats.record_staleness(staleness)
+            if bound is not None and staleness > bound:
+                self.stats.beyond_bound += 1
             if modifiers.dc_lambda:
                 grad = self._compensate(table.name, chunk, grad, sender)
             self._staleness_sum += staleness
             self._staleness_count += 1
             scale = modifiers.lr_scale(staleness, self._staleness_sum / self._staleness_count)
             if group_size == 1 and not self.policy.waits_for_apply:
-                self.updates.run(table, chunk, grad, scale, ticket, rule)
+                self.updates.run(table, chunk, grad, scale / self.full_group, ticket, rule)
                 continue
             key = (table.name, chunk.chunk_id)
             group = self._groups.setdefault(key, _Group())
@@ -125,6 +142,7 @@ class UpdateApplier:
                 group.total += np.float32(scale) * grad
             group.contributors.append(sender)
             group.staleness.append(staleness)
+            group.scale += scale
             group.rule = rule
         if membership_known:
             self.complete_groups(live, ticket)
@@ -164,12 +182,17 @@ class UpdateApplier:
         table, chunk = self._chunks[key]
         if group.total is None or not group.contributors:
             return
-        group.total *= np.float32(1.0 / len(group.contributors))
+        size, scale = len(group.contributors), group.scale
+        # the factor-weighted mean, its step scaled by the factors' mean times size / full
+        # size: sum(scale_i * g_i) / full size for sgd
+        group.total *= np.float32(1.0 / scale)
         # the update (and a forward to a backup) keeps the sum; the next group gets a new one
         total, group.total = group.total, None
         group.contributors.clear()
         group.staleness.clear()
-        self.updates.run(table, chunk, total, 1.0, ticket, group.rule)
+        group.scale = 0.0
+        self.updates.run(table, chunk, total, scale / max(size, self.full_group), ticket,
+                         group.rule)
 
     # ---- pulls ------------------------------------------------------------------------------
 
@@ -196,5 +219,6 @@ class UpdateApplier:
             self._apply_group(key, None)
         self.policy = policy
         self._staleness_sum = self._staleness_count = 0
+        self.full_group = 1
         if not policy.modifiers.dc_lambda:
             self._pulled.clear()

@@ -94,6 +94,9 @@ class ServerCollector:
         yield counter("hogshard_server_deferred_pulls",
                       "pulls the consistency policy held back", wire["deferred_pulls"])
         yield counter("hogshard_server_dropped", "pushes dropped (too stale)", wire["dropped"])
+        yield counter("hogshard_server_beyond_bound",
+                      "gradients staler than the policy's staleness bound",
+                      wire["beyond_bound"])
         by_codec = CounterMetricFamily("hogshard_server_bytes_in",
                                        "payload bytes received in pushes",
                                        labels=[*names, "codec"])

@@ -69,6 +69,8 @@ class ServerStats:
     shm_bytes_out: int = 0
     deferred_pulls: int = 0
     dropped: int = 0
+    #: Gradients staler than the policy's bound (ConsistencyPolicy.staleness_bound).
+    beyond_bound: int = 0
     #: Updates applied as a backup (forwarded by a primary), and retried pushes not re-applied.
     replicated: int = 0
     duplicates: int = 0
@@ -106,6 +108,7 @@ class ServerStats:
             "bytes_in": self.bytes_in, "bytes_out": self.bytes_out,
             "shm_bytes_in": self.shm_bytes_in, "shm_bytes_out": self.shm_bytes_out,
             "deferred_pulls": self.deferred_pulls, "dropped": self.dropped,
+            "beyond_bound": self.beyond_bound,
             "replicated": self.replicated, "duplicates": self.duplicates,
             "last_ack_at": self.last_ack_at,
             "errors": dict(self.errors),

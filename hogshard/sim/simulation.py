@@ -322,6 +322,7 @@ class Simulation:
             "test_accuracy": accuracy, "test_accuracy_all_live": self.accuracy_all_live,
             "staleness_mean": staleness["mean"], "staleness_p99": staleness["p99"],
             "staleness": staleness,
+            "beyond_bound": sum(server.stats.beyond_bound for server in self.servers),
             "staleness_histogram": sorted([int(k), v] for k, v in histogram.items()),
             "clock_gap": summarise_histogram(dict(self._gap)),
             "simulated_seconds": elapsed, "wall_seconds": wall_s,

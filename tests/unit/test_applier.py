@@ -124,13 +124,13 @@ def test_softsync_staleness_is_measured_on_arrival_and_applies_at_group_boundari
 
 def test_softsync_lambda_shrinks_mid_group() -> None:
     """Workers die: lambda 8 -> 4 makes c 4 -> 2, and a group already holding 3 is applied on
-    the membership change."""
+    the membership change, as far as 3 of a full group of 4 move the weights."""
     rig = Rig("softsync:2")
     for i in range(3):
         rig.push(WORKERS[i], float(i + 1), WORKERS)
     assert rig.version() == 0
     assert rig.applier.complete_groups(set(WORKERS[:4])) == 1
-    assert rig.version() == 1 and rig.weights() == [-2.0] * 3  # mean of 1, 2, 3
+    assert rig.version() == 1 and rig.weights() == [-1.5] * 3  # (1 + 2 + 3) / 4
 
 
 def test_softsync_lambda_grows_mid_group() -> None:
@@ -216,7 +216,7 @@ def test_hardsync_death_mid_step_applies_the_open_step() -> None:
     rig.push("worker-1", 3.0, live)
     assert rig.applier.complete_groups(set(live)) == 0
     assert rig.applier.complete_groups({"worker-0", "worker-1"}) == 1
-    assert rig.version() == 1 and rig.weights() == [-2.0] * 3
+    assert rig.version() == 1 and rig.weights() == pytest.approx([-4.0 / 3] * 3)  # (1 + 3) / 3
     assert not rig.applier.waiting_on("worker-0", "m", [0])
 
 
@@ -229,6 +229,54 @@ def test_hardsync_death_after_pushing_keeps_its_gradient() -> None:
     assert rig.version() == 0  # worker-2 is still live
     rig.push("worker-2", 0.0, ["worker-1", "worker-2"])
     assert rig.version() == 1 and rig.weights() == [-2.0] * 3
+
+
+def test_a_job_tail_never_steps_further_than_a_full_group() -> None:
+    """softsync:1 at lambda 4: full groups move by their mean; as learners leave, each short
+    group moves by its sum over 4, down to the last learner's gradients alone (a quarter step
+    each, not a full one)."""
+    rig = Rig("softsync:1")
+    live = WORKERS[:4]
+    for w in live:
+        rig.push(w, 4.0, live)
+    assert rig.version() == 1 and rig.weights() == [-4.0] * 3  # a full group: the mean
+    for w in live[:2]:
+        rig.push(w, 4.0, live[:2])  # two learners left: c = 2
+    assert rig.version() == 2 and rig.weights() == [-6.0] * 3  # 2 of 4: half the step
+    rig.push("worker-0", 4.0, ["worker-0"])  # the last learner alone
+    assert rig.version() == 3 and rig.weights() == [-7.0] * 3  # a quarter step
+    assert rig.applier.full_group == 4
+
+
+@pytest.mark.parametrize("spec", ["softsync:1+lr=mean", "softsync:1+lr=staleness",
+                                  "hardsync+lr=staleness"])
+def test_a_short_group_is_scaled_under_the_rate_modifiers_too(spec: str) -> None:
+    """The modifiers' factors and the short group's factor multiply: with staleness 0 both
+    modifiers give 1, and a group of 1 of a full 4 moves a quarter of the gradient."""
+    rig = Rig(spec)
+    for w in WORKERS[:4]:
+        rig.push(w, 4.0, WORKERS[:4])
+    rig.push("worker-0", 4.0, ["worker-0"])
+    assert rig.weights() == [-5.0] * 3
+
+
+def test_a_leaving_learner_under_async_changes_nothing() -> None:
+    """Groups of one stay groups of one: async's steps do not shrink as learners leave."""
+    rig = Rig("async")
+    rig.push("worker-0", 1.0, WORKERS)
+    rig.push("worker-0", 1.0, ["worker-0"])
+    assert rig.weights() == [-2.0] * 3 and rig.applier.full_group == 1
+
+
+def test_softsync_tail_of_groups_of_one_is_scaled_by_the_full_group() -> None:
+    """softsync:2 at lambda 4 (c = 2): once one learner is left c = 1, and each of its
+    gradients, applied at once, moves half as far as in a group of 2."""
+    rig = Rig("softsync:2")
+    rig.push("worker-0", 2.0, WORKERS[:4])
+    rig.push("worker-1", 2.0, WORKERS[:4])
+    assert rig.weights() == [-2.0] * 3
+    rig.push("worker-0", 2.0, ["worker-0"])
+    assert rig.version() == 2 and rig.weights() == [-3.0] * 3
 
 
 def test_hardsync_join_mid_step_waits_for_the_newcomer() -> None:
@@ -375,7 +423,8 @@ def test_switch_flushes_open_groups() -> None:
     rig.push("worker-0", 5.0, WORKERS, chunk_id=1)
     rig.applier.switch(parse_policy("async"))
     assert (rig.version(0), rig.version(1)) == (1, 1)
-    assert rig.weights(0) == [-2.0] * 3 and rig.weights(1) == [-5.0] * 3
+    # short groups, each as far as its gradients would move a full group of 4
+    assert rig.weights(0) == [-1.0] * 3 and rig.weights(1) == [-1.25] * 3
     rig.push("worker-2", 1.0, WORKERS)  # now async
     assert rig.version(0) == 2
     assert rig.applier.complete_groups(set(WORKERS)) == 0  # nothing left open
@@ -495,7 +544,7 @@ def test_a_worker_that_says_it_left_completes_the_hardsync_step() -> None:
     gate.view.left("worker-1", now=1.0)
     assert gate.rig.applier.complete_groups(gate.view.live()) == 1
     assert gate.allows("worker-0", 1)  # the step was applied without it
-    assert gate.rig.weights() == [-1.0, -1.0, -1.0]
+    assert gate.rig.weights() == [-0.5, -0.5, -0.5]  # one gradient of a full step of two
 
 
 @pytest.mark.parametrize("spec", ["async", "async+maxstale=1", "softsync:2", "ssp:1+lr=staleness"])
@@ -514,3 +563,16 @@ def test_staleness_predicts_what_push_returns(spec: str) -> None:
         assert predicted == taken
     if spec == "async+maxstale=1":
         assert rig.stats.dropped > 0  # the case the prediction must get right
+
+
+def test_gradients_beyond_the_policy_bound_are_counted() -> None:
+    """ssp:0 with 2 live workers promises staleness <= 1: a staler gradient is taken (ssp
+    drops nothing) and counted."""
+    rig = Rig("ssp:0")
+    live = WORKERS[:2]
+    for _ in range(3):
+        rig.push("worker-0", 1.0, live)
+    assert rig.push("worker-1", 1.0, live, pulled=2) == 1
+    assert rig.stats.beyond_bound == 0
+    assert rig.push("worker-1", 1.0, live, pulled=0) == 4
+    assert rig.stats.beyond_bound == 1 and rig.stats.to_wire()["beyond_bound"] == 1

@@ -261,3 +261,26 @@ def test_bad_modifier_lists_the_accepted_modifiers() -> None:
 def test_non_string_spec_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="string"):
         parse_policy(3)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("spec", "rule", "warned"), [
+    ("softsync:15+lr=mean", "adam", True), ("softsync:30+lr=mean", "adagrad", True),
+    ("softsync:15+lr=mean", "sgd", False), ("async+lr=mean", "momentum", False),
+    ("softsync:15+lr=staleness", "adam", False), ("hardsync", "adam", False),
+])
+def test_rate_rule_mismatch_names_lr_mean_under_adaptive_rules(spec: str, rule: str,
+                                                                warned: bool) -> None:
+    from hogshard.proto.policy import rate_rule_mismatch
+    mismatch = rate_rule_mismatch(spec, rule)
+    assert (mismatch is not None) == warned
+    if warned:
+        assert rule in mismatch and "sgd" in mismatch
+
+
+@pytest.mark.parametrize(("spec", "live", "bound"), [
+    ("hardsync", 8, 0), ("ssp:0", 3, 2), ("ssp:2", 3, 10), ("ssp:2", 1, 0), ("ssp:1", 0, 0),
+    ("async", 8, None), ("softsync:4", 8, None), ("async+maxstale=5", 8, 5),
+    ("ssp:2+maxstale=4", 3, 4), ("ssp:2+maxstale=40", 3, 10),
+])
+def test_staleness_bound(spec: str, live: int, bound: int | None) -> None:
+    assert parse_policy(spec).staleness_bound(live) == bound

@@ -85,6 +85,9 @@ def test_ssp_bounds_the_clock_gap_that_a_straggler_opens(data: ImageDataset) -> 
     assert free["clock_gap"]["max"] > 3
     assert bounded["clock_gap"]["max"] <= 2  # s + 1: a learner at c pulls once min >= c - s
     assert bounded["servers_detail"][0]["deferred_pulls"] > 0
+    # and the staleness stays within the documented bound, (lambda - 1)(2S + 1) = 9
+    assert bounded["staleness"]["max"] <= 9 and bounded["beyond_bound"] == 0
+    assert free["beyond_bound"] == 0  # async promises no bound, so counts nothing
 
 
 def test_a_slow_server_shows_queueing(data: ImageDataset) -> None:
