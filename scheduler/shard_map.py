@@ -143,6 +143,11 @@ class ShardMap:
         return [name for name, t in self.tables.items() if name != EMBEDDING_MAP
                 and t.replication < 2 and any(c.server == rank for c in t.chunks)]
 
+    def dense_tables_of(self, rank: int) -> list[str]:
+        """The dense tables server ``rank`` holds chunks of (as primary or backup)."""
+        return sorted(name for name, t in self.tables.items() if name != EMBEDDING_MAP
+                      and any(rank in (c.server, c.backup) for c in t.chunks))
+
     # ---- replication roles ------------------------------------------------------------------
 
     def changed(self, event: str) -> None:

@@ -105,6 +105,11 @@ class Rerouter:
             for pending in due:
                 self.resend(pending)
 
+    def refresh(self) -> None:
+        """Fetch the maps of the followed tables now (and reconnect to the live servers)."""
+        if self.tables:
+            self._refresh(time.monotonic())
+
     def _refresh(self, now: float) -> None:
         self._refreshed_at = now
         client = self._client

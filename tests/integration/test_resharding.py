@@ -19,6 +19,7 @@ from hogshard.proto.config import ClientSettings
 from hogshard.proto.errors import HogshardError
 from hogshard.proto.transport import RpcChannel
 from hogshard.worker.client import PSClient
+from hogshard.worker.sparse import embedding_stats
 
 SLOTS = 4096
 IDS = 4096
@@ -31,7 +32,8 @@ class Job:
     """A scheduler with embedding slots, its servers, and a client pushing rows of one table,
     keeping the rows every acknowledged push should have made."""
 
-    def __init__(self, procs: Any, tmp_path: Path, servers: int) -> None:
+    def __init__(self, procs: Any, tmp_path: Path, servers: int,
+                 request_timeout: float = 60.0) -> None:
         self.procs = procs
         address_file = tmp_path / "scheduler.address"
         scheduler = procs.hogshard("scheduler", "scheduler", "--bind", "tcp://127.0.0.1:0",
@@ -42,7 +44,8 @@ class Job:
         self.scheduler = scheduler
         self.address = address_file.read_text().strip()
         self.servers = {rank: self.server(rank) for rank in range(servers)}
-        self.client = PSClient(ClientSettings(scheduler=self.address, request_timeout=60.0))
+        self.client = PSClient(ClientSettings(scheduler=self.address,
+                                                    request_timeout=request_timeout))
         self.channel = RpcChannel(self.client._context, self.address, sender="test")
         self.table = self.client.embedding_table("e", dim=4, rule={"rule": "sgd", "lr": 1.0},
                                                   seed=3)
@@ -144,6 +147,8 @@ def test_a_drained_server_hands_over_every_row_and_can_then_stop(procs, tmp_path
         job.push(20)
         pushed, output = job.change_while_pushing("drain", 0)
         assert pushed >= 1 and "members [1, 2]" in output
+        assert "server 0 holds no embedding slot and no dense chunk: it can be stopped" \
+            in output, output
         assert job.status()["embedding_slots"]["owners"].get("0", 0) == 0
         drained = procs.wait_until(
             lambda: (stats := job.emb_stats(0))["tables"]["e"]["rows"] == 0 and stats, 10.0,
@@ -158,6 +163,41 @@ def test_a_drained_server_hands_over_every_row_and_can_then_stop(procs, tmp_path
         job.close()
     np.testing.assert_array_equal(rows, job.expected)
     assert sum(kept.values()) == IDS
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(150, method="signal")
+def test_a_worker_forgets_a_server_drained_out_of_the_placement_and_stopped(
+        procs, tmp_path: Path) -> None:
+    job = Job(procs, tmp_path, servers=2, request_timeout=20.0)
+    try:
+        dense = job.client.dense_table("d", 64, {"rule": "sgd", "lr": 0.1},
+                                       init=np.zeros(64, np.float32), chunk_elems=16)
+        assert {c.server for c in dense.chunks} == {0, 1}
+        job.push(5)
+        job.start_server(2)
+        job.change_while_pushing("add", 2)
+        _, output = job.change_while_pushing("drain", 0)
+        # its dense chunks stay: drain says so and does not call it stoppable
+        assert "server 0 still holds chunks of dense tables ['d']" in output, output
+        assert "can be stopped" not in output, output
+        job.change_while_pushing("add", 0)
+        _, output = job.change_while_pushing("drain", 2)
+        assert "server 2 holds no embedding slot and no dense chunk: it can be stopped" \
+            in output, output
+        procs.wait_until(lambda: job.emb_stats(2)["tables"]["e"]["rows"] == 0, 10.0,
+                         "server 2 to drop the rows it handed over", on_timeout=procs.report)
+        job.servers[2].signal_group(signal.SIGTERM)
+        assert job.servers[2].wait(15.0) is not None
+        job.push(5)
+        # the report a training script prints at its end asks the servers holding rows now
+        stats = embedding_stats(job.client)
+        rows = job.pull()
+    finally:
+        job.close()
+    assert sorted(stats) == [0, 1]
+    assert sum(s["tables"]["e"]["rows"] for s in stats.values()) == IDS
+    np.testing.assert_array_equal(rows, job.expected)
 
 
 @pytest.mark.integration
@@ -203,6 +243,7 @@ def test_a_restarted_scheduler_keeps_the_slots_where_they_moved(procs, tmp_path:
 _SHOW_PLACEMENT = """
 import json, sys
 from hogshard.worker.client import PSClient
+from hogshard.worker.sparse import embedding_stats
 client = PSClient.from_env()
 json.dump(client.status().get("embedding_slots"), open(sys.argv[1], "w"))
 client.close()
@@ -225,4 +266,5 @@ def test_launch_places_embedding_slots_when_asked(procs, tmp_path: Path) -> None
     code, output = procs.run("launch-slots-replicated", [
         sys.executable, "-m", "hogshard", "launch", "--replication", "2",
         "--embedding-slots", "64", "--no-progress", "--", sys.executable, "-c", "pass"], 30.0)
-    assert code != 0 and "--replication 1 only" in output and "Traceback" not in output, output
+    assert code == 2 and "--replication 1 only" in output and "Traceback" not in output, output
+    assert output.count("Error:") == 1, output
