@@ -240,6 +240,90 @@ def test_a_restarted_scheduler_keeps_the_slots_where_they_moved(procs, tmp_path:
     assert sum(held.values()) == IDS and held[2] > 0
 
 
+def _checkpoint(job: Job, directory: Path) -> tuple[int, str]:
+    return job.procs.run("checkpoint", [sys.executable, "-m", "hogshard", "checkpoint",
+                                        "--scheduler", job.address, str(directory)], 60.0)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(150, method="signal")
+def test_a_checkpoint_after_an_add_holds_three_servers_and_restores(procs, tmp_path: Path
+                                                                     ) -> None:
+    """Servers 0 and 1 plus server 2 added mid-job: the checkpoint takes all three, and a job
+    restored from it with --servers 3 has every row and the dense table as checkpointed."""
+    job = Job(procs, tmp_path, servers=2)
+    try:
+        dense = job.client.dense_table("d", 64, {"rule": "sgd", "lr": 0.1},
+                                       init=np.arange(64, dtype=np.float32), chunk_elems=16)
+        job.push(10)
+        job.start_server(2)
+        job.change_while_pushing("add", 2)
+        job.push(5)
+        code, output = _checkpoint(job, tmp_path / "ckpt")
+        assert code == 0, output
+    finally:
+        job.close()
+    for proc in [job.scheduler, *job.servers.values()]:
+        proc.signal_group(signal.SIGKILL)
+        proc.wait(10.0)
+    manifest = json.loads(next((tmp_path / "ckpt").glob("ckpt-*/manifest.json")).read_text())
+    assert manifest["servers"] == 3 and manifest["server_ranks"] == [0, 1, 2]
+
+    address_file = tmp_path / "restored.address"
+    scheduler = procs.hogshard("scheduler-restored", "scheduler", "--bind", "tcp://127.0.0.1:0",
+                               "--address-file", str(address_file), "--servers", "3",
+                               "--restore", str(tmp_path / "ckpt"), *TIMING)
+    procs.wait_until(lambda: address_file.exists() or not scheduler.alive(), 30.0,
+                     "the restored scheduler's address file", on_timeout=scheduler.tail)
+    address = address_file.read_text().strip()
+    for rank in range(3):
+        procs.hogshard(f"server{rank}-restored", "server", "--scheduler", address, "--rank",
+                       str(rank), "--restore", str(tmp_path / "ckpt"))
+    client = PSClient(ClientSettings(scheduler=address, request_timeout=30.0))
+    try:
+        table = client.embedding_table("e", dim=4, rule={"rule": "sgd", "lr": 1.0}, seed=3)
+        rows = np.empty((IDS, 4), np.float32)
+        client.pull_rows([table], [job.ids], [rows]).result(30.0)
+        restored = client.dense_table("d", 64, {"rule": "sgd", "lr": 0.1})
+        weights = np.empty(64, np.float32)
+        client.pull(restored, weights).result(30.0)
+        stats = embedding_stats(client)
+    finally:
+        client.close()
+    np.testing.assert_array_equal(rows, job.expected)
+    np.testing.assert_array_equal(weights, np.arange(64, dtype=np.float32))
+    assert dense.size == 64 and sorted(stats) == [0, 1, 2]
+    assert sum(s["tables"]["e"]["rows"] for s in stats.values()) == IDS
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(150, method="signal")
+def test_a_checkpoint_without_a_drained_server_is_taken_and_its_restore_says_what_it_needs(
+        procs, tmp_path: Path) -> None:
+    job = Job(procs, tmp_path, servers=3)
+    try:
+        job.push(5)
+        job.change_while_pushing("drain", 0)
+        procs.wait_until(lambda: job.emb_stats(0)["tables"]["e"]["rows"] == 0, 10.0,
+                         "server 0 to drop the rows it handed over", on_timeout=procs.report)
+        job.servers[0].signal_group(signal.SIGTERM)
+        assert job.servers[0].wait(15.0) is not None
+        procs.wait_until(lambda: not job.live(0), 10.0, "server 0 to be gone",
+                         on_timeout=procs.report)
+        job.push(5)
+        code, output = _checkpoint(job, tmp_path / "ckpt")
+        assert code == 0, output
+    finally:
+        job.close()
+    manifest = json.loads(next((tmp_path / "ckpt").glob("ckpt-*/manifest.json")).read_text())
+    assert manifest["server_ranks"] == [1, 2]
+    code, output = procs.run("scheduler-restore", [
+        sys.executable, "-m", "hogshard", "scheduler", "--bind", "tcp://127.0.0.1:0",
+        "--servers", "2", "--restore", str(tmp_path / "ckpt")], 30.0)
+    assert code == 1 and "servers of ranks [1, 2]" in output, output
+    assert output.count("Error:") == 1 and "Traceback" not in output, output
+
+
 _SHOW_PLACEMENT = """
 import json, sys
 from hogshard.worker.client import PSClient
