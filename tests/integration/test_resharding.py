@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ import numpy as np
 import pytest
 
 from hogshard.proto.config import ClientSettings
-from hogshard.proto.errors import HogshardError
+from hogshard.proto.errors import HogshardError, ServerLostError
 from hogshard.proto.transport import RpcChannel
 from hogshard.worker.client import PSClient
 from hogshard.worker.sparse import embedding_stats
@@ -238,6 +239,26 @@ def test_a_restarted_scheduler_keeps_the_slots_where_they_moved(procs, tmp_path:
     assert "placement relearnt from the servers" in output, output
     np.testing.assert_array_equal(rows, job.expected)
     assert sum(held.values()) == IDS and held[2] > 0
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120, method="signal")
+def test_a_killed_slot_owner_fails_the_worker_with_server_lost(procs, tmp_path: Path) -> None:
+    """Without replication a slot owner's rows are nowhere else: a worker pushing to it fails
+    with ServerLostError naming it within a few heartbeat timeouts, not a request timeout."""
+    job = Job(procs, tmp_path, servers=2, request_timeout=60.0)
+    try:
+        job.push(5)
+        job.servers[1].signal_group(signal.SIGKILL)
+        job.servers[1].wait(10.0)
+        started = time.monotonic()
+        with pytest.raises(ServerLostError, match="server-1"):
+            while time.monotonic() - started < 60.0:
+                job.push()
+        waited = time.monotonic() - started
+    finally:
+        job.close()
+    assert waited < 30.0, f"ServerLostError after {waited:.1f} s"
 
 
 def _checkpoint(job: Job, directory: Path) -> tuple[int, str]:
