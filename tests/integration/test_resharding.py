@@ -135,6 +135,12 @@ def test_a_server_added_mid_job_takes_a_third_of_the_rows_and_loses_no_push(
     np.testing.assert_array_equal(rows, job.expected)
     moved_out = sum(s["moved"]["rows_out"] for s in stats.values())
     assert moved_out == stats[2]["moved"]["rows_in"] > 0
+    assert sum(s["moved"]["bytes_out"] for s in stats.values()) \
+        == stats[2]["moved"]["bytes_in"] >= moved_out * 4 * 4  # rows of 4 float32 at least
+    assert all(s["moved"]["seconds_out"] > 0 for s in (stats[0], stats[1]))
+    [move] = placement["moves"]
+    assert move["event"] == "server 2 added" and move["slots"] == placement["moved"]
+    assert 0 < move["seconds"] < 60
     assert moved_out <= 1.1 / 3 * IDS, f"{moved_out} of {IDS} rows moved"
     assert sum(s["tables"]["e"]["rows"] for s in stats.values()) == IDS  # none left twice
     assert stats[2]["tables"]["e"]["pushes"] > 0
