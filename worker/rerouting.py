@@ -142,11 +142,16 @@ class Rerouter:
         client = self._client
         for pending in client._book.waiting():
             route = pending.route
-            if route is None or not route.follow:
+            if route is None:
+                continue
+            # the socket it went on is closed (its server gone, or a new process under its
+            # rank): no reply can come on it, so even a request that follows no map moves
+            relinked = pending.server not in client._servers \
+                or client._links.get(pending.server) != pending.link
+            if not route.follow and not relinked:
                 continue
             owners = {route.table.by_id[c].server for c in route.chunk_ids}
-            if owners != {pending.server} or pending.server not in client._servers \
-                    or client._links.get(pending.server) != pending.link:
+            if owners != {pending.server} or relinked:
                 client._book.pop(pending.request_id)
                 self.resend(pending)
 

@@ -18,6 +18,7 @@ import pytest
 
 from hogshard.proto.config import ClientSettings
 from hogshard.proto.errors import HogshardError, ServerLostError
+from hogshard.proto.hashing import shard_of
 from hogshard.proto.transport import RpcChannel
 from hogshard.worker.client import PSClient
 from hogshard.worker.sparse import embedding_stats
@@ -265,6 +266,45 @@ def test_a_killed_slot_owner_fails_the_worker_with_server_lost(procs, tmp_path: 
     finally:
         job.close()
     assert waited < 30.0, f"ServerLostError after {waited:.1f} s"
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120, method="signal")
+def test_a_killed_slot_owner_restarted_under_its_rank_gets_its_rows_from_the_checkpoint(
+        procs, tmp_path: Path) -> None:
+    job = Job(procs, tmp_path, servers=2)
+    try:
+        job.push(5)
+        code, output = _checkpoint(job, tmp_path / "ckpt")
+        assert code == 0, output
+        checkpointed = job.pull()
+        held = job.emb_stats(1)["tables"]["e"]["rows"]
+        job.push(5)  # lost with server 1 for its slots
+        job.servers[1].signal_group(signal.SIGKILL)
+        job.servers[1].wait(10.0)
+        job.servers[1] = job.server(1)
+        recovered = procs.wait_until(
+            lambda: job.status()["recoveries"] or None, 30.0, "server 1 restored",
+            on_timeout=procs.report)
+        [rows] = procs.wait_until(lambda: _pull_or_none(job), 30.0, "rows served again",
+                                  on_timeout=procs.report)
+        again = job.emb_stats(1)["tables"]["e"]["rows"]
+    finally:
+        job.close()
+    assert recovered[0]["rank"] == 1 and "__embeddings__" in recovered[0]["tables"]
+    assert again == held > 0
+    owners = job.client.embedding_map
+    assert owners is not None
+    mine = owners.owner_of[shard_of(job.ids, SLOTS)] == 1
+    np.testing.assert_array_equal(rows[mine], checkpointed[mine])
+    np.testing.assert_array_equal(rows[~mine], job.expected[~mine])
+
+
+def _pull_or_none(job: Job) -> list[np.ndarray] | None:
+    try:
+        return [job.pull()]
+    except HogshardError:
+        return None
 
 
 def _checkpoint(job: Job, directory: Path) -> tuple[int, str]:
