@@ -3,8 +3,9 @@ whose scheduler runs with ``--embedding-slots N``; PROTOCOL.md section 13.4).
 
 ``add RANK`` puts a live server (e.g. one started after the job's ``--servers``) into the
 placement: the slots it wins by rendezvous hashing move to it, about 1/(S+1) of them.
-``drain RANK`` takes one out: its slots move to the others, after which it holds no rows
-and can be stopped. Training goes on meanwhile. ``--wait SECONDS`` returns once no slot is
+``drain RANK`` takes one out: its slots move to the others, after which it holds no rows;
+dense chunks do not move, so it can be stopped only if it holds none (``drain`` says which
+dense tables still hold it). Training goes on meanwhile. ``--wait SECONDS`` returns once no slot is
 moving (exit 1 if that takes longer); ``show`` prints the placement.
 
 Example::
@@ -62,7 +63,10 @@ def _change(op: str, scheduler: str, timeout: float, keys: str | None, wait: flo
             rank: int) -> None:
     placement = call_scheduler(scheduler, op, {"rank": rank}, timeout, keys)
     click.echo(_line(placement))
+    dense = placement.get("dense_tables")
     if wait <= 0:
+        if dense:
+            click.echo(_still_holds(rank, dense))
         return
     deadline = time.monotonic() + wait
     while placement["moving"]:
@@ -72,6 +76,17 @@ def _change(op: str, scheduler: str, timeout: float, keys: str | None, wait: flo
         time.sleep(POLL_S)
         placement = _placement(scheduler, timeout, keys)
     click.echo(_line(placement))
+    if dense:
+        click.echo(_still_holds(rank, dense))
+    elif dense is not None:
+        click.echo(f"server {rank} holds no embedding slot and no dense chunk: it can be "
+                   "stopped")
+
+
+def _still_holds(rank: int, dense: list[str]) -> str:
+    return (f"server {rank} still holds chunks of dense tables {dense}, which do not move: "
+            "do not stop it (a job without replication fails when a server holding chunks "
+            "is gone)")
 
 
 @click.group()
@@ -93,7 +108,9 @@ def add(scheduler: str, timeout: float, keys: str | None, wait: float, rank: int
 @_wait_option
 @click.argument("rank", type=click.IntRange(min=0))
 def drain(scheduler: str, timeout: float, keys: str | None, wait: float, rank: int) -> None:
-    """Move every slot of server RANK to the others; it can be stopped once none moves."""
+    """Move every slot of server RANK to the others. Its dense chunks do not move: with
+    --wait, it says whether RANK can then be stopped (no slot and no dense chunk left) or
+    which dense tables still hold it (stopping it would end the job)."""
     _change("drain_embedding_server", scheduler, timeout, keys, wait, rank)
 
 

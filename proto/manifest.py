@@ -216,3 +216,13 @@ def load_manifest(ckpt: Path, verify_ranks: set[int] | None = None) -> dict[str,
         if sha != entry["sha256"]:
             raise CheckpointError(f"checkpoint file {file} fails its SHA-256 check (corrupt)")
     return manifest
+
+
+def manifest_ranks(manifest: dict[str, Any]) -> list[int]:
+    """The server ranks whose files a checkpoint holds: its ``server_ranks`` (a job whose
+    embedding servers were added or drained), else 0 .. ``servers`` - 1."""
+    ranks = manifest.get("server_ranks")
+    if isinstance(ranks, list) and all(type(r) is int for r in ranks):
+        return sorted(ranks)
+    servers = manifest.get("servers")
+    return list(range(servers)) if type(servers) is int and servers > 0 else []

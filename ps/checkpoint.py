@@ -27,6 +27,7 @@ from hogshard.proto.manifest import (
     disk_error,
     file_entry,
     load_manifest,
+    manifest_ranks,
     resolve_checkpoint,
 )
 from hogshard.ps.dense import FLOAT32, DenseChunk, DenseStore, DenseTable
@@ -90,10 +91,10 @@ def restore_shard(store: DenseStore, embeddings: EmbeddingStore, manifest: dict[
                   rank: int, ckpt: Path) -> dict[str, int]:
     """Replace the shard's tables with rank ``rank``'s files of a verified checkpoint;
     returns the worker clocks it had seen. The manifest must list this rank."""
-    servers = manifest.get("servers")
-    if not isinstance(servers, int) or not 0 <= rank < servers:
+    ranks = manifest_ranks(manifest)
+    if rank not in ranks:
         raise CheckpointError(
-            f"this server has rank {rank} but the checkpoint {ckpt} holds ranks 0..{servers - 1 if isinstance(servers, int) else '?'}; "
+            f"this server has rank {rank} but the checkpoint {ckpt} holds ranks {ranks}; "
             "restore with the same number of servers and pass --rank"
         )
     kinds = {e.get("kind"): e for e in manifest.get("files", []) if e.get("rank") == rank}

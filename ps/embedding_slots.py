@@ -22,6 +22,7 @@ Example::
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
@@ -56,7 +57,10 @@ class SlotRoles:
         self.handoffs: dict[int, tuple[int, int]] = {}
         self.reported = 0  # hand-offs ready at the last look (a new one brings a heartbeat)
         self.incoming = 0  # slots on their way to this server (it asks for the map sooner)
-        self.moved = {"slots_out": 0, "rows_out": 0, "slots_in": 0, "rows_in": 0}
+        self.moved: dict[str, float] = {"slots_out": 0, "rows_out": 0, "bytes_out": 0,
+                                         "seconds_out": 0.0, "slots_in": 0, "rows_in": 0,
+                                         "bytes_in": 0}
+        self._sent_at: dict[int, float] = {}  # slot -> when its copy was sent
 
     def adopt(self, count: int, roles: Mapping[int, tuple[int, int]], rank: int) -> np.ndarray:
         """Take the slot roles of a new map; returns the slots this server owned and owns no
@@ -126,6 +130,9 @@ class SlotRoles:
         for owner, slots in by_owner.items():
             fields, arrays = snapshot(embeddings, slots, self.count)
             sent[owner] = send(owner, "emb_snapshot", {"shards": slots, **fields}, arrays)
+            self.moved["bytes_out"] += sum(int(a.nbytes) for a in arrays)
+            now = time.monotonic()
+            self._sent_at.update(dict.fromkeys(slots, now))
             self.handoffs.update({slot: (owner, sent[owner]) for slot in slots})
         return sent
 
@@ -149,4 +156,7 @@ class SlotRoles:
             dropped += int(gone.size)
         self.moved["slots_out"] += int(slots.size)
         self.moved["rows_out"] += dropped
+        sent = [self._sent_at.pop(int(s)) for s in slots if int(s) in self._sent_at]
+        if sent:  # from the first copy sent to the hand-off done
+            self.moved["seconds_out"] += time.monotonic() - min(sent)
         return dropped

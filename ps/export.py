@@ -40,6 +40,7 @@ from hogshard.proto.manifest import (
     atomic_write_bytes,
     file_entry,
     load_manifest,
+    manifest_ranks,
     resolve_checkpoint,
 )
 from hogshard.proto.tables import EMBEDDING_MAP, Chunk
@@ -73,8 +74,8 @@ def read_checkpoint(path: Path) -> Snapshot:
     ``ckpt-N`` directory, or a parent whose ``LATEST`` names one), every file verified."""
     ckpt = resolve_checkpoint(Path(path))
     manifest = load_manifest(ckpt)
-    servers = manifest.get("servers")
-    if not isinstance(servers, int) or servers < 1:
+    ranks = manifest_ranks(manifest)
+    if not ranks:
         raise CheckpointError(f"{ckpt}: the manifest names no servers")
     views = manifest.get("tables", {})
     placed = {name: [Chunk.from_wire(c) for c in view["chunks"]]
@@ -90,7 +91,7 @@ def read_checkpoint(path: Path) -> Snapshot:
         snapshot.dense[name] = np.empty(size, FLOAT32)
     pieces: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
     specs: dict[str, dict[str, Any]] = {}
-    for rank in range(servers):
+    for rank in ranks:
         store, embeddings = DenseStore(), EmbeddingStore()
         restore_shard(store, embeddings, manifest, rank, ckpt)
         for name, chunks in placed.items():

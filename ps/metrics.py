@@ -35,7 +35,7 @@ class Observed(Protocol):
     def policy_version(self) -> int: ...
 
     @property
-    def embedding_moves(self) -> dict[str, int]: ...
+    def embedding_moves(self) -> dict[str, float]: ...
 
 
 def _read(server: Observed) -> dict[str, Any]:
@@ -127,7 +127,7 @@ class ServerCollector:
                 family.add_metric([*values, str(table)], float(stats[key]))
             yield family
         if s["moves"]:  # a job with embedding slots
-            for unit in ("slots", "rows"):
+            for unit in ("slots", "rows", "bytes"):
                 moved = CounterMetricFamily(
                     f"hogshard_server_embedding_{unit}_moved",
                     f"embedding {unit} handed to a next owner (out) or received (in)",
@@ -136,6 +136,12 @@ class ServerCollector:
                     moved.add_metric([*values, direction],
                                      float(s["moves"].get(f"{unit}_{direction}", 0)))
                 yield moved
+            seconds = CounterMetricFamily(
+                "hogshard_server_embedding_move_seconds",
+                "seconds from copying moving slots' rows to their hand-off, summed over moves",
+                labels=names)
+            seconds.add_metric(values, float(s["moves"].get("seconds_out", 0.0)))
+            yield seconds
         yield staleness_histogram("hogshard_server_staleness",
                                   "staleness of applied pushes, in clocks",
                                   {int(k): int(v) for k, v in wire["staleness"]}, labels)

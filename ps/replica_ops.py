@@ -148,6 +148,7 @@ class BackupOps:
         if msg.get("shards") is not None:  # slots handed to this server (their next owner)
             self._replicas.slots.moved["slots_in"] += len(shards)
             self._replicas.slots.moved["rows_in"] += rows_in
+            self._replicas.slots.moved["bytes_in"] += sum(int(a.nbytes) for a in msg.arrays)
         return {"seq": msg.get("seq")}, []
 
 

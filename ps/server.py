@@ -150,8 +150,9 @@ class ShardServer:
         return self.schedule.version
 
     @property
-    def embedding_moves(self) -> dict[str, int]:
-        """Embedding slots and rows moved out and in ({} in a job without slots)."""
+    def embedding_moves(self) -> dict[str, float]:
+        """Embedding slots, rows and bytes moved out and in, and the seconds the moves out
+        took ({} in a job without slots)."""
         slots = self.replicas.slots
         return dict(slots.moved) if slots.count else {}
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from hogshard.proto.errors import CheckpointError, ConfigError, ConflictError, HogshardError
-from hogshard.proto.manifest import load_manifest, resolve_checkpoint
+from hogshard.proto.manifest import load_manifest, manifest_ranks, resolve_checkpoint
 from hogshard.proto.policy import ConsistencyPolicy, parse_policy
 from hogshard.proto.tables import Chunk, DenseTableSpec
 from hogshard.scheduler.checkpointing import CheckpointRounds, Round
@@ -67,7 +67,13 @@ class CheckpointCoordinator:
         """A round into a new ``PARENT/ckpt-N``; refused unless every rank is live and every
         chunk is held."""
         ranks = sorted(m.rank for m in self._members.live("server"))
-        if ranks != list(range(self._expected_servers)):
+        holders = self._holders()
+        if holders is not None:  # embedding slots: the servers that hold something
+            if not holders <= set(ranks):
+                raise ConflictError(f"live server ranks {ranks}; a checkpoint needs every "
+                                    f"server that holds chunks or embedding slots "
+                                    f"{sorted(holders)}")
+        elif ranks != list(range(self._expected_servers)):
             raise ConflictError(f"live server ranks {ranks}; a checkpoint needs every rank "
                                 f"0..{self._expected_servers - 1}")
         missing = self._completeness.missing()
@@ -79,6 +85,16 @@ class CheckpointCoordinator:
     def tables_placed(self) -> bool:
         """Whether there is anything to save (a table exists)."""
         return bool(self._chunks.tables)
+
+    def _holders(self) -> set[int] | None:
+        """With embedding slots (servers added and drained mid-job), the ranks that own a
+        dense chunk or a slot, as primary or backup; None in a job without slots, where
+        embedding rows are hashed over ranks 0 .. S-1 and every one of them is needed."""
+        tables = self._chunks.tables
+        if not any(t.slots for t in tables.values()):
+            return None
+        return {rank for t in tables.values() for c in t.chunks for rank in (c.server, c.backup)
+                if rank >= 0}
 
     def request(self, directory: str) -> Ready:
         """The ``checkpoint`` op: a round into ``directory``, answered once it is written."""
@@ -126,6 +142,12 @@ def restore_job(path: Path, expected_servers: int) -> RestoredJob:
     """Read the checkpoint at (or ``LATEST`` under) ``path``, every file verified."""
     ckpt = resolve_checkpoint(path)
     manifest = load_manifest(ckpt)
+    ranks = manifest_ranks(manifest)
+    if ranks != list(range(len(ranks))):
+        raise ConfigError(f"checkpoint {ckpt} was written by servers of ranks {ranks}; a "
+                          "restored job starts servers of ranks 0 .. --servers - 1 in place of "
+                          "the ranks the shard map names, so it cannot restore this one (take "
+                          "checkpoints while the live server ranks are 0 .. S-1)")
     if manifest.get("servers") != expected_servers:
         raise ConfigError(f"checkpoint {ckpt} was written by {manifest.get('servers')} "
                           f"servers; this job expects {expected_servers} (--servers "

@@ -161,7 +161,7 @@ class CheckpointRounds:
     def _finish(self) -> None:
         r = self.current
         assert r is not None
-        manifest = {"servers": len(r.ranks), **r.describe(),
+        manifest = {**r.describe(), "servers": len(r.ranks), "server_ranks": sorted(r.ranks),
                     "files": [e for rank in sorted(r.files) for e in r.files[rank]]}
         try:
             write_manifest(r.path, manifest)

@@ -104,6 +104,11 @@ class SchedulerCollector:
             yield CounterMetricFamily("hogshard_embedding_slots_moved",
                                       "embedding slots handed to a new owner",
                                       value=s["slots"]["moved"])
+            done = [m for m in s["slots"]["moves"] if m["seconds"] is not None]
+            if done:
+                yield GaugeMetricFamily("hogshard_embedding_move_seconds",
+                                        "seconds the latest finished add or drain took until "
+                                        "no slot moved", value=done[-1]["seconds"])
         servers = [m for m in s["members"] if m["role"] == "server" and m["stats"]]
         for key, doc in RELAYED.items():
             family = CounterMetricFamily(f"hogshard_cluster_{key}",

@@ -24,6 +24,7 @@ Example::
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -39,6 +40,8 @@ log = logging.getLogger(__name__)
 
 #: The most slots a job may have (the slot map travels in ``get_table`` replies).
 MAX_SLOTS = 1 << 16
+#: How many of the latest changes (add, drain) ``status`` lists.
+MOVES_KEPT = 8
 #: Mixed into a member's rank before hashing, so rank 0 is not a fixed point.
 _RANK_SALT = 0x632BE59BD9B4E019
 
@@ -120,6 +123,9 @@ class Resharding:
         self.grace = grace
         self.members: list[int] = []
         self.moved = 0  # slots handed to a new owner so far
+        #: The latest changes: {event, slots, started_at, seconds (None while moving)}.
+        self.moves: list[dict[str, Any]] = []
+        self._move_started = 0.0
         self._reports: dict[int, list[int]] = {}  # rank -> the slots it says it owns
         self._first_report_at: float | None = None
         restored = self.table  # a slot map restored from a checkpoint: its owners are members
@@ -240,6 +246,10 @@ class Resharding:
                         for c in table.chunks]
         self.members = members
         moving = self.moving()
+        self.moves.append({"event": why, "slots": moving, "started_at": time.time(),
+                           "seconds": None if moving else 0.0})
+        del self.moves[:-MOVES_KEPT]
+        self._move_started = time.monotonic()
         self._map.changed(f"embedding slots: {why}, {moving} moving")
         log.info("embedding slots: %s; %d of %d slots move (members %s)", why, moving,
                  self.slots, members)
@@ -264,6 +274,7 @@ class Resharding:
             return
         table.chunks = [done.get(c.chunk_id, c) for c in table.chunks]
         self.moved += len(done)
+        self._end_move()
         self._map.changed(f"embedding slots: {len(done)} handed off by server {rank}")
         log.info("embedding slots: server %d handed off %d slots (%d still moving)", rank,
                  len(done), self.moving())
@@ -279,15 +290,22 @@ class Resharding:
         table.chunks = [Chunk(c.chunk_id, c.offset, 1, c.server)
                         if c.backup >= 0 and {c.server, c.backup} & ranks else c
                         for c in table.chunks]
+        self._end_move()
         self._map.changed(f"embedding slots: moves to servers {sorted(ranks)} cancelled")
         log.warning("embedding slots: servers %s died while slots moved to them; those slots "
                     "stay with their owners", sorted(ranks))
 
+    def _end_move(self) -> None:
+        """Once no slot moves, the latest change took this long."""
+        if self.moves and self.moves[-1]["seconds"] is None and not self.moving():
+            self.moves[-1]["seconds"] = time.monotonic() - self._move_started
+
     def status(self) -> dict[str, Any]:
-        """``{slots, members, moving, moved, owners: {rank: slots}}`` for ``status``."""
+        """``{slots, members, moving, moved, owners: {rank: slots}, moves: [...]}`` for
+        ``status``."""
         table = self.table
         owners: dict[str, int] = {}
         for chunk in table.chunks if table is not None else []:
             owners[str(chunk.server)] = owners.get(str(chunk.server), 0) + 1
         return {"slots": self.slots, "members": list(self.members), "moving": self.moving(),
-                "moved": self.moved, "owners": owners}
+                "moved": self.moved, "owners": owners, "moves": [dict(m) for m in self.moves]}

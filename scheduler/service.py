@@ -147,8 +147,7 @@ class Scheduler:
             "checkpoint": lambda msg: self.checkpoints.request(msg.header["dir"]),
             "add_embedding_server": lambda msg: self.shard_map.resharding.add(
                 msg.header["rank"], self.members.live("server")),
-            "drain_embedding_server": lambda msg: self.shard_map.resharding.drain(
-                msg.header["rank"]),
+            "drain_embedding_server": self._drain_embedding_server,
         })
 
     @property
@@ -319,6 +318,13 @@ class Scheduler:
             return ready()
 
         return unless_ending
+
+    def _drain_embedding_server(self, msg: Message) -> Reply:
+        """Move the server's slots away; the reply names the dense tables it still holds
+        chunks of (their chunks do not move: stopping it would lose them)."""
+        rank = msg.header["rank"]
+        placement = self.shard_map.resharding.drain(rank)
+        return {**placement, "dense_tables": self.shard_map.dense_tables_of(rank)}
 
     def _leave(self, msg: Message) -> Reply:
         member = self.members.leave(msg.get("from", ""))

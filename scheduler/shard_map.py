@@ -139,9 +139,16 @@ class ShardMap:
         return held
 
     def unreplicated_of(self, rank: int) -> list[str]:
-        """The unreplicated dense tables server ``rank`` holds chunks of."""
-        return [name for name, t in self.tables.items() if name != EMBEDDING_MAP
-                and t.replication < 2 and any(c.server == rank for c in t.chunks)]
+        """The unreplicated dense tables server ``rank`` holds chunks of, and the slot map
+        (``__embeddings__``) when it owns embedding slots (rows kept nowhere else)."""
+        return [name for name, t in self.tables.items()
+                if (name != EMBEDDING_MAP or t.slots) and t.replication < 2
+                and any(c.server == rank for c in t.chunks)]
+
+    def dense_tables_of(self, rank: int) -> list[str]:
+        """The dense tables server ``rank`` holds chunks of (as primary or backup)."""
+        return sorted(name for name, t in self.tables.items() if name != EMBEDDING_MAP
+                      and any(rank in (c.server, c.backup) for c in t.chunks))
 
     # ---- replication roles ------------------------------------------------------------------
 

@@ -105,6 +105,11 @@ class Rerouter:
             for pending in due:
                 self.resend(pending)
 
+    def refresh(self) -> None:
+        """Fetch the maps of the followed tables now (and reconnect to the live servers)."""
+        if self.tables:
+            self._refresh(time.monotonic())
+
     def _refresh(self, now: float) -> None:
         self._refreshed_at = now
         client = self._client
@@ -137,11 +142,16 @@ class Rerouter:
         client = self._client
         for pending in client._book.waiting():
             route = pending.route
-            if route is None or not route.follow:
+            if route is None:
+                continue
+            # the socket it went on is closed (its server gone, or a new process under its
+            # rank): no reply can come on it, so even a request that follows no map moves
+            relinked = pending.server not in client._servers \
+                or client._links.get(pending.server) != pending.link
+            if not route.follow and not relinked:
                 continue
             owners = {route.table.by_id[c].server for c in route.chunk_ids}
-            if owners != {pending.server} or pending.server not in client._servers \
-                    or client._links.get(pending.server) != pending.link:
+            if owners != {pending.server} or relinked:
                 client._book.pop(pending.request_id)
                 self.resend(pending)
 

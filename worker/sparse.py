@@ -88,6 +88,18 @@ def _find_embedding_map(client: PSClient) -> None:
         follow_map(client, table, reply.header)
 
 
+def placement_ranks(client: PSClient) -> list[int]:
+    """The server ranks that hold embedding rows now: with a placement kept by the scheduler
+    (embedding slots, or replication), the owners and backups of its map as fetched now;
+    without one, the servers the rows are hashed over."""
+    table = client.embedding_map
+    if table is None:
+        return list(client.embedding_ranks)
+    client.rerouter.refresh()
+    return sorted({c.server for c in table.chunks} | {c.backup for c in table.chunks
+                                                       if c.backup >= 0})
+
+
 def _shards(client: PSClient) -> list[tuple[int, int]]:
     """(embedding shard, the server rank that serves it) for every shard."""
     if client.embedding_map is None:
@@ -293,8 +305,10 @@ def _row_codec(codec: str) -> Codec | None:
 
 
 def embedding_stats(client: PSClient) -> dict[int, dict[str, Any]]:
-    """Each server's ``emb_stats`` reply, by server rank."""
-    ranks = sorted(client._servers)
+    """Each server's ``emb_stats`` reply, by server rank: of every server the current
+    placement names (fetched afresh), so a server drained out of the embedding slots and
+    stopped is not asked."""
+    ranks = placement_ranks(client)
     futures = [client._request(rank, "emb_stats", {}) for rank in ranks]
     replies = Future.gather(futures, client._pump).result(client.settings.request_timeout)
     return {rank: dict(reply.header) for rank, reply in zip(ranks, replies, strict=True)}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +17,11 @@ import numpy as np
 import pytest
 
 from hogshard.proto.config import ClientSettings
-from hogshard.proto.errors import HogshardError
+from hogshard.proto.errors import HogshardError, ServerLostError
+from hogshard.proto.hashing import shard_of
 from hogshard.proto.transport import RpcChannel
 from hogshard.worker.client import PSClient
+from hogshard.worker.sparse import embedding_stats
 
 SLOTS = 4096
 IDS = 4096
@@ -31,7 +34,8 @@ class Job:
     """A scheduler with embedding slots, its servers, and a client pushing rows of one table,
     keeping the rows every acknowledged push should have made."""
 
-    def __init__(self, procs: Any, tmp_path: Path, servers: int) -> None:
+    def __init__(self, procs: Any, tmp_path: Path, servers: int,
+                 request_timeout: float = 60.0) -> None:
         self.procs = procs
         address_file = tmp_path / "scheduler.address"
         scheduler = procs.hogshard("scheduler", "scheduler", "--bind", "tcp://127.0.0.1:0",
@@ -42,7 +46,8 @@ class Job:
         self.scheduler = scheduler
         self.address = address_file.read_text().strip()
         self.servers = {rank: self.server(rank) for rank in range(servers)}
-        self.client = PSClient(ClientSettings(scheduler=self.address, request_timeout=60.0))
+        self.client = PSClient(ClientSettings(scheduler=self.address,
+                                                    request_timeout=request_timeout))
         self.channel = RpcChannel(self.client._context, self.address, sender="test")
         self.table = self.client.embedding_table("e", dim=4, rule={"rule": "sgd", "lr": 1.0},
                                                   seed=3)
@@ -131,6 +136,12 @@ def test_a_server_added_mid_job_takes_a_third_of_the_rows_and_loses_no_push(
     np.testing.assert_array_equal(rows, job.expected)
     moved_out = sum(s["moved"]["rows_out"] for s in stats.values())
     assert moved_out == stats[2]["moved"]["rows_in"] > 0
+    assert sum(s["moved"]["bytes_out"] for s in stats.values()) \
+        == stats[2]["moved"]["bytes_in"] >= moved_out * 4 * 4  # rows of 4 float32 at least
+    assert all(s["moved"]["seconds_out"] > 0 for s in (stats[0], stats[1]))
+    [move] = placement["moves"]
+    assert move["event"] == "server 2 added" and move["slots"] == placement["moved"]
+    assert 0 < move["seconds"] < 60
     assert moved_out <= 1.1 / 3 * IDS, f"{moved_out} of {IDS} rows moved"
     assert sum(s["tables"]["e"]["rows"] for s in stats.values()) == IDS  # none left twice
     assert stats[2]["tables"]["e"]["pushes"] > 0
@@ -144,6 +155,8 @@ def test_a_drained_server_hands_over_every_row_and_can_then_stop(procs, tmp_path
         job.push(20)
         pushed, output = job.change_while_pushing("drain", 0)
         assert pushed >= 1 and "members [1, 2]" in output
+        assert "server 0 holds no embedding slot and no dense chunk: it can be stopped" \
+            in output, output
         assert job.status()["embedding_slots"]["owners"].get("0", 0) == 0
         drained = procs.wait_until(
             lambda: (stats := job.emb_stats(0))["tables"]["e"]["rows"] == 0 and stats, 10.0,
@@ -158,6 +171,41 @@ def test_a_drained_server_hands_over_every_row_and_can_then_stop(procs, tmp_path
         job.close()
     np.testing.assert_array_equal(rows, job.expected)
     assert sum(kept.values()) == IDS
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(150, method="signal")
+def test_a_worker_forgets_a_server_drained_out_of_the_placement_and_stopped(
+        procs, tmp_path: Path) -> None:
+    job = Job(procs, tmp_path, servers=2, request_timeout=20.0)
+    try:
+        dense = job.client.dense_table("d", 64, {"rule": "sgd", "lr": 0.1},
+                                       init=np.zeros(64, np.float32), chunk_elems=16)
+        assert {c.server for c in dense.chunks} == {0, 1}
+        job.push(5)
+        job.start_server(2)
+        job.change_while_pushing("add", 2)
+        _, output = job.change_while_pushing("drain", 0)
+        # its dense chunks stay: drain says so and does not call it stoppable
+        assert "server 0 still holds chunks of dense tables ['d']" in output, output
+        assert "can be stopped" not in output, output
+        job.change_while_pushing("add", 0)
+        _, output = job.change_while_pushing("drain", 2)
+        assert "server 2 holds no embedding slot and no dense chunk: it can be stopped" \
+            in output, output
+        procs.wait_until(lambda: job.emb_stats(2)["tables"]["e"]["rows"] == 0, 10.0,
+                         "server 2 to drop the rows it handed over", on_timeout=procs.report)
+        job.servers[2].signal_group(signal.SIGTERM)
+        assert job.servers[2].wait(15.0) is not None
+        job.push(5)
+        # the report a training script prints at its end asks the servers holding rows now
+        stats = embedding_stats(job.client)
+        rows = job.pull()
+    finally:
+        job.close()
+    assert sorted(stats) == [0, 1]
+    assert sum(s["tables"]["e"]["rows"] for s in stats.values()) == IDS
+    np.testing.assert_array_equal(rows, job.expected)
 
 
 @pytest.mark.integration
@@ -200,9 +248,153 @@ def test_a_restarted_scheduler_keeps_the_slots_where_they_moved(procs, tmp_path:
     assert sum(held.values()) == IDS and held[2] > 0
 
 
+@pytest.mark.integration
+@pytest.mark.timeout(120, method="signal")
+def test_a_killed_slot_owner_fails_the_worker_with_server_lost(procs, tmp_path: Path) -> None:
+    """Without replication a slot owner's rows are nowhere else: a worker pushing to it fails
+    with ServerLostError naming it within a few heartbeat timeouts, not a request timeout."""
+    job = Job(procs, tmp_path, servers=2, request_timeout=60.0)
+    try:
+        job.push(5)
+        job.servers[1].signal_group(signal.SIGKILL)
+        job.servers[1].wait(10.0)
+        started = time.monotonic()
+        with pytest.raises(ServerLostError, match="server-1"):
+            while time.monotonic() - started < 60.0:
+                job.push()
+        waited = time.monotonic() - started
+    finally:
+        job.close()
+    assert waited < 30.0, f"ServerLostError after {waited:.1f} s"
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120, method="signal")
+def test_a_killed_slot_owner_restarted_under_its_rank_gets_its_rows_from_the_checkpoint(
+        procs, tmp_path: Path) -> None:
+    job = Job(procs, tmp_path, servers=2)
+    try:
+        job.push(5)
+        code, output = _checkpoint(job, tmp_path / "ckpt")
+        assert code == 0, output
+        checkpointed = job.pull()
+        held = job.emb_stats(1)["tables"]["e"]["rows"]
+        job.push(5)  # lost with server 1 for its slots
+        job.servers[1].signal_group(signal.SIGKILL)
+        job.servers[1].wait(10.0)
+        job.servers[1] = job.server(1)
+        recovered = procs.wait_until(
+            lambda: job.status()["recoveries"] or None, 30.0, "server 1 restored",
+            on_timeout=procs.report)
+        [rows] = procs.wait_until(lambda: _pull_or_none(job), 30.0, "rows served again",
+                                  on_timeout=procs.report)
+        again = job.emb_stats(1)["tables"]["e"]["rows"]
+    finally:
+        job.close()
+    assert recovered[0]["rank"] == 1 and "__embeddings__" in recovered[0]["tables"]
+    assert again == held > 0
+    owners = job.client.embedding_map
+    assert owners is not None
+    mine = owners.owner_of[shard_of(job.ids, SLOTS)] == 1
+    np.testing.assert_array_equal(rows[mine], checkpointed[mine])
+    np.testing.assert_array_equal(rows[~mine], job.expected[~mine])
+
+
+def _pull_or_none(job: Job) -> list[np.ndarray] | None:
+    try:
+        return [job.pull()]
+    except HogshardError:
+        return None
+
+
+def _checkpoint(job: Job, directory: Path) -> tuple[int, str]:
+    return job.procs.run("checkpoint", [sys.executable, "-m", "hogshard", "checkpoint",
+                                        "--scheduler", job.address, str(directory)], 60.0)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(150, method="signal")
+def test_a_checkpoint_after_an_add_holds_three_servers_and_restores(procs, tmp_path: Path
+                                                                     ) -> None:
+    """Servers 0 and 1 plus server 2 added mid-job: the checkpoint takes all three, and a job
+    restored from it with --servers 3 has every row and the dense table as checkpointed."""
+    job = Job(procs, tmp_path, servers=2)
+    try:
+        dense = job.client.dense_table("d", 64, {"rule": "sgd", "lr": 0.1},
+                                       init=np.arange(64, dtype=np.float32), chunk_elems=16)
+        job.push(10)
+        job.start_server(2)
+        job.change_while_pushing("add", 2)
+        job.push(5)
+        code, output = _checkpoint(job, tmp_path / "ckpt")
+        assert code == 0, output
+    finally:
+        job.close()
+    for proc in [job.scheduler, *job.servers.values()]:
+        proc.signal_group(signal.SIGKILL)
+        proc.wait(10.0)
+    manifest = json.loads(next((tmp_path / "ckpt").glob("ckpt-*/manifest.json")).read_text())
+    assert manifest["servers"] == 3 and manifest["server_ranks"] == [0, 1, 2]
+
+    address_file = tmp_path / "restored.address"
+    scheduler = procs.hogshard("scheduler-restored", "scheduler", "--bind", "tcp://127.0.0.1:0",
+                               "--address-file", str(address_file), "--servers", "3",
+                               "--restore", str(tmp_path / "ckpt"), *TIMING)
+    procs.wait_until(lambda: address_file.exists() or not scheduler.alive(), 30.0,
+                     "the restored scheduler's address file", on_timeout=scheduler.tail)
+    address = address_file.read_text().strip()
+    for rank in range(3):
+        procs.hogshard(f"server{rank}-restored", "server", "--scheduler", address, "--rank",
+                       str(rank), "--restore", str(tmp_path / "ckpt"))
+    client = PSClient(ClientSettings(scheduler=address, request_timeout=30.0))
+    try:
+        table = client.embedding_table("e", dim=4, rule={"rule": "sgd", "lr": 1.0}, seed=3)
+        rows = np.empty((IDS, 4), np.float32)
+        client.pull_rows([table], [job.ids], [rows]).result(30.0)
+        restored = client.dense_table("d", 64, {"rule": "sgd", "lr": 0.1})
+        weights = np.empty(64, np.float32)
+        client.pull(restored, weights).result(30.0)
+        stats = embedding_stats(client)
+    finally:
+        client.close()
+    np.testing.assert_array_equal(rows, job.expected)
+    np.testing.assert_array_equal(weights, np.arange(64, dtype=np.float32))
+    assert dense.size == 64 and sorted(stats) == [0, 1, 2]
+    assert sum(s["tables"]["e"]["rows"] for s in stats.values()) == IDS
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(150, method="signal")
+def test_a_checkpoint_without_a_drained_server_is_taken_and_its_restore_says_what_it_needs(
+        procs, tmp_path: Path) -> None:
+    job = Job(procs, tmp_path, servers=3)
+    try:
+        job.push(5)
+        job.change_while_pushing("drain", 0)
+        procs.wait_until(lambda: job.emb_stats(0)["tables"]["e"]["rows"] == 0, 10.0,
+                         "server 0 to drop the rows it handed over", on_timeout=procs.report)
+        job.servers[0].signal_group(signal.SIGTERM)
+        assert job.servers[0].wait(15.0) is not None
+        procs.wait_until(lambda: not job.live(0), 10.0, "server 0 to be gone",
+                         on_timeout=procs.report)
+        job.push(5)
+        code, output = _checkpoint(job, tmp_path / "ckpt")
+        assert code == 0, output
+    finally:
+        job.close()
+    manifest = json.loads(next((tmp_path / "ckpt").glob("ckpt-*/manifest.json")).read_text())
+    assert manifest["server_ranks"] == [1, 2]
+    code, output = procs.run("scheduler-restore", [
+        sys.executable, "-m", "hogshard", "scheduler", "--bind", "tcp://127.0.0.1:0",
+        "--servers", "2", "--restore", str(tmp_path / "ckpt")], 30.0)
+    assert code == 1 and "servers of ranks [1, 2]" in output, output
+    assert output.count("Error:") == 1 and "Traceback" not in output, output
+
+
 _SHOW_PLACEMENT = """
 import json, sys
 from hogshard.worker.client import PSClient
+from hogshard.worker.sparse import embedding_stats
 client = PSClient.from_env()
 json.dump(client.status().get("embedding_slots"), open(sys.argv[1], "w"))
 client.close()
@@ -225,4 +417,5 @@ def test_launch_places_embedding_slots_when_asked(procs, tmp_path: Path) -> None
     code, output = procs.run("launch-slots-replicated", [
         sys.executable, "-m", "hogshard", "launch", "--replication", "2",
         "--embedding-slots", "64", "--no-progress", "--", sys.executable, "-c", "pass"], 30.0)
-    assert code != 0 and "--replication 1 only" in output and "Traceback" not in output, output
+    assert code == 2 and "--replication 1 only" in output and "Traceback" not in output, output
+    assert output.count("Error:") == 1, output

@@ -101,10 +101,14 @@ def test_config_refuses_what_names_no_command_or_flag(tmp_path: Path, text: str,
                                   ["slurm", "--codec", "topk:0", "--", "true"],
                                   ["launch", "--srvers", "2", "--", "true"],
                                   ["launch", "--", "no-such-program-here"],
-                                  ["worker", "--bogus", "--", "true"]])
+                                  ["worker", "--bogus", "--", "true"],
+                                  ["scheduler", "--replication", "2", "--embedding-slots", "64",
+                                   "--bind", "tcp://127.0.0.1:0"],
+                                  ["launch", "--replication", "2", "--embedding-slots", "64",
+                                   "--", "true"]])
 def test_bad_flags_and_commands_are_usage_errors(args: list[str]) -> None:
     result = CliRunner().invoke(main, args)
-    assert result.exit_code == 2 and "Error:" in result.output, result.output
+    assert result.exit_code == 2 and result.output.count("Error:") == 1, result.output
 
 
 def test_binding_a_taken_address_is_a_config_error() -> None:

@@ -94,7 +94,10 @@ def test_a_moving_slot_is_refused_copied_reported_when_acked_and_dropped_when_go
     assert gone.tolist() == [3, 7] and a_slots.handoffs == {}
     dropped = a_slots.drop(a, gone)
     assert dropped == ids.size and a.table("e").rows == IDS.size - ids.size
-    assert a_slots.moved == {"slots_out": 2, "rows_out": ids.size, "slots_in": 0, "rows_in": 0}
+    seconds = a_slots.moved.pop("seconds_out")
+    assert a_slots.moved == {"slots_out": 2, "rows_out": ids.size, "slots_in": 0, "rows_in": 0,
+                             "bytes_out": a_slots.moved["bytes_out"], "bytes_in": 0}
+    assert a_slots.moved["bytes_out"] >= ids.size * (8 + 3 * 4) and seconds > 0  # ids and rows
     b_slots.adopt(SLOTS, roles_for(handed, {}), rank=1)
     assert b_slots.incoming == 0 and b_slots.serving[[3, 7]].all()
     mine = IDS[np.isin(shard_of(IDS, SLOTS), [3, 7])]

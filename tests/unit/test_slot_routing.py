@@ -97,8 +97,9 @@ def test_the_rerouter_leaves_waiting_slot_requests_with_their_old_owner() -> Non
     route = client.sent[0][-1]
     pending = PendingRequest(1, "emb_pull", 0, None, route=route)
     book = SimpleNamespace(waiting=lambda: [pending], pop=lambda request_id: pending)
+    # server 0 is still the process the request went to (same link)
     rerouter = Rerouter(SimpleNamespace(_book=book, _servers={0: 0, 1: 1, 2: 2},
-                                        _links={}))  # type: ignore[arg-type]
+                                        _links={0: pending.link}))  # type: ignore[arg-type]
     table.update([Chunk(s, s, 1, 1) for s in range(SLOTS)])  # every slot moved to server 1
     rerouter._reroute_waiting()
     assert pending.children == 0  # not sent again: server 0 answers it (or refuses it)
