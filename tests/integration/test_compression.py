@@ -50,11 +50,14 @@ MIN_ACCURACY = {"topk:0.05": {"fashion-mnist": 0.6, "sklearn-digits": 0.45},
 
 @pytest.mark.integration
 @pytest.mark.timeout(150, method="signal")
-@pytest.mark.parametrize(("codec", "max_fraction"), [("topk:0.05", 0.101), ("sign:256", 0.036)])
+@pytest.mark.parametrize(("codec", "max_fraction", "epochs"),
+                         [("topk:0.05", 0.101, 1), ("sign:256", 0.036, 2)])
 def test_lossy_codec_trains_with_fewer_bytes(procs, tmp_path: Path, codec: str,
-                                             max_fraction: float) -> None:
+                                             max_fraction: float, epochs: int) -> None:
     """topk:0.05 sends 8 bytes for 5 % of the elements (0.1 of ``none``); sign:256 one bit
-    per element plus a float per 256 (1/32 + 1/256 of ``none``). Both with error feedback."""
+    per element plus a float per 256 (1/32 + 1/256 of ``none``). Both with error feedback;
+    error-feedback sign starts slowly, so it trains two short epochs (one ended at 0.33 on a
+    loaded machine, against 0.45-0.56 elsewhere)."""
     report_path = tmp_path / "report.json"
     from hogshard.datasets import FASHION_MNIST
 
@@ -62,7 +65,7 @@ def test_lossy_codec_trains_with_fewer_bytes(procs, tmp_path: Path, codec: str,
     proc = procs.hogshard(
         f"launch-{codec}", "launch", "--servers", "2", "--workers", "3", "--policy", "async",
         "--codec", codec, "--no-progress", "--", PYTHON, EXAMPLE, *TRAIN_FLAGS,
-        "--epochs", "4" if digits else "1", "--report", str(report_path))
+        "--epochs", str(4 * epochs if digits else epochs), "--report", str(report_path))
     code = proc.wait(120.0)
     assert code == 0, f"hogshard launch exited with {code}\n{proc.tail(80)}"
     report = json.loads(report_path.read_text())
