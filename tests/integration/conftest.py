@@ -56,6 +56,23 @@ def zmq_ctx() -> Iterator[zmq.Context]:
         context.destroy(linger=0)
 
 
+@pytest.fixture
+def rpc_channel(zmq_ctx: zmq.Context) -> Iterator[Callable[..., RpcChannel]]:
+    """Open RPC channels (``rpc_channel(address, security, sender)``) on the test's context;
+    every one is closed at teardown."""
+    opened: list[RpcChannel] = []
+
+    def channel(target: str, security: Any = None, sender: str = "test") -> RpcChannel:
+        opened.append(RpcChannel(zmq_ctx, target, sender=sender, security=security))
+        return opened[-1]
+
+    try:
+        yield channel
+    finally:
+        for each in opened:
+            each.close()
+
+
 def start_scheduler(procs: Any, workdir: Path, *args: str) -> tuple[Any, str]:
     """``hogshard scheduler --bind tcp://127.0.0.1:0 --address-file F ARGS``; returns the
     process and the address it bound, once it has written it."""

@@ -122,7 +122,7 @@ def test_plain_tcp_on_a_reachable_address_needs_insecure(procs, tmp_path: Path) 
 
 @pytest.mark.integration
 @pytest.mark.timeout(90, method="signal")
-def test_each_key_acts_only_in_its_role(procs, tmp_path: Path) -> None:
+def test_each_key_acts_only_in_its_role(procs, tmp_path: Path, rpc_channel) -> None:
     """A worker's key cannot end the job, change the policy, checkpoint, register as a
     server or send a server-to-server op; a server's key cannot end the job; the admin key
     can."""
@@ -131,42 +131,31 @@ def test_each_key_acts_only_in_its_role(procs, tmp_path: Path) -> None:
     address = start_cluster(procs, tmp_path, keys)
     worker, shard, admin = (Security.from_dir(keys, role=role)
                             for role in (Role.WORKER, Role.SERVER, Role.ADMIN))
-    ctx = zmq.Context()
-    channels: list[RpcChannel] = []
-
-    def channel(target: str, security: Security, sender: str) -> RpcChannel:
-        channels.append(RpcChannel(ctx, target, sender=sender, security=security))
-        return channels[-1]
-
-    try:
-        control = channel(address, admin, "admin")
-        procs.wait_until(lambda: any(m["role"] == "server" for m in
-                                     control.call("status", timeout=10.0).header["members"]),
-                         30.0, "the server to register")
-        server = next(m for m in control.call("status", timeout=10.0).header["members"]
-                      if m["role"] == "server")
-        as_worker = channel(address, worker, "worker-0")
-        refused = [("shutdown", {}), ("set_policy", {"policy": "ssp:2"}),
-                   ("checkpoint", {"dir": str(tmp_path / "ckpt")}),
-                   ("register", {"role": "server", "address": "tcp://127.0.0.1:1"})]
-        for op, fields in refused:
-            with pytest.raises(ForbiddenError, match=op):
-                as_worker.call(op, fields, timeout=10.0)
-        forged = channel(address, worker, "server-0")
-        with pytest.raises(ForbiddenError, match="worker"):
-            forged.call("heartbeat", {}, timeout=10.0)
-        peer = channel(server["address"], worker, "server-1")
-        with pytest.raises(ForbiddenError, match="replicate"):
-            peer.call("replicate", {"table": "t", "records": []}, timeout=10.0)
-        with pytest.raises(ForbiddenError, match="shutdown"):
-            channel(address, shard, "server-9").call("shutdown", timeout=10.0)
-        status = control.call("status", timeout=10.0).header
-        assert not status["shutdown"] and status["errors"].get("FORBIDDEN", 0) >= 6, status
-        assert control.call("set_policy", {"policy": "ssp:2"}, timeout=10.0).get(
-            "policy") == "ssp:2"
-        control.call("shutdown", timeout=10.0)
-        assert control.call("status", timeout=10.0).get("shutdown") is True
-    finally:
-        for each in channels:
-            each.close()
-        ctx.term()
+    channel = rpc_channel
+    control = channel(address, admin, "admin")
+    procs.wait_until(lambda: any(m["role"] == "server" for m in
+                                 control.call("status", timeout=10.0).header["members"]),
+                     30.0, "the server to register")
+    server = next(m for m in control.call("status", timeout=10.0).header["members"]
+                  if m["role"] == "server")
+    as_worker = channel(address, worker, "worker-0")
+    refused = [("shutdown", {}), ("set_policy", {"policy": "ssp:2"}),
+               ("checkpoint", {"dir": str(tmp_path / "ckpt")}),
+               ("register", {"role": "server", "address": "tcp://127.0.0.1:1"})]
+    for op, fields in refused:
+        with pytest.raises(ForbiddenError, match=op):
+            as_worker.call(op, fields, timeout=10.0)
+    forged = channel(address, worker, "server-0")
+    with pytest.raises(ForbiddenError, match="worker"):
+        forged.call("heartbeat", {}, timeout=10.0)
+    peer = channel(server["address"], worker, "server-1")
+    with pytest.raises(ForbiddenError, match="replicate"):
+        peer.call("replicate", {"table": "t", "records": []}, timeout=10.0)
+    with pytest.raises(ForbiddenError, match="shutdown"):
+        channel(address, shard, "server-9").call("shutdown", timeout=10.0)
+    status = control.call("status", timeout=10.0).header
+    assert not status["shutdown"] and status["errors"].get("FORBIDDEN", 0) >= 6, status
+    assert control.call("set_policy", {"policy": "ssp:2"}, timeout=10.0).get(
+        "policy") == "ssp:2"
+    control.call("shutdown", timeout=10.0)
+    assert control.call("status", timeout=10.0).get("shutdown") is True

@@ -11,12 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
-import zmq
 
 from hogshard.proto.errors import ForbiddenError
 from hogshard.proto.roles import Role
 from hogshard.proto.security import Security, clients_for, generate_keys
-from hogshard.proto.transport import RpcChannel
 
 from .conftest import STARTUP_S, start_scheduler
 
@@ -26,7 +24,7 @@ TRAIN_WORKER = str(Path(__file__).with_name("train_worker.py"))
 
 @pytest.mark.integration
 @pytest.mark.timeout(150, method="signal")
-def test_a_server_key_speaks_only_for_its_own_rank(procs, tmp_path: Path) -> None:
+def test_a_server_key_speaks_only_for_its_own_rank(procs, tmp_path: Path, rpc_channel) -> None:
     keys = tmp_path / "keys"
     generate_keys(keys, clients_for(servers=2))
     assert not (keys / "shard.key_secret").exists()
@@ -38,57 +36,46 @@ def test_a_server_key_speaks_only_for_its_own_rank(procs, tmp_path: Path) -> Non
     admin = Security.from_dir(keys, role=Role.ADMIN)
     one = Security.from_dir(keys, role=Role.SERVER, rank=1)
     assert one.client_name == "shard-1"
-    ctx = zmq.Context()
-    channels: list[RpcChannel] = []
+    channel = rpc_channel
+    control = channel(address, admin, "admin")
 
-    def channel(target: str, security: Security, sender: str) -> RpcChannel:
-        channels.append(RpcChannel(ctx, target, sender=sender, security=security))
-        return channels[-1]
+    def live_servers() -> list[dict]:
+        for proc in [scheduler, *servers]:
+            assert proc.alive(), proc.tail()
+        members = control.call("status", timeout=10.0).header["members"]
+        return sorted((m for m in members if m["role"] == "server" and
+                       m["state"] == "alive"), key=lambda m: m["rank"])
 
-    try:
-        control = channel(address, admin, "admin")
+    ranks = procs.wait_until(lambda: [m["rank"] for m in live_servers()] == [0, 1], STARTUP_S,
+                             "both servers to register with their own keys",
+                             on_timeout=procs.report)
+    assert ranks
+    address_of = {m["rank"]: m["address"] for m in live_servers()}
 
-        def live_servers() -> list[dict]:
-            for proc in [scheduler, *servers]:
-                assert proc.alive(), proc.tail()
-            members = control.call("status", timeout=10.0).header["members"]
-            return sorted((m for m in members if m["role"] == "server" and
-                           m["state"] == "alive"), key=lambda m: m["rank"])
-
-        ranks = procs.wait_until(lambda: [m["rank"] for m in live_servers()] == [0, 1], STARTUP_S,
-                                 "both servers to register with their own keys",
-                                 on_timeout=procs.report)
-        assert ranks
-        address_of = {m["rank"]: m["address"] for m in live_servers()}
-
-        # server 1's key acting as rank 0: registration, heartbeat, a server-to-server op
+    # server 1's key acting as rank 0: registration, heartbeat, a server-to-server op
+    with pytest.raises(ForbiddenError, match="server 1's own"):
+        channel(address, one, "server-?").call(
+            "register", {"role": "server", "address": "tcp://127.0.0.1:1", "rank_hint": 0},
+            timeout=10.0)
+    with pytest.raises(ForbiddenError, match="server 1's own"):
+        channel(address, one, "server-0").call("heartbeat", {}, timeout=10.0)
+    for rank in (0, 1):
         with pytest.raises(ForbiddenError, match="server 1's own"):
-            channel(address, one, "server-?").call(
-                "register", {"role": "server", "address": "tcp://127.0.0.1:1", "rank_hint": 0},
-                timeout=10.0)
-        with pytest.raises(ForbiddenError, match="server 1's own"):
-            channel(address, one, "server-0").call("heartbeat", {}, timeout=10.0)
-        for rank in (0, 1):
-            with pytest.raises(ForbiddenError, match="server 1's own"):
-                channel(address_of[rank], one, "server-0").call(
-                    "replicate", {"table": "model", "records": []}, timeout=10.0)
-        status = control.call("status", timeout=10.0).header
-        assert status["errors"].get("FORBIDDEN", 0) >= 2, status
-        assert [m["rank"] for m in live_servers()] == [0, 1]
+            channel(address_of[rank], one, "server-0").call(
+                "replicate", {"table": "model", "records": []}, timeout=10.0)
+    status = control.call("status", timeout=10.0).header
+    assert status["errors"].get("FORBIDDEN", 0) >= 2, status
+    assert [m["rank"] for m in live_servers()] == [0, 1]
 
-        # the right keys: a replicated job trains (each primary replicates to its backup)
-        code, out = procs.run("train", [PYTHON, TRAIN_WORKER, "--steps", "10"], timeout=90.0,
-                              env={"HOGSHARD_SCHEDULER": address, "HOGSHARD_RANK": "0",
-                                   "HOGSHARD_NUM_WORKERS": "1", "HOGSHARD_KEYS": str(keys)})
-        assert code == 0, out[-3000:]
-        replicated = [channel(address_of[r], admin, "admin").call("stats", timeout=10.0)
-                      .header["stats"]["replicated"] for r in (0, 1)]
-        assert sum(replicated) >= 10, replicated  # acknowledged after the backup had them
-        assert [m["rank"] for m in live_servers()] == [0, 1]
-    finally:
-        for each in channels:
-            each.close()
-        ctx.term()
+    # the right keys: a replicated job trains (each primary replicates to its backup)
+    code, out = procs.run("train", [PYTHON, TRAIN_WORKER, "--steps", "10"], timeout=90.0,
+                          env={"HOGSHARD_SCHEDULER": address, "HOGSHARD_RANK": "0",
+                               "HOGSHARD_NUM_WORKERS": "1", "HOGSHARD_KEYS": str(keys)})
+    assert code == 0, out[-3000:]
+    replicated = [channel(address_of[r], admin, "admin").call("stats", timeout=10.0)
+                  .header["stats"]["replicated"] for r in (0, 1)]
+    assert sum(replicated) >= 10, replicated  # acknowledged after the backup had them
+    assert [m["rank"] for m in live_servers()] == [0, 1]
 
 
 @pytest.mark.integration
