@@ -41,6 +41,18 @@ class _Recorder:
         return "future"
 
 
+def _buckets(device: str, bucket_bytes: int) -> tuple[nn.Module, list[nn.Parameter],
+                                                      list[Chunk], _Recorder, GradientBuckets]:
+    """A model on ``device``, its chunks of 64 floats, and buckets pushing to a recorder."""
+    model = _model(device)
+    params = list(model.parameters())
+    mirror = make_mirror(params)
+    chunks = _chunks(mirror.flat.numel(), 64)
+    push = _Recorder(mirror)
+    return model, params, chunks, push, GradientBuckets(params, chunks, mirror, push,
+                                                        bucket_bytes=bucket_bytes)
+
+
 def _all_grads(params: list[nn.Parameter]) -> np.ndarray:
     return torch.cat([p.grad.reshape(-1) for p in params]).cpu().numpy()
 
@@ -55,12 +67,7 @@ def test_make_buckets_groups_whole_chunks_from_the_end() -> None:
 
 
 def test_buckets_leave_during_backward_last_layers_first(device: str) -> None:
-    model = _model(device)
-    params = list(model.parameters())
-    mirror = make_mirror(params)
-    chunks = _chunks(mirror.flat.numel(), 64)
-    push = _Recorder(mirror)
-    buckets = GradientBuckets(params, chunks, mirror, push, bucket_bytes=4 * 64)
+    model, params, chunks, push, buckets = _buckets(device, 4 * 64)
     x = torch.randn(5, 8, device=device)
     model(x).square().sum().backward()
     if device == "cpu":  # a GPU bucket may still be copying when backward returns
@@ -105,12 +112,7 @@ def _closing(buckets: GradientBuckets) -> tuple[list[int], np.ndarray]:
 
 
 def test_a_second_backward_accumulates_and_its_buckets_go_again(device: str) -> None:
-    model = _model(device)
-    params = list(model.parameters())
-    mirror = make_mirror(params)
-    chunks = _chunks(mirror.flat.numel(), 64)
-    push = _Recorder(mirror)
-    buckets = GradientBuckets(params, chunks, mirror, push, bucket_bytes=1)
+    model, params, chunks, push, buckets = _buckets(device, 1)
     model(torch.randn(2, 8, device=device)).sum().backward()
     early = len(push.sent)
     model(torch.randn(2, 8, device=device)).sum().backward()  # accumulates into p.grad
@@ -122,12 +124,7 @@ def test_a_second_backward_accumulates_and_its_buckets_go_again(device: str) -> 
 
 
 def test_clipping_after_backward_reaches_the_closing_push(device: str) -> None:
-    model = _model(device)
-    params = list(model.parameters())
-    mirror = make_mirror(params)
-    chunks = _chunks(mirror.flat.numel(), 64)
-    push = _Recorder(mirror)
-    buckets = GradientBuckets(params, chunks, mirror, push, bucket_bytes=4 * 64)
+    model, params, chunks, push, buckets = _buckets(device, 4 * 64)
     model(torch.randn(5, 8, device=device)).square().sum().backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)
     ids, grads = _closing(buckets)
@@ -148,11 +145,7 @@ def test_clipping_after_backward_reaches_the_closing_push(device: str) -> None:
 
 
 def test_an_edit_of_one_parameter_sends_only_its_buckets_again() -> None:
-    model = _model()
-    params = list(model.parameters())
-    mirror = make_mirror(params)
-    chunks = _chunks(mirror.flat.numel(), 64)
-    buckets = GradientBuckets(params, chunks, mirror, _Recorder(mirror), bucket_bytes=4 * 64)
+    model, params, chunks, _, buckets = _buckets("cpu", 4 * 64)
     model(torch.randn(5, 8)).square().sum().backward()
     params[0].grad.mul_(0.5)  # the first layer's weight: chunk 0 and 1
     ids, grads = _closing(buckets)
@@ -161,12 +154,7 @@ def test_an_edit_of_one_parameter_sends_only_its_buckets_again() -> None:
 
 
 def test_reset_forgets_a_skipped_step() -> None:
-    model = _model()
-    params = list(model.parameters())
-    mirror = make_mirror(params)
-    chunks = _chunks(mirror.flat.numel(), 64)
-    push = _Recorder(mirror)
-    buckets = GradientBuckets(params, chunks, mirror, push, bucket_bytes=4 * 64)
+    model, params, chunks, push, buckets = _buckets("cpu", 4 * 64)
     model(torch.randn(5, 8)).square().sum().backward()
     for p in params:  # zero_grad after a step a GradScaler skipped
         p.grad = None
