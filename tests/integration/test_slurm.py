@@ -71,36 +71,22 @@ def flaky(tmp_path: Path, code: int, failures: int) -> tuple[list[str], Path]:
 
 @pytest.mark.integration
 @pytest.mark.timeout(60)
-def test_a_replicated_server_that_dies_is_started_again(tmp_path: Path) -> None:
-    argv, runs = flaky(tmp_path, 3, failures=2)
-    keeper = ServerKeeper(argv, rank=1, replication=2)
+@pytest.mark.parametrize(
+    ("code", "failures", "replication", "limit", "exit_code", "restarts", "runs_made"),
+    [(3, 2, 2, None, 0, 2, "3"),  # replicated: started again until it exits 0
+     (3, 1, 1, None, 3, 0, "1"),  # unreplicated: its exit ends the task
+     (5, 100, 2, 2, 5, None, "3")],  # restarts are bounded
+    ids=["replicated-restarted", "unreplicated-ends", "restarts-bounded"])
+def test_a_server_that_dies_is_started_again_only_when_replicated(
+        tmp_path: Path, code: int, failures: int, replication: int, limit: int | None,
+        exit_code: int, restarts: int | None, runs_made: str) -> None:
+    argv, runs = flaky(tmp_path, code, failures=failures)
+    bound = {} if limit is None else {"max_restarts": limit}
+    keeper = ServerKeeper(argv, rank=1, replication=replication, **bound)
     try:
-        assert keeper.wait() == 0
-        assert keeper.restarts == 2 and runs.read_text() == "3"
-    finally:
-        keeper.stop()
-
-
-@pytest.mark.integration
-@pytest.mark.timeout(60)
-def test_an_unreplicated_server_that_dies_ends_its_task(tmp_path: Path) -> None:
-    argv, runs = flaky(tmp_path, 3, failures=1)
-    keeper = ServerKeeper(argv, rank=1, replication=1)
-    try:
-        assert keeper.wait() == 3
-        assert keeper.restarts == 0 and runs.read_text() == "1"
-    finally:
-        keeper.stop()
-
-
-@pytest.mark.integration
-@pytest.mark.timeout(60)
-def test_restarts_are_bounded(tmp_path: Path) -> None:
-    argv, runs = flaky(tmp_path, 5, failures=100)
-    keeper = ServerKeeper(argv, rank=0, replication=2, max_restarts=2)
-    try:
-        assert keeper.wait() == 5
-        assert runs.read_text() == "3"
+        assert keeper.wait() == exit_code
+        assert restarts is None or keeper.restarts == restarts
+        assert runs.read_text() == runs_made
     finally:
         keeper.stop()
 
