@@ -1,6 +1,6 @@
-"""README.md and the CLI's --help agree: every command is in README's table, every flag README
-says reads a ``HOGSHARD_<FLAG>`` variable does, the ``--config`` file takes keys spelt as the
-flags and refuses unknown ones, and bad input exits with the status README gives."""
+"""The documents and the CLI's --help agree: every command is in README's table, every flag
+docs/CLI.md says reads a ``HOGSHARD_<FLAG>`` variable does, the ``--config`` file takes keys spelt
+as the flags and refuses unknown ones, and bad input exits with the status docs/CLI.md gives."""
 
 from __future__ import annotations
 
@@ -17,8 +17,15 @@ from hogshard.proto.config import env_name
 from hogshard.proto.errors import ConfigError
 from hogshard.proto.transport import bind_router
 
-README = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
-#: Commands whose every flag reads HOGSHARD_<FLAG>, less the flags README names as exceptions.
+ROOT = Path(__file__).resolve().parents[2]
+README = (ROOT / "README.md").read_text(encoding="utf-8")
+CLI_DOC = (ROOT / "docs" / "CLI.md").read_text(encoding="utf-8")
+SECURITY_DOC = (ROOT / "docs" / "SECURITY.md").read_text(encoding="utf-8")
+#: README and every page under docs/, as a reader finds them.
+DOCUMENTS = "\n".join([README, *(p.read_text(encoding="utf-8")
+                                  for p in sorted((ROOT / "docs").glob("*.md")))])
+#: Commands whose every flag reads HOGSHARD_<FLAG>, less the flags docs/CLI.md names as
+#: exceptions.
 WITH_ENV = ("scheduler", "server", "worker", "launch", "slurm", "checkpoint", "export", "status",
             "stop",
             "embeddings add", "embeddings drain", "embeddings show",
@@ -48,13 +55,18 @@ def test_readme_lists_every_command() -> None:
         assert f"`{name}" in table.group(0), f"hogshard {name} missing from README's table"
 
 
+def test_cli_doc_names_the_exceptions() -> None:
+    for command, flag in NO_ENV:
+        assert f"`{command} " in CLI_DOC and f"--{flag}" in CLI_DOC, (command, flag)
+
+
 @pytest.mark.parametrize("name", WITH_ENV)
-def test_flags_read_the_variable_readme_names(name: str) -> None:
+def test_flags_read_the_variable_the_docs_name(name: str) -> None:
     command = _commands()[name]
     for option in _options(command):
         flag = option.opts[0].lstrip("-")
         if (name.split()[0], flag) in NO_ENV:
-            assert option.envvar is None, f"{name} --{flag}: README says it reads no variable"
+            assert option.envvar is None, f"{name} --{flag}: docs/CLI.md says it reads no variable"
         else:
             assert option.envvar == env_name(flag), f"{name} --{flag}"
             assert option.show_envvar, f"{name} --{flag}: --help does not show its variable"
@@ -67,7 +79,7 @@ def test_every_flag_has_help(name: str) -> None:
 
 
 def test_the_security_table_names_real_commands() -> None:
-    row = next(line for line in README.splitlines() if line.startswith("| CLI ("))
+    row = next(line for line in SECURITY_DOC.splitlines() if line.startswith("| CLI ("))
     names = re.findall(r"`([a-z ]+?)(?: --[a-z-]+)?`", row.split("|")[1])
     assert names and all(name in _commands() for name in names), names
 
@@ -122,7 +134,7 @@ def test_binding_a_taken_address_is_a_config_error() -> None:
         context.term()
 
 
-def test_every_variable_readme_names_is_read() -> None:
+def test_every_variable_the_documents_name_is_read() -> None:
     from dataclasses import fields
 
     from hogshard.proto.config import ClientSettings, ShmSettings
@@ -131,5 +143,6 @@ def test_every_variable_readme_names_is_read() -> None:
     read |= {option.envvar for command in [main, *_commands().values()]
              for option in _options(command) if isinstance(option.envvar, str)}
     read |= {"HOGSHARD_DATA", "HOGSHARD_SYSTEM_TESTS"}  # docker compose, tests/system
-    named = set(re.findall(r"\bHOGSHARD_[A-Z_]*[A-Z]\b", README))
-    assert named - read == set(), "README names variables nothing reads"
+    read |= {"HOGSHARD_TORCH_THREADS"}  # examples/fashion_mnist.py, examples/dlrm.py
+    named = set(re.findall(r"\bHOGSHARD_[A-Z_]*[A-Z]\b", DOCUMENTS))
+    assert named - read == set(), "README or docs/ name variables nothing reads"

@@ -91,12 +91,11 @@ def test_an_unwritable_folder_is_a_clear_error(tmp_path: Path) -> None:
             folder.chmod(0o700)
 
 
-def test_help_readme_and_protocol_name_the_same_key_files() -> None:
+def test_help_security_doc_and_protocol_name_the_same_key_files() -> None:
     """What each process mounts is said in three places; they must agree."""
     root = Path(__file__).resolve().parents[2]
     help_text = CliRunner().invoke(main, ["keys", "generate", "--help"]).output
-    readme = (root / "README.md").read_text()
-    section = readme[readme.index("### Security"):]
+    section = (root / "docs" / "SECURITY.md").read_text()
     protocol = (root / "PROTOCOL.md").read_text()
     for name in ("server.key_secret", "worker.key_secret", "shard.key_secret",
                  "admin.key_secret", "authorized/"):
