@@ -48,11 +48,13 @@ def _options(command: click.Command) -> list[click.Option]:
     return [p for p in command.params if isinstance(p, click.Option)]
 
 
-def test_readme_lists_every_command() -> None:
-    table = re.search(r"(?ms)^\| command \| what \|$.*?(?=^$)", README)
-    assert table, "README.md has no '| command | what |' table"
+@pytest.mark.parametrize("document", ["README.md", "docs/CLI.md"])
+def test_the_command_tables_list_every_command(document: str) -> None:
+    text = README if document == "README.md" else CLI_DOC
+    table = re.search(r"(?ms)^\| command \| what \|$.*?(?=^$)", text)
+    assert table, f"{document} has no '| command | what |' table"
     for name in _commands():
-        assert f"`{name}" in table.group(0), f"hogshard {name} missing from README's table"
+        assert f"`{name}" in table.group(0), f"hogshard {name} missing from {document}'s table"
 
 
 def test_cli_doc_names_the_exceptions() -> None:
