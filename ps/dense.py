@@ -258,6 +258,7 @@ class DenseStore:
             table.rules.registered_for(chunk.offset).apply(chunk.writable(), grad, chunk.state,
                                                            lr_scale)
             chunk.version += 1
+            chunk.gradients += 1
         return staleness
 
 

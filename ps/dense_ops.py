@@ -2,7 +2,8 @@
 ``stats``, as the methods of :class:`DenseOps`, and the pulls the consistency policy holds back.
 Each takes ``(identity, message)`` and returns ``(fields, arrays)``, or None when the reply is
 sent later (a push once its updates are applied and, for a replicated table, held by its
-backup; a pull the policy holds back once the policy allows it).
+backup, under a group policy once its group's are: ps/primary.py; a pull the policy holds
+back once the policy allows it).
 
 A push: validate (the store), then the applier measures staleness and runs the updates through
 the update executor (inline or threaded), then the reply, with the staleness, once they are
