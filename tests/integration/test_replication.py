@@ -64,12 +64,13 @@ class Job:
         return max((int(s) for s in re.findall(r"^step (\d+)$", worker.output(), re.M)),
                    default=0)
 
-    def kill_and_replace(self, at_step: int) -> tuple[int, Any]:
-        """SIGKILL server-0 once every worker reached ``at_step``, wait for server-1 to own
+    def kill_and_replace(self, at_step: int, timeout: float = 60.0) -> tuple[int, Any]:
+        """SIGKILL server-0 once every worker reached ``at_step`` (within ``timeout`` seconds
+        of the start: the workers start up first), wait for server-1 to own
         every chunk, start a replacement under rank 0 and wait for it to back every chunk.
         Returns the slowest worker's step at the kill, and the replacement."""
         procs = self.procs
-        procs.wait_until(lambda: min(self.steps(w) for w in self.workers) >= at_step, 60.0,
+        procs.wait_until(lambda: min(self.steps(w) for w in self.workers) >= at_step, timeout,
                          f"every worker to reach step {at_step}", on_timeout=procs.report)
         chunks = self.status()["tables"]["model"]["chunks"]
         assert all(len(c) == 5 and c[3] != c[4] for c in chunks), chunks  # every chunk backed
@@ -95,11 +96,12 @@ class Job:
                          on_timeout=procs.report)
         return at_kill, replacement
 
-    def finish(self) -> list[tuple[int, float]]:
-        """Wait for every worker; their (acked updates, final accuracy)."""
+    def finish(self, timeout: float = 120.0) -> list[tuple[int, float]]:
+        """Wait for every worker (``timeout`` seconds each); their (acked updates, final
+        accuracy)."""
         results = []
         for worker in self.workers:
-            assert worker.wait(120.0) == 0, worker.tail()
+            assert worker.wait(timeout) == 0, worker.tail()
             match = re.search(FINAL, worker.output(), re.M)
             assert match is not None, worker.tail()
             results.append((int(match[1]), float(match[2])))
