@@ -40,6 +40,7 @@ class Primaries:
     (rank 1) is a ROUTER socket the test reads and answers."""
 
     def __init__(self, context: zmq.Context, policy: str, workers: int) -> None:
+        self.schedule = PolicySchedule()  # policy changes the scheduler announced
         self.backup = context.socket(zmq.ROUTER)
         port = self.backup.bind_to_random_port("tcp://127.0.0.1")
         self.store = DenseStore()
@@ -60,7 +61,7 @@ class Primaries:
              "assignments": {"m": {"chunks": [[0, 0, 2, 0, 1], [1, 2, 2, 0, 1]]}},
              "servers": {"1": f"tcp://127.0.0.1:{port}"}}, []), self.store, rank=0)
         self.primary = Primary(self.replicas, self.updates, self.stats, self.out, rank=0)
-        self.ops = DenseOps(self.store, self.applier, self.view, PolicySchedule(), self.updates,
+        self.ops = DenseOps(self.store, self.applier, self.view, self.schedule, self.updates,
                             self.primary, self.replicas, self.stats, self.out, self.out,
                             self.out, node_id="server-0", rank=0)
         self.forwarded: list[Message] = []
@@ -223,3 +224,20 @@ def test_group_replies_release_a_contribution_once_each_group_is_forwarded() -> 
     (held,) = replies.group_forwarded([later], [{1: 9}])
     assert (held.request_id, held.fields, held.needs) == (4, {"staleness": [0, 0]}, {1: 9})
     assert len(replies) == 0
+
+
+def test_a_policy_switch_forwards_the_open_groups_and_answers_their_pushes(make) -> None:
+    server = make("softsync:2", workers=4)
+    server.schedule.announce("async", 1, 5)  # from clock 5 on
+    server.ops.push(b"w", msg("push", 1, "worker-0", chunks=[0, 1], versions=[0, 0], clock=4,
+                              push_id=71, arrays=[np.ones(2, F32)] * 2))
+    assert server.answered() == [] and server.nothing_forwarded()
+    server.ops.push(b"w", msg("push", 2, "worker-1", chunks=[0], versions=[0], clock=5,
+                              push_id=72, arrays=[np.ones(2, F32)]))
+    first, second = server.receive(), server.receive()  # the switch's group, then push 2
+    assert [r[3] for r in first[1].header["records"]] == [[71], [71]]
+    assert second[1].header["records"] == [[0, 1.0, 2, 72]]
+    server.ack(first)
+    assert server.answered() == [1]
+    server.ack(second)
+    assert server.answered() == [1, 2] and server.applier.policy.spec == "async"
