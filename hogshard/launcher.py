@@ -120,7 +120,8 @@ class LocalCluster:
         if not self.command:
             raise ConfigError("no worker command given; expected: hogshard launch ... -- CMD ...")
         load_security(self.keys, Role.ADMIN)  # a bad keys folder is refused before anything starts
-        check_replication(self.replication, parse_policy(self.policy))
+        parse_policy(self.policy)  # a bad spec is refused before anything starts
+        check_replication(self.replication)
         check_slots(self.embedding_slots, self.replication)
 
     # ---- output -----------------------------------------------------------------------------

@@ -354,7 +354,8 @@ def slurm(servers: int, port: int, policy: str, heartbeat_timeout: float, join_t
     try:
         task = SlurmTask.from_env()
         plan = plan_task(task, servers, port)
-        check_replication(replication, parse_policy(policy))
+        parse_policy(policy)
+        check_replication(replication)
         load_security(os.environ.get(env_name("keys")) or None, Role.ADMIN)  # a bad folder fails here
     except HogshardError as err:
         raise click.ClickException(err.message) from None

@@ -25,6 +25,7 @@ workers.py                    WorkerView (live workers, clocks, pull gate), Poli
 decoding.py                   PayloadDecoder: compressed pushes to dense gradients
 replication.py                Replicator: roles, links to backups, leases, recent push ids
 primary.py                    Primary: replicated pushes, held replies
+group_replies.py              GroupReplies, HeldReply: replies waiting for their groups, backups
 peer_gate.py                  PeerGate: who may send the server-to-server ops
 embedding_replica.py          shard_rows, install_rows: embedding shards between servers
 embedding_slots.py            SlotRoles: embedding slots served, handed off, dropped

@@ -49,6 +49,8 @@ class _Group:
     scale: float = 0.0
     #: The rule the group is applied with: that of its latest gradient's push.
     rule: UpdateRule | None = None
+    #: The contributors' tags (pushes that passed one), recorded with the group's update.
+    tags: list[object] = field(default_factory=list)
 
 
 class UpdateApplier:
@@ -95,11 +97,14 @@ class UpdateApplier:
         membership_known: bool = True,
         ticket: Ticket | None = None,
         rules: Sequence[UpdateRule | None] | None = None,
+        tag: object = None,
     ) -> list[int | None]:
         """Take one validated gradient per chunk. Returns each gradient's staleness (None
         where ``+maxstale`` dropped it). The updates this push makes (its own, and groups it
         completes) are recorded on ``ticket``. ``rules``: the rule for each chunk (the push's
-        live hyperparameters); None: each chunk's group's."""
+        live hyperparameters); None: each chunk's group's. ``tag`` (not None): kept with each
+        gradient that joins a group, and recorded with the group's update (its ``tags``):
+        a replicated primary holds the push's reply until then (ps/group_replies.py)."""
         if self.policy.waits_for_apply:
             for chunk in chunks:
                 group = self._groups.get((table.name, chunk.chunk_id))
@@ -128,6 +133,7 @@ class UpdateApplier:
             self._staleness_count += 1
             scale = modifiers.lr_scale(staleness, self._staleness_sum / self._staleness_count)
             if group_size == 1 and not self.policy.waits_for_apply:
+                chunk.gradients += 1
                 self.updates.run(table, chunk, grad, scale / self.full_group, ticket, rule)
                 continue
             key = (table.name, chunk.chunk_id)
@@ -144,6 +150,8 @@ class UpdateApplier:
             group.staleness.append(staleness)
             group.scale += scale
             group.rule = rule
+            if tag is not None:
+                group.tags.append(tag)
         if membership_known:
             self.complete_groups(live, ticket)
         return result
@@ -188,11 +196,37 @@ class UpdateApplier:
         group.total *= np.float32(1.0 / scale)
         # the update (and a forward to a backup) keeps the sum; the next group gets a new one
         total, group.total = group.total, None
+        tags = tuple(group.tags)
         group.contributors.clear()
         group.staleness.clear()
+        group.tags.clear()
         group.scale = 0.0
+        chunk.gradients += size
         self.updates.run(table, chunk, total, scale / max(size, self.full_group), ticket,
-                         group.rule)
+                         group.rule, tags)
+
+    def apply_open(self, tables: Collection[str], ticket: Ticket | None = None) -> int:
+        """Apply the open groups of ``tables`` as they are (short groups, each moving the
+        weights by its size over the full size); returns how many were applied."""
+        keys = [k for k, g in self._groups.items() if k[0] in tables and g.contributors]
+        for key in keys:
+            self._apply_group(key, ticket)
+        return len(keys)
+
+    def holds(self, table: str, chunk_id: int, tag: object) -> bool:
+        """Whether the chunk's open group holds a gradient tagged ``tag``."""
+        group = self._groups.get((table, chunk_id))
+        return group is not None and any(t is tag for t in group.tags)
+
+    def discard(self, tables: Collection[str]) -> int:
+        """Drop the open groups of ``tables`` unapplied (a primary that lost its chunks:
+        their workers send those gradients again to the new primary); returns how many
+        gradients were dropped."""
+        dropped = 0
+        for key in [k for k in self._groups if k[0] in tables]:
+            dropped += len(self._groups.pop(key).contributors)
+            self._chunks.pop(key, None)
+        return dropped
 
     # ---- pulls ------------------------------------------------------------------------------
 
@@ -212,11 +246,11 @@ class UpdateApplier:
         if self.policy.modifiers.dc_lambda:
             self._pulled[(sender, table, chunk_id)] = weights
 
-    def switch(self, policy: ConsistencyPolicy) -> None:
+    def switch(self, policy: ConsistencyPolicy, ticket: Ticket | None = None) -> None:
         """Adopt a new policy at a version boundary: open groups are applied first, as they
-        are, so no gradient is lost or held across the switch."""
+        are (recorded on ``ticket``), so no gradient is lost or held across the switch."""
         for key in list(self._groups):
-            self._apply_group(key, None)
+            self._apply_group(key, ticket)
         self.policy = policy
         self._staleness_sum = self._staleness_count = 0
         self.full_group = 1

@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from hogshard.proto.codecs import Codec
+from hogshard.proto.codecs.pull import encode_weights
 from hogshard.proto.errors import (
     ConflictError,
     DtypeError,
@@ -46,6 +48,8 @@ class DenseChunk:
     weights: np.ndarray
     state: dict[str, Any]
     version: int = 0
+    #: The gradients its updates applied (a group update counts each of its gradients).
+    gradients: int = 0
     #: The ZeroMQ tracker of the last pull reply that carried ``weights`` without a copy.
     in_flight: Any = None
     #: The weights of one version in a pull codec, ``(codec name, version, array)``: pulls of
@@ -254,4 +258,18 @@ class DenseStore:
             table.rules.registered_for(chunk.offset).apply(chunk.writable(), grad, chunk.state,
                                                            lr_scale)
             chunk.version += 1
+            chunk.gradients += 1
         return staleness
+
+
+def encoded_weights(codec: Codec, chunks: Sequence[DenseChunk],
+                    arrays: Sequence[np.ndarray], versions: Sequence[int]) -> list[np.ndarray]:
+    """Each chunk's weights (``arrays``, of ``versions``) in ``codec``, encoded once per
+    version: pulls of a version that another pull already encoded reuse it."""
+    encoded = []
+    for chunk, array, version in zip(chunks, arrays, versions, strict=True):
+        cached = chunk.encoded
+        if cached is None or cached[0] != codec.name or cached[1] != version:
+            cached = chunk.encoded = (codec.name, version, encode_weights(codec, [array])[0])
+        encoded.append(cached[2])
+    return encoded

@@ -2,7 +2,8 @@
 ``stats``, as the methods of :class:`DenseOps`, and the pulls the consistency policy holds back.
 Each takes ``(identity, message)`` and returns ``(fields, arrays)``, or None when the reply is
 sent later (a push once its updates are applied and, for a replicated table, held by its
-backup; a pull the policy holds back once the policy allows it).
+backup, under a group policy once its group's are: ps/primary.py; a pull the policy holds
+back once the policy allows it).
 
 A push: validate (the store), then the applier measures staleness and runs the updates through
 the update executor (inline or threaded), then the reply, with the staleness, once they are
@@ -27,21 +28,22 @@ from typing import Any, Protocol
 import numpy as np
 
 from hogshard.proto.codecs import Codec
-from hogshard.proto.codecs.pull import encode_weights, pull_codec
+from hogshard.proto.codecs.pull import pull_codec
 from hogshard.proto.errors import ConflictError, HogshardError, ProtocolError, TooLargeError
 from hogshard.proto.transport import COPY_BELOW
 from hogshard.proto.wire import Message
 from hogshard.ps.applier import UpdateApplier
 from hogshard.ps.decoding import PayloadDecoder
-from hogshard.ps.dense import DenseChunk, DenseStore, DenseTable
+from hogshard.ps.dense import DenseChunk, DenseStore, DenseTable, encoded_weights
 from hogshard.ps.executor import UpdateExecutor
+from hogshard.ps.group_replies import Contribution
 from hogshard.ps.primary import Primary, Replies
 from hogshard.ps.replication import Replicator
 from hogshard.ps.rules import UpdateRule
 from hogshard.ps.shm_plane import ShmPlane
 from hogshard.ps.staging import StagedPushes
 from hogshard.ps.stats import ServerStats
-from hogshard.ps.update_pool import AppliedUpdate, Ticket
+from hogshard.ps.update_pool import Ticket
 from hogshard.ps.workers import PolicySchedule, WorkerView
 
 log = logging.getLogger(__name__)
@@ -138,8 +140,11 @@ class DenseOps:
     def push(self, identity: bytes, msg: Message) -> None:
         versions = msg.get("versions")
         grads = msg.arrays
-        if msg.get("shm") is not None:
-            grads = self._shm_gradients(msg)
+        if msg.get("shm") is not None:  # read in place (ps/shm_plane.py)
+            table, _ = self._store.resolve(msg.get("table"), msg.get("chunks"))
+            grads = self.shm.push_gradients(msg, self._replicas.replicated(table.name))
+            self._stats.shm_bytes_in += sum(g.nbytes for g in grads) - \
+                sum(a.nbytes for a in msg.arrays)
         elif msg.get("codecs") is not None:
             _, resolved = self._store.resolve(msg.get("table"), msg.get("chunks"))
             grads = self._decoder.decode(msg.get("codecs"), msg.arrays,
@@ -216,48 +221,25 @@ class DenseOps:
         """Take up the policy the scheduler announced from ``clock`` on, if it is due."""
         policy = self._schedule.due(clock)
         if policy is not None:
-            self._applier.switch(policy)
-
-    def _shm_gradients(self, msg: Message) -> list[np.ndarray]:
-        """A push naming shared memory: its gradients, read in place (not with codecs, nor for
-        a replicated table, whose updates are forwarded after the reply may have freed them)."""
-        if msg.get("codecs") is not None:
-            raise ProtocolError("'push': fields 'shm' and 'codecs' exclude each other")
-        table, _ = self._store.resolve(msg.get("table"), msg.get("chunks"))
-        if self._replicas.replicated(table.name):
-            raise ProtocolError(f"'push' of replicated table {table.name!r}: field 'shm' is "
-                                "for unreplicated tables")
-        grads = self.shm.gradients(msg.get("shm"), msg.arrays, len(msg.get("chunks")))
-        self._stats.shm_bytes_in += sum(g.nbytes for g in grads) - \
-            sum(a.nbytes for a in msg.arrays)
-        return grads
+            ticket = self._group_ticket()
+            self._applier.switch(policy, ticket)
+            self._updates.when_applied(ticket, self._primary.forward_groups)
 
     def _replicated_push(self, identity: bytes, msg: Message, table: DenseTable,
                          chunks: list[DenseChunk], grads: list[np.ndarray],
                          versions: list[int], rules: list[UpdateRule]) -> None:
-        """Apply the chunks not applied before (by push id), forward the updates to the
-        backups once applied, and hold the reply until they have acknowledged them."""
-        fresh = self._primary.fresh(msg, table, chunks)
-        staleness: list[int | None] = []
-        ticket = None
-        if fresh:
-            mine = [chunks[i] for i in fresh]
-            staleness, ticket = self._apply(identity, msg, table, mine,
-                                            [grads[i] for i in fresh],
-                                            [versions[i] for i in fresh], True,
-                                            rules=[rules[i] for i in fresh])
-            self._primary.applied(msg, mine)
+        """Applied once per push id, answered once the backups hold it (ps/primary.py)."""
+        def apply(fresh: list[int], tag: Contribution) -> tuple[list[int | None], Ticket | None]:
+            return self._apply(identity, msg, table, [chunks[i] for i in fresh],
+                               [grads[i] for i in fresh], [versions[i] for i in fresh], True,
+                               rules=[rules[i] for i in fresh], tag=tag)
 
-        def forward(updates: list[AppliedUpdate]) -> None:
-            self._primary.forward_and_hold(identity, msg, table, chunks, fresh, staleness,
-                                           updates)
-
-        self._updates.when_applied(ticket, forward)
+        self._primary.push(identity, msg, table, chunks, apply, self._applier.holds)
 
     def _apply(self, identity: bytes, msg: Message, table: DenseTable,
                chunks: list[DenseChunk], grads: list[np.ndarray], versions: list[int],
-               record: bool, release: bool = True, rules: list[UpdateRule] | None = None
-               ) -> tuple[list[int | None], Ticket | None]:
+               record: bool, release: bool = True, rules: list[UpdateRule] | None = None,
+               tag: object = None) -> tuple[list[int | None], Ticket | None]:
         """Apply a validated push with ``rules`` (one per chunk); returns each gradient's
         staleness and the ticket its updates are applied under (``record``: the updates are
         wanted, for the backups)."""
@@ -271,7 +253,7 @@ class DenseOps:
             self._heartbeats.hurry()
         ticket = self._updates.open(identity, msg.request_id, record)
         staleness = self._applier.push(table, chunks, grads, versions, sender,
-                                       self._view.live(), known, ticket, rules)
+                                       self._view.live(), known, ticket, rules, tag)
         self._stats.pushes += 1
         self._stats.record_push_bytes(grads if msg.get("shm") is not None else msg.arrays,
                                       msg.get("codecs"))
@@ -342,7 +324,7 @@ class DenseOps:
         fields: dict[str, Any] = {"versions": versions}
         sent = arrays
         if codec is not None:  # new arrays: nothing of the live weights leaves
-            arrays, track, fields["codec"] = _encoded(codec, chunks, arrays, versions), False, \
+            arrays, track, fields["codec"] = encoded_weights(codec, chunks, arrays, versions), False, \
                 codec.name
             sent = arrays
         elif type(msg.get("shm")) is int and not self._applier.policy.modifiers.dc_lambda:
@@ -388,8 +370,14 @@ class DenseOps:
         the segments of workers gone."""
         self.shm.peers.prune()
         self.staging.keep_only(self._view.live())
-        self._applier.complete_groups(self._view.live())
+        ticket = self._group_ticket()
+        self._applier.complete_groups(self._view.live(), ticket)
+        self._updates.when_applied(ticket, self._primary.forward_groups)
         self.release_deferred()
+
+    def _group_ticket(self) -> Ticket | None:
+        """A ticket for group updates made outside a push (replicated: to forward them)."""
+        return self._updates.open(b"", 0, record=bool(self._replicas.roles))
 
     # ---- stats --------------------------------------------------------------------------------
 
@@ -400,22 +388,11 @@ class DenseOps:
             "staleness_summary": self._stats.staleness_summary(),
             "tables": {
                 name: {"chunks": sorted(t.chunks),
-                       "versions": [t.chunks[c].version for c in sorted(t.chunks)]}
+                       "versions": [t.chunks[c].version for c in sorted(t.chunks)],
+                       "gradients": [t.chunks[c].gradients for c in sorted(t.chunks)]}
                 for name, t in self._store.tables.items()
             },
             "pending_pulls": len(self._deferred),
             "policy": self._applier.policy.spec,
         }, []
 
-
-def _encoded(codec: Codec, chunks: Sequence[DenseChunk], arrays: Sequence[np.ndarray],
-             versions: Sequence[int]) -> list[np.ndarray]:
-    """Each chunk's weights (``arrays``, of ``versions``) in ``codec``, encoded once per
-    version: pulls of a version that another pull already encoded reuse it."""
-    encoded = []
-    for chunk, array, version in zip(chunks, arrays, versions, strict=True):
-        cached = chunk.encoded
-        if cached is None or cached[0] != codec.name or cached[1] != version:
-            cached = chunk.encoded = (codec.name, version, encode_weights(codec, [array])[0])
-        encoded.append(cached[2])
-    return encoded

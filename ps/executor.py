@@ -58,8 +58,10 @@ class UpdateRunner(Protocol):
     """What the applier needs: run one update (and move the chunk's version)."""
 
     def run(self, table: DenseTable, chunk: DenseChunk, grad: np.ndarray, scale: float,
-            ticket: Ticket | None, rule: UpdateRule | None = None) -> None:
-        """Apply ``rule`` (None: the chunk's group's) to the chunk and move its version."""
+            ticket: Ticket | None, rule: UpdateRule | None = None,
+            tags: tuple[object, ...] = ()) -> None:
+        """Apply ``rule`` (None: the chunk's group's) to the chunk and move its version;
+        ``tags``: a group update's gradients' tags, recorded with it on ``ticket``."""
         ...
 
 
@@ -120,8 +122,10 @@ class InlineUpdates:
         return Ticket(identity, request_id) if record else None
 
     def run(self, table: DenseTable, chunk: DenseChunk, grad: np.ndarray, scale: float,
-            ticket: Ticket | None, rule: UpdateRule | None = None) -> None:
-        job = UpdateJob(table, chunk, grad, scale, chunk.version + 1, ticket, rule=rule)
+            ticket: Ticket | None, rule: UpdateRule | None = None,
+            tags: tuple[object, ...] = ()) -> None:
+        job = UpdateJob(table, chunk, grad, scale, chunk.version + 1, ticket, rule=rule,
+                        tags=tags)
         chunk.version += 1
         if self._waiting is not None and ticket is None:
             self._waiting.append(job)
@@ -183,10 +187,11 @@ class ThreadedUpdates:
         return Ticket(identity, request_id)
 
     def run(self, table: DenseTable, chunk: DenseChunk, grad: np.ndarray, scale: float,
-            ticket: Ticket | None, rule: UpdateRule | None = None) -> None:
+            ticket: Ticket | None, rule: UpdateRule | None = None,
+            tags: tuple[object, ...] = ()) -> None:
         chunk.version += 1  # at once: staleness is measured against it
         self._pool.submit(UpdateJob(table, chunk, grad, scale, chunk.version, ticket,
-                                    rule=rule))
+                                    rule=rule, tags=tags))
 
     def when_applied(self, ticket: Ticket | None, then: Then) -> None:
         if ticket is None:

@@ -56,7 +56,8 @@ class BackupOps:
     def replicate(self, identity: bytes, msg: Message) -> Reply:
         """Apply forwarded updates: ``records`` lists ``[chunk_id, lr_scale, version,
         push_id]`` with one gradient array each, and the rule's live hyperparameters as a fifth
-        element where the push carried some."""
+        element where the push carried some; a group update's ``push_id`` is the list of its
+        contributors' push ids (each gradient it applies)."""
         records = msg.header["records"]
         if len(records) != len(msg.arrays) or not all(
                 isinstance(r, list) and len(r) in (4, 5) and type(r[2]) is int
@@ -77,18 +78,21 @@ class BackupOps:
                 chunks, msg.arrays, rules, records, strict=True):
             rule.apply(chunk.writable(), grad, chunk.state, float(scale))
             chunk.version = int(version)
-            if isinstance(push_id, int):
-                self._replicas.recent.add(push_id, chunk_id)
+            push_ids = push_id if isinstance(push_id, list) else [push_id]
+            chunk.gradients += len(push_ids)
+            for one in push_ids:
+                if isinstance(one, int):
+                    self._replicas.recent.add(one, chunk_id)
         self._stats.replicated += len(chunks)
         return {"seq": msg.get("seq")}, []
 
     def replica_snapshot(self, identity: bytes, msg: Message) -> Reply:
         """Install whole chunks: ``chunks`` lists ``[id, offset, length, version, state_keys,
-        scalars]``; the arrays are each chunk's weights followed by its state arrays by key."""
+        scalars]``, and the gradients applied to the chunk so far as a seventh element; the arrays are each chunk's weights followed by its state arrays by key."""
         name, rule_spec, entries = msg.header["table"], msg.header["rule"], msg.header["chunks"]
-        if not all(isinstance(e, list) and len(e) == 6 for e in entries):
+        if not all(isinstance(e, list) and len(e) in (6, 7) for e in entries):
             raise ProtocolError("'replica_snapshot': field 'chunks' must list [id, offset, "
-                                "length, version, state_keys, scalars] entries")
+                                "length, version, state_keys, scalars(, gradients)] entries")
         if not self._admit(identity, msg, name, [e[0] for e in entries]):
             return None
         table = self._store.tables.get(name)
@@ -98,7 +102,7 @@ class BackupOps:
         table = table or DenseTable.from_spec(name, dict(rule_spec))
         arrays, fresh = list(msg.arrays), []
         for entry in entries:
-            chunk_id, offset, length, version, keys, scalars = entry
+            chunk_id, offset, length, version, keys, scalars = entry[:6]
             weights = np.array(arrays.pop(0), dtype=FLOAT32, copy=True)
             if weights.shape != (length,):
                 raise ProtocolError(f"snapshot of {name!r} chunk {chunk_id}: {weights.shape} "
@@ -111,7 +115,8 @@ class BackupOps:
                                         f"{key!r} is not part of rule {rule_spec.get('rule')!r}")
                 state[key] = np.array(arrays.pop(0), dtype=FLOAT32, copy=True)
             state.update(scalars)
-            fresh.append(DenseChunk(chunk_id, offset, weights, state, int(version)))
+            fresh.append(DenseChunk(chunk_id, offset, weights, state, int(version),
+                                    gradients=int(entry[6]) if len(entry) == 7 else 0))
         if arrays:
             raise ProtocolError(f"snapshot of {name!r}: {len(arrays)} arrays left over")
         self._store.tables[name] = table

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -38,6 +38,7 @@ from hogshard.ps.dense import DenseChunk, DenseStore, DenseTable
 from hogshard.ps.embedding_replica import snapshot
 from hogshard.ps.embedding_slots import SlotRoles
 from hogshard.ps.embedding_store import EmbeddingStore
+from hogshard.ps.group_replies import Contribution, GroupReplies, HeldReply
 from hogshard.ps.update_pool import AppliedUpdate
 
 log = logging.getLogger(__name__)
@@ -84,16 +85,6 @@ class BackupLink:
     fenced_epoch: int | None = None  # the map epoch this server knew when it was refused
 
 
-@dataclass
-class HeldReply:
-    """A worker's push reply waiting until each backup in ``needs`` acknowledged a sequence."""
-
-    identity: bytes
-    request_id: int
-    fields: dict[str, Any]
-    needs: dict[int, int] = field(default_factory=dict)  # backup rank -> sequence number
-
-
 class Replicator:
     """The primary's half of chain replication, and the roles this server holds."""
 
@@ -111,6 +102,8 @@ class Replicator:
         self.links: dict[int, BackupLink] = {}
         self.links_version = 0  # moves whenever a link is opened or closed
         self.held: list[HeldReply] = []
+        #: Pushes whose gradients wait in a group (their replies are not held yet).
+        self.groups = GroupReplies()
         self.recent = RecentPushes()
         self._pending_snapshots: dict[str, set[int]] = {}  # waiting for the chunk's init
         self.embedding_shards = 0  # S: embedding rows are hashed over this many shards
@@ -135,14 +128,15 @@ class Replicator:
 
     def forget_roles(self) -> list[HeldReply]:
         """After this server was declared dead: it owns nothing until told again. Returns
-        the replies it held back, which must not be acknowledged any more."""
+        the replies it held back (and those of pushes waiting in a group), which must not be
+        acknowledged any more."""
         for table in self.roles:
             self.roles[table] = {}
         self.map_epoch = None
         self.lease_until = 0.0
         self.slots.serving[:] = False
         dropped, self.held = self.held, []
-        return dropped
+        return dropped + self.groups.drop()
 
     def check_primary(self, table: str, chunk_ids: list[int], now: float, rank: int) -> None:
         """Raise NotOwnerError unless this server is, under a valid lease, the primary of
@@ -232,7 +226,7 @@ class Replicator:
     def _rebase_held(self, snapshots: dict[int, int]) -> None:
         """Held replies that waited on a link now gone wait on the new snapshots instead
         (which hold their updates), or on nothing if the chunk has no backup left."""
-        for held in self.held:
+        for held in [*self.held, *self.groups.replies()]:
             gone = [r for r, seq in held.needs.items()
                     if r not in self.links or self.links[r].sent < seq]
             if gone:
@@ -261,7 +255,7 @@ class Replicator:
                 keys = sorted(k for k, v in chunk.state.items() if isinstance(v, np.ndarray))
                 scalars = {k: v for k, v in chunk.state.items() if not isinstance(v, np.ndarray)}
                 entries.append([chunk.chunk_id, chunk.offset, int(chunk.weights.size),
-                                chunk.version, keys, scalars])
+                                chunk.version, keys, scalars, chunk.gradients])
                 arrays.extend([chunk.weights.copy(), *(chunk.state[k].copy() for k in keys)])
                 waiting.discard(chunk.chunk_id)
             sent[backup] = self.send(backup, "replica_snapshot", {
@@ -286,24 +280,36 @@ class Replicator:
             sent[backup] = self.send(backup, "emb_snapshot", {"shard": shard, **fields}, arrays)
         return sent
 
-    def forward(self, table: DenseTable, applied: Sequence[AppliedUpdate],
-                push_id: int | None) -> dict[int, int]:
-        """Send the updates a push applied to their chunks' backups; returns what the reply
-        must wait for ({backup rank: sequence number})."""
-        by_backup: dict[int, tuple[list[list[Any]], list[np.ndarray]]] = {}
-        roles = self.roles.get(table.name, {})
-        for chunk, grad, scale, rule in applied:
-            backup = roles.get(chunk.chunk_id, (-1, -1))[1]
-            if backup in self.links:
-                records, arrays = by_backup.setdefault(backup, ([], []))
-                record: list[Any] = [chunk.chunk_id, scale, chunk.version, push_id]
-                if rule not in table.rules.registered:  # live hyperparameters travel along
-                    record.append({k: v for k, v in rule.spec().items() if k != "rule"})
-                records.append(record)
-                arrays.append(grad)
-        return {backup: self.send(backup, "replicate", {"table": table.name,
-                                                         "records": records}, arrays)
-                for backup, (records, arrays) in by_backup.items()}
+    def forward(self, applied: Sequence[AppliedUpdate], push_id: int | None,
+                table: DenseTable | None = None) -> tuple[dict[int, int], list[dict[int, int]]]:
+        """Send applied updates to their chunks' backups, one ``replicate`` per table and
+        backup (``table``: that of updates that name none). A record carries ``push_id``, or
+        for a group update the list of its contributors' push ids. Returns what a reply must
+        wait for ({backup rank: sequence number}): for all of them, and for each update."""
+        batches: dict[tuple[str, int], tuple[list[list[Any]], list[np.ndarray], list[int]]] = {}
+        for index, (chunk, grad, scale, rule, tags) in enumerate(applied):
+            mine = chunk.table or table
+            assert mine is not None, "an applied update without its table"
+            backup = self.roles.get(mine.name, {}).get(chunk.chunk_id, (-1, -1))[1]
+            if backup not in self.links:
+                continue
+            records, arrays, indexes = batches.setdefault((mine.name, backup), ([], [], []))
+            ids: Any = [t.push_id if isinstance(t, Contribution) else None for t in tags] \
+                if tags else push_id
+            record: list[Any] = [chunk.chunk_id, scale, chunk.version, ids]
+            if rule not in mine.rules.registered:  # live hyperparameters travel along
+                record.append({k: v for k, v in rule.spec().items() if k != "rule"})
+            records.append(record)
+            arrays.append(grad)
+            indexes.append(index)
+        total: dict[int, int] = {}
+        each: list[dict[int, int]] = [{} for _ in applied]
+        for (name, backup), (records, arrays, indexes) in batches.items():
+            seq = self.send(backup, "replicate", {"table": name, "records": records}, arrays)
+            total[backup] = max(total.get(backup, 0), seq)
+            for index in indexes:
+                each[index][backup] = seq
+        return total, each
 
     def forwarded_so_far(self) -> dict[int, int]:
         """{backup rank: sequence number of the last message sent to it}: what a reply must

@@ -183,6 +183,8 @@ class ShardServer:
                 if scheduler in events:
                     self._read_scheduler()
                 self.primary.read(events)
+                if self.replicas.groups:
+                    self.primary.flush_stalled(now, self.applier)
                 if self.replicas.slots.handoffs:
                     self._report_handoffs()
                 if self._sock in events:
@@ -327,7 +329,8 @@ class ShardServer:
             return True
         self._registered(registration)
         self.replicas.slots.required = registration.embedding_slots
-        # declared dead and back: own nothing until told
+        # declared dead and back: own nothing until told, hold no group of a chunk it owned
+        self.applier.discard(list(self.replicas.roles))
         for held in self.replicas.forget_roles():
             self._core.fail(held.identity, held.request_id, NotOwnerError(
                 f"{self.node_id} was declared dead before its backup acknowledged; retry "

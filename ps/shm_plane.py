@@ -29,6 +29,7 @@ from hogshard.proto.shm import (
     SegmentError,
     parse_ref,
 )
+from hogshard.proto.wire import Message
 from hogshard.ps.dense import DenseChunk, DenseTable
 
 
@@ -85,6 +86,17 @@ class ShmPlane:
             raise ProtocolError(f"'push' carries {len(arrays)} frames; its field 'shm' names "
                                 f"{sum(s is None for s in spans)} chunks in frames")
         return grads
+
+    def push_gradients(self, msg: Message, replicated: bool) -> list[np.ndarray]:
+        """The gradients of a push naming shared memory, read in place: not with codecs, nor
+        for a ``replicated`` table (its updates are forwarded after the reply, which lets the
+        worker reuse the segment)."""
+        if msg.get("codecs") is not None:
+            raise ProtocolError("'push': fields 'shm' and 'codecs' exclude each other")
+        if replicated:
+            raise ProtocolError(f"'push' of replicated table {msg.get('table')!r}: field 'shm' "
+                                "is for unreplicated tables")
+        return self.gradients(msg.get("shm"), msg.arrays, len(msg.get("chunks")))
 
     def publish(self, table: DenseTable, chunks: Sequence[DenseChunk],
                 arrays: Sequence[np.ndarray], versions: Sequence[int], min_bytes: int

@@ -53,6 +53,8 @@ class AppliedChunk(NamedTuple):
 
     chunk_id: int
     version: int
+    #: Its table (None: the caller's).
+    table: DenseTable | None = None
 
 
 class AppliedUpdate(NamedTuple):
@@ -64,6 +66,9 @@ class AppliedUpdate(NamedTuple):
     grad: np.ndarray
     scale: float
     rule: UpdateRule
+    #: What each gradient of a group update was tagged with when it joined the group (the
+    #: applier's ``tag``); empty for an update of one gradient applied at once.
+    tags: tuple[object, ...] = ()
 
 
 @dataclass
@@ -84,8 +89,9 @@ class Ticket:
 
     def updates(self) -> list[AppliedUpdate]:
         """One per applied job, in submission order, for forwarding (reads left out)."""
-        return [AppliedUpdate(AppliedChunk(j.chunk.chunk_id, j.version), j.grad, j.scale,
-                              j.rule or j.table.rules.registered_for(j.chunk.offset))
+        return [AppliedUpdate(AppliedChunk(j.chunk.chunk_id, j.version, j.table), j.grad,
+                              j.scale, j.rule or j.table.rules.registered_for(j.chunk.offset),
+                              j.tags)
                 for j in self.jobs if j.grad is not None]
 
 
@@ -104,6 +110,8 @@ class UpdateJob:
     copy: np.ndarray | None = None
     #: The rule to apply (None: the chunk's group's, as the table was created).
     rule: UpdateRule | None = None
+    #: A group update's gradients' tags (see :class:`AppliedUpdate`).
+    tags: tuple[object, ...] = ()
 
     def apply(self) -> None:
         """Apply the update (``grad`` must be set)."""

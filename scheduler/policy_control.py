@@ -5,7 +5,7 @@ two heartbeats of its progress, so every server switches at the same step (PROTO
 
 Example::
 
-    >>> control = PolicyControl(parse_policy("async"), replication=1, heartbeat_interval=0.5)
+    >>> control = PolicyControl(parse_policy("async"), heartbeat_interval=0.5)
     >>> control.change("ssp:2", workers=[])
     {'policy': 'ssp:2', 'from_clock': 2, 'policy_version': 1}
 """
@@ -17,7 +17,6 @@ from typing import Any
 
 from hogshard.proto.policy import ConsistencyPolicy, parse_policy
 from hogshard.scheduler.membership import Member
-from hogshard.scheduler.replication import check_replication
 
 log = logging.getLogger(__name__)
 
@@ -25,18 +24,15 @@ log = logging.getLogger(__name__)
 class PolicyControl:
     """The policy, its version (changes so far) and the clock the current one starts at."""
 
-    def __init__(self, policy: ConsistencyPolicy, replication: int,
-                 heartbeat_interval: float) -> None:
+    def __init__(self, policy: ConsistencyPolicy, heartbeat_interval: float) -> None:
         self.policy = policy
         self.version = 0
         self.from_clock = 0
-        self._replication = replication
         self._heartbeat_interval = heartbeat_interval
 
     def change(self, spec: Any, workers: list[Member]) -> dict[str, Any]:
         """Switch to the policy ``spec`` ahead of the live ``workers``; the reply fields."""
         policy = parse_policy(spec)
-        check_replication(self._replication, policy)
         ahead = max((m.clock + 2 * self._heartbeat_interval * m.clock_rate for m in workers),
                     default=0)
         self.policy = policy

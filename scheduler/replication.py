@@ -22,7 +22,6 @@ from dataclasses import replace
 from typing import Any
 
 from hogshard.proto.errors import ConfigError
-from hogshard.proto.policy import ConsistencyPolicy
 from hogshard.proto.tables import Chunk
 from hogshard.scheduler.placement import PlacedTable
 
@@ -32,15 +31,12 @@ REPLICATION_CHOICES = (1, 2)
 MAP_HISTORY = 64
 
 
-def check_replication(replication: int, policy: ConsistencyPolicy) -> None:
-    """Refuse a replication factor hogshard cannot keep, or one a policy cannot honour."""
+def check_replication(replication: int) -> None:
+    """Refuse a replication factor hogshard cannot keep. Every policy may be replicated: a
+    group policy's primary acknowledges a gradient only once its group's update is held by
+    the backup (ps/group_replies.py)."""
     if replication not in REPLICATION_CHOICES:
         raise ConfigError(f"replication must be one of {REPLICATION_CHOICES}; got {replication}")
-    if replication > 1 and (policy.waits_for_apply or policy.group_size(1 << 16) > 1):
-        raise ConfigError(
-            f"policy {policy.spec!r} gathers gradients in the primary's memory before it "
-            "applies them, so a replicated shard could lose an acknowledged one; with "
-            "--replication 2 use async or ssp:S (with any modifiers)")
 
 
 def assign_backups(chunks: list[Chunk], live_ranks: list[int]) -> list[Chunk]:

@@ -77,7 +77,7 @@ class Scheduler:
         exit_when_done: bool = False,
     ) -> None:
         consistency = parse_policy(policy)
-        check_replication(replication, consistency)
+        check_replication(replication)
         check_slots(embedding_slots, replication)
         if expected_servers < 1:
             raise ConfigError(f"expected_servers must be at least 1; got {expected_servers}")
@@ -105,7 +105,7 @@ class Scheduler:
         self.shard_map = ShardMap(self.members, expected_servers, replication,
                                   restored.tables if restored is not None else None,
                                   embedding_slots, report_grace=heartbeat_timeout)
-        self.policy = PolicyControl(consistency, replication, heartbeat_interval)
+        self.policy = PolicyControl(consistency, heartbeat_interval)
         self.barriers = Barriers()
         self.recovery = ServerRecovery(LostShards(heartbeat_timeout), self.shard_map,
                                        lambda: rounds.complete, replication)

@@ -26,7 +26,8 @@ FINAL = r"^final acked (\d+) accuracy ([0-9.]+)$"
 class Job:
     """A scheduler (``--replication 2``), servers and workers started by the test."""
 
-    def __init__(self, procs: Any, tmp: Path, name: str) -> None:
+    def __init__(self, procs: Any, tmp: Path, name: str, policy: str = "async",
+                 workers: int = WORKERS, steps: int = STEPS) -> None:
         import zmq
 
         from hogshard.proto.transport import RpcChannel
@@ -35,20 +36,20 @@ class Job:
         address_file = tmp / f"{name}.address"
         self.scheduler = procs.hogshard(
             f"{name}-scheduler", "scheduler", "--bind", "tcp://127.0.0.1:0", "--address-file",
-            str(address_file), "--policy", "async", "--servers", "2", "--replication", "2",
+            str(address_file), "--policy", policy, "--servers", "2", "--replication", "2",
             "--heartbeat-interval", str(HEARTBEAT_INTERVAL),
             "--heartbeat-timeout", str(HEARTBEAT_TIMEOUT))
         procs.wait_until(lambda: address_file.exists() or not self.scheduler.alive(), 30.0,
                          "the scheduler's address file", on_timeout=self.scheduler.tail)
         self.address = address_file.read_text().strip()
         self.servers = [self.server(f"server{i}", i) for i in range(2)]
-        self.workers = [procs.spawn(f"{name}-worker{r}", [PYTHON, WORKER, "--steps", str(STEPS),
+        self.workers = [procs.spawn(f"{name}-worker{r}", [PYTHON, WORKER, "--steps", str(steps),
                                                          "--step-delay", str(STEP_DELAY_S)],
                                     env={"HOGSHARD_SCHEDULER": self.address,
                                          "HOGSHARD_RANK": str(r),
-                                         "HOGSHARD_NUM_WORKERS": str(WORKERS),
+                                         "HOGSHARD_NUM_WORKERS": str(workers),
                                          "HOGSHARD_REQUEST_TIMEOUT": "60"})
-                        for r in range(WORKERS)]
+                        for r in range(workers)]
         self.context = zmq.Context()
         self.channel = RpcChannel(self.context, self.address, sender="test")
 
@@ -63,18 +64,52 @@ class Job:
         return max((int(s) for s in re.findall(r"^step (\d+)$", worker.output(), re.M)),
                    default=0)
 
-    def finish(self) -> list[tuple[int, float]]:
-        """Wait for every worker; their (acked updates, final accuracy)."""
+    def kill_and_replace(self, at_step: int, timeout: float = 60.0) -> tuple[int, Any]:
+        """SIGKILL server-0 once every worker reached ``at_step`` (within ``timeout`` seconds
+        of the start: the workers start up first), wait for server-1 to own
+        every chunk, start a replacement under rank 0 and wait for it to back every chunk.
+        Returns the slowest worker's step at the kill, and the replacement."""
+        procs = self.procs
+        procs.wait_until(lambda: min(self.steps(w) for w in self.workers) >= at_step, timeout,
+                         f"every worker to reach step {at_step}", on_timeout=procs.report)
+        chunks = self.status()["tables"]["model"]["chunks"]
+        assert all(len(c) == 5 and c[3] != c[4] for c in chunks), chunks  # every chunk backed
+        assert {c[3] for c in chunks} == {0, 1}, chunks  # server-0 is a primary of some
+        victim = self.servers[0]
+        victim.signal_group(signal.SIGKILL)
+        assert victim.wait(10.0) == -signal.SIGKILL
+        at_kill = min(self.steps(w) for w in self.workers)
+
+        def promoted() -> list[list[int]] | None:
+            view = self.status()["tables"]["model"]["chunks"]
+            return view if all(c[3] == 1 for c in view) else None
+
+        procs.wait_until(promoted, HEARTBEAT_TIMEOUT + 10.0, "server-1 to own every chunk",
+                         on_timeout=procs.report)
+        replacement = self.server("replacement", 0)  # the rank of the one that died
+
+        def backed_up() -> list[list[int]] | None:
+            view = self.status()["tables"]["model"]["chunks"]
+            return view if all(len(c) == 5 and c[4] >= 0 and c[4] != 1 for c in view) else None
+
+        procs.wait_until(backed_up, 30.0, "the replacement to become every chunk's backup",
+                         on_timeout=procs.report)
+        return at_kill, replacement
+
+    def finish(self, timeout: float = 120.0) -> list[tuple[int, float]]:
+        """Wait for every worker (``timeout`` seconds each); their (acked updates, final
+        accuracy)."""
         results = []
         for worker in self.workers:
-            assert worker.wait(120.0) == 0, worker.tail()
+            assert worker.wait(timeout) == 0, worker.tail()
             match = re.search(FINAL, worker.output(), re.M)
             assert match is not None, worker.tail()
             results.append((int(match[1]), float(match[2])))
         return results
 
-    def chunk_versions(self) -> dict[str, dict[int, int]]:
-        """Each live server's chunk versions of table ``model``, by node id."""
+    def chunk_versions(self, key: str = "versions") -> dict[str, dict[int, int]]:
+        """Each live server's chunk versions of table ``model`` (or, ``key`` "gradients", the
+        gradients applied to each chunk), by node id."""
         from hogshard.proto.transport import RpcChannel
 
         versions = {}
@@ -86,8 +121,7 @@ class Job:
                 view = channel.call("stats", timeout=5.0).get("tables")["model"]
             finally:
                 channel.close()
-            versions[member["node_id"]] = dict(zip(view["chunks"], view["versions"],
-                                                   strict=True))
+            versions[member["node_id"]] = dict(zip(view["chunks"], view[key], strict=True))
         return versions
 
     def close(self) -> None:
@@ -112,30 +146,7 @@ def test_killed_primary_loses_no_acknowledged_update(procs, tmp_path: Path) -> N
 
     job = Job(procs, tmp_path, "kill")
     try:
-        procs.wait_until(lambda: min(job.steps(w) for w in job.workers) >= KILL_AT_STEP, 60.0,
-                         f"both workers to reach step {KILL_AT_STEP}", on_timeout=procs.report)
-        chunks = job.status()["tables"]["model"]["chunks"]
-        assert all(len(c) == 5 and c[3] != c[4] for c in chunks), chunks  # every chunk backed
-        assert {c[3] for c in chunks} == {0, 1}, chunks  # server-0 is a primary of some
-        victim = job.servers[0]
-        victim.signal_group(signal.SIGKILL)
-        assert victim.wait(10.0) == -signal.SIGKILL
-        at_kill = min(job.steps(w) for w in job.workers)
-
-        def promoted() -> list[list[int]] | None:
-            view = job.status()["tables"]["model"]["chunks"]
-            return view if all(c[3] == 1 for c in view) else None
-
-        procs.wait_until(promoted, HEARTBEAT_TIMEOUT + 10.0, "server-1 to own every chunk",
-                         on_timeout=procs.report)
-        replacement = job.server("replacement", 0)  # the rank of the one that died
-
-        def backed_up() -> list[list[int]] | None:
-            view = job.status()["tables"]["model"]["chunks"]
-            return view if all(len(c) == 5 and c[4] >= 0 and c[4] != 1 for c in view) else None
-
-        procs.wait_until(backed_up, 30.0, "the replacement to become every chunk's backup",
-                         on_timeout=procs.report)
+        at_kill, replacement = job.kill_and_replace(KILL_AT_STEP)
         results = job.finish()
         assert at_kill < STEPS, "the workers finished before the kill; nothing was tested"
         versions = job.chunk_versions()

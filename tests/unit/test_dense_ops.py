@@ -226,7 +226,8 @@ def test_stats_reply_lists_versions_per_chunk(parts: Parts) -> None:
     parts.store.push("m", [1], [np.ones(2, F32)], [0])
     fields, arrays = parts.ops.stats(b"", msg("stats", 1, "admin"))
     assert arrays == []
-    assert fields["tables"] == {"m": {"chunks": [0, 1], "versions": [0, 1]}}
+    assert fields["tables"] == {"m": {"chunks": [0, 1], "versions": [0, 1],
+                                      "gradients": [0, 1]}}
     assert fields["node_id"] == "server-0" and fields["pending_pulls"] == 0
     assert fields["policy"] == "async"
 
@@ -238,6 +239,7 @@ def test_stats_reply_versions_align_with_sorted_chunks(context: zmq.Context) -> 
                          [np.zeros(2, F32), np.zeros(2, F32)])
         parts.store.push("t", [1], [np.ones(2, F32)], [0])
         fields, _ = parts.ops.stats(b"", msg("stats", 1, "admin"))
-        assert fields["tables"]["t"] == {"chunks": [0, 1], "versions": [0, 1]}
+        assert fields["tables"]["t"] == {"chunks": [0, 1], "versions": [0, 1],
+                                         "gradients": [0, 1]}
     finally:
         parts.replicas.close()

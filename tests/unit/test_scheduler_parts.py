@@ -54,18 +54,18 @@ def test_a_policy_change_starts_ahead_of_the_fastest_worker() -> None:
     fast, slow = (members.register("worker", "", now=0.0) for _ in range(2))
     fast.clock, fast.clock_rate = 10, 4.0  # 4 steps a second; heartbeats every 0.5 s
     slow.clock = 3
-    control = PolicyControl(parse_policy("async"), replication=1, heartbeat_interval=0.5)
+    control = PolicyControl(parse_policy("async"), heartbeat_interval=0.5)
     reply = control.change("ssp:1", members.live("worker"))
     assert reply == {"policy": "ssp:1", "from_clock": 10 + 4 + 2, "policy_version": 1}
     assert control.heartbeat_fields() == {"policy": "ssp:1", "policy_version": 1,
                                           "policy_from_clock": 16}
 
 
-@pytest.mark.parametrize("spec", ["nope", "hardsync"])
+@pytest.mark.parametrize("spec", ["nope", "softsync:"])
 def test_a_policy_change_refused_keeps_the_policy(spec: str) -> None:
-    control = PolicyControl(parse_policy("async"), replication=2, heartbeat_interval=0.5)
+    control = PolicyControl(parse_policy("async"), heartbeat_interval=0.5)
     with pytest.raises(ConfigError):
-        control.change(spec, [])  # unknown, or one replication cannot honour
+        control.change(spec, [])  # not a policy
     assert control.policy.spec == "async" and control.version == 0
 
 
@@ -126,7 +126,7 @@ class Job:
                                        lambda: self.rounds.complete, 2)
         self.checkpoints = CheckpointCoordinator(self.rounds, self.members, self.shard_map,
                                                  self.recovery, dict, 1)
-        self.policy = PolicyControl(parse_policy("ssp:2"), 2, 0.5)
+        self.policy = PolicyControl(parse_policy("ssp:2"), 0.5)
         self.barriers = Barriers()
         self.lifecycle = JobLifecycle(self.members, self.checkpoints)
         self.heartbeats = Heartbeats(self.members, self.shard_map, self.recovery,

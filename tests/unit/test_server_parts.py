@@ -145,6 +145,7 @@ def test_the_primary_applies_a_push_id_once_and_answers_when_held(replicas: Repl
     assert primary.fresh(push, table, chunks) == [0, 1]
     primary.applied(push, chunks[:1])  # chunk 0 of push 99 went in
     assert primary.fresh(push, table, chunks) == [1] and stats.duplicates == 1
-    update = AppliedUpdate(AppliedChunk(1, 1), np.ones(2, F32), 1.0, table.rule)
-    primary.forward_and_hold(b"w", push, table, chunks, [1], [0], [update])
+    update = AppliedUpdate(AppliedChunk(1, 1, table), np.ones(2, F32), 1.0, table.rule)
+    primary.forward_and_hold(primary.contribute(b"w", push, table), push, chunks, [1], [0],
+                             [update])
     assert out.sent == [(4, {"staleness": [None, 0], "duplicates": [0]})]  # no backup to wait on
