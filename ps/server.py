@@ -15,6 +15,8 @@ of which owns its state and is handed only the parts it uses:
   ops;
 - ``link`` (ps/scheduler_link.py): registration and the heartbeat timer;
 - ``checkpoints`` (ps/checkpoint.py): this shard's checkpoint files;
+- ``chunk_moves`` (ps/chunk_moves.py): dense chunks handed to another server when this one is
+  drained, or handed to this one;
 - the ops (PROTOCOL.md): ``dense`` (ps/dense_ops.py), embedding ops (ps/embedding_ops.py),
   backup ops (ps/replica_ops.py), in the op table of ps/op_table.py.
 
@@ -46,6 +48,7 @@ from hogshard.proto.transport import ERROR, RpcChannel, bind_router, readable
 from hogshard.proto.wire import DEFAULT_LIMITS, Limits, Message
 from hogshard.ps.applier import UpdateApplier
 from hogshard.ps.checkpoint import ShardCheckpointer
+from hogshard.ps.chunk_moves import ChunkMoves
 from hogshard.ps.dense import DenseStore
 from hogshard.ps.dense_ops import DenseOps
 from hogshard.ps.embedding_ops import EmbeddingOps
@@ -122,6 +125,7 @@ class ShardServer:
         self.replicas = Replicator(self._context, security, registration.heartbeat_timeout,
                                    sender=self.node_id)
         self.replicas.slots.required = registration.embedding_slots
+        self.chunk_moves = ChunkMoves(self._context, security, self.node_id, self.rank)
         if restore:
             self._restore(restore)
         self.updates: UpdateExecutor = ThreadedUpdates(
@@ -177,12 +181,16 @@ class ShardServer:
                 if self.link.due(now):
                     self._send_heartbeat(now)
                 self.primary.watch(poller)
+                self.chunk_moves.watch(poller)
                 events = dict(poller.poll(self.link.timeout_ms(now)))
                 if updates is not None and updates in events:
                     self.updates.collect()
                 if scheduler in events:
                     self._read_scheduler()
                 self.primary.read(events)
+                self.chunk_moves.read(events)
+                if self.chunk_moves.out:
+                    self._move_chunks(now)
                 if self.replicas.slots.handoffs:
                     self._report_handoffs()
                 if self._sock in events:
@@ -199,6 +207,7 @@ class ShardServer:
     def close(self) -> None:
         self.updates.close()
         self.replicas.close()
+        self.chunk_moves.close()
         self._sock.close(0)
         self.dense.shm.close()
         self.link.close()
@@ -216,6 +225,8 @@ class ShardServer:
             raise NotOwnerError(
                 f"{self.node_id} is a new process (incarnation {self.incarnation}); the request "
                 f"was for incarnation {message.get('incarnation')}: fetch the map and retry")
+        if self.chunk_moves.active:
+            self.chunk_moves.check(message.op, message)
         result = spec.handler(self, identity, message)
         if self.embedding.gate.held:  # any op may have moved a worker's clock
             self.embedding.release()
@@ -234,6 +245,30 @@ class ShardServer:
             message.op, lambda: spec.handler(self, identity, message))
         self._core.answer(identity, message.request_id, result)
 
+    def _chunk_handoff(self, identity: bytes, msg: Message) -> tuple[dict[str, Any], list[Any]]:
+        return self.chunk_moves.install(self.store, msg)
+
+    def _move_chunks(self, now: float) -> None:
+        """Copy the dense chunks leaving this server once their updates are settled; tell
+        the scheduler at once when a next owner acknowledged some."""
+        if self.chunk_moves.due(now):
+            self.chunk_moves.send(self.store, self._settle_chunks)
+        reported = len(self.chunk_moves.report())
+        if reported > self.chunk_moves.reported:
+            self.link.now()
+        self.chunk_moves.reported = reported
+
+    def _settle_chunks(self, chunks: list[tuple[str, int]]) -> None:
+        """Before chunks leave: every update applied, and what a group policy gathered."""
+        self.updates.settle()
+        if self.applier.flush(chunks):
+            self.updates.settle()
+        dropped = self.dense.staging.drop(chunks)
+        if dropped:
+            self.chunk_moves.moved["dropped_staged"] += dropped
+            log.warning("%s: %d staged gradients of chunks leaving this server dropped (their "
+                        "steps had not closed)", self.node_id, dropped)
+
     def _ping(self, identity: bytes, msg: Message) -> tuple[dict[str, Any], list[Any]]:
         return {}, []
 
@@ -247,6 +282,7 @@ class ShardServer:
         "emb_save": on("embedding.save"), "emb_load": on("embedding.load"),
         "replicate": on("backup.replicate"), "replica_snapshot": on("backup.replica_snapshot"),
         "emb_replicate": on("backup.emb_replicate"), "emb_snapshot": on("backup.emb_snapshot"),
+        "chunk_handoff": _chunk_handoff,
     })
 
     # ---- the scheduler ------------------------------------------------------------------------
@@ -261,6 +297,9 @@ class ShardServer:
         handed_off = self.replicas.slots.ready(self.replicas.links)
         if handed_off:
             fields["handed_off"] = handed_off
+        handed_chunks = self.chunk_moves.report()
+        if handed_chunks:
+            fields["handed_chunks"] = handed_chunks
         self.link.send_heartbeat(now, fields)
 
     def _report_handoffs(self) -> None:
@@ -282,6 +321,7 @@ class ShardServer:
                 self.updates.settle()  # both read or move weights wholesale
             if "assignments" in reply.header:
                 self.replicas.take_assignments(reply, self.store, self.rank, self.embeddings)
+                self.chunk_moves.adopt(reply, self.store)
                 self.link.hurry()  # say soon that this map is known (a worker may wait on it)
             if isinstance(checkpoint, dict) and self.checkpoints.write(
                     checkpoint, self.rank, self.view.observed,
@@ -299,7 +339,8 @@ class ShardServer:
                 self.embedding.release()
         if self.peer_gate.held:
             self.peer_gate.release(self.replicas.heard_at, self._redo_peer_op)
-        if self.replicas.slots.incoming:  # learn soon that slots moving here are ours
+        if self.replicas.slots.incoming or self.chunk_moves.incoming:  # learn soon that slots
+            # or chunks moving here are ours
             self.link.hurry()
 
     def _refused(self, reply: Message) -> bool:
