@@ -2,7 +2,8 @@
 scheduler's side through Resharding, and ps/chunk_moves.py, the servers' side without
 sockets): which chunks move where, the hand-off, a move called off, the owner refusing a
 moving chunk, the next owner installing weights, version and per-group rule state, and what
-a group policy gathered or a step staged for a leaving chunk."""
+a group policy gathered or a step staged for a leaving chunk; and the server ranks
+``launch --restore`` starts for a checkpoint written after a drain."""
 
 from __future__ import annotations
 
@@ -178,3 +179,20 @@ def test_a_leaving_chunk_gets_its_gathered_group_and_loses_its_staged_steps() ->
     staging = StagedPushes()
     staging.stage("worker-0", "d", 5, [0, 1], [np.ones(8, np.float32)] * 2, [3, 3])
     assert staging.drop([("d", 0)]) == 1 and staging.chunks == 1
+
+
+def test_launch_restore_starts_the_ranks_the_checkpoint_holds(tmp_path) -> None:
+    import json
+
+    from hogshard.launcher import LocalCluster
+    from hogshard.proto.manifest import FORMAT, MANIFEST
+
+    (tmp_path / MANIFEST).write_text(json.dumps({"format": FORMAT, "servers": 2,
+                                                 "server_ranks": [1, 2], "files": []}))
+    cluster = LocalCluster(servers=2, workers=1, policy="async", command=["true"],
+                           restore=str(tmp_path))
+    assert cluster._server_ranks() == [1, 2]
+    assert LocalCluster(servers=2, workers=1, policy="async", command=["true"])._server_ranks() \
+        == [0, 1]
+    cluster.restore = str(tmp_path / "missing")  # the scheduler says what is wrong with it
+    assert cluster._server_ranks() == [0, 1]
