@@ -288,8 +288,11 @@ class ShardServer:
     # ---- the scheduler ------------------------------------------------------------------------
 
     def _send_heartbeat(self, now: float) -> None:
+        moved = self.chunk_moves.moved
         fields: dict[str, Any] = {"stats": {**self.stats.to_wire(),
-                                            "embeddings": self.embeddings.summary()},
+                                            "embeddings": self.embeddings.summary(),
+                                            **({"chunks_moved": dict(moved)}
+                                               if any(moved.values()) else {})},
                                   "map_epoch": self.replicas.map_epoch,
                                   "incarnation": self.incarnation}
         if self.checkpoints.report is not None:

@@ -52,6 +52,12 @@ class DenseJob(Job):
         return self.weights.copy()
 
 
+def _chunks_moved(job: DenseJob, rank: int) -> dict[str, Any] | None:
+    member = next(m for m in job.status()["members"] if m["node_id"] == f"server-{rank}")
+    moved = (member.get("stats") or {}).get("chunks_moved")
+    return moved if moved and moved["chunks_out"] else None
+
+
 @pytest.mark.integration
 @pytest.mark.timeout(150, method="signal")
 def test_a_drained_server_hands_over_its_dense_chunks_and_can_then_stop(
@@ -68,6 +74,10 @@ def test_a_drained_server_hands_over_its_dense_chunks_and_can_then_stop(
         placement = job.status()["embedding_slots"]
         assert "0" not in placement["dense"] and placement["chunks_moving"] == 0, placement
         assert placement["moves"][-1]["chunks"] == len(held), placement
+        moved = procs.wait_until(lambda: _chunks_moved(job, 0), 10.0,
+                                 "server 0's heartbeat to count the chunks it moved",
+                                 on_timeout=procs.report)
+        assert moved["chunks_out"] == len(held) and moved["bytes_out"] > 0, moved
         job.servers[0].signal_group(signal.SIGTERM)
         assert job.servers[0].wait(15.0) is not None
         procs.wait_until(lambda: not job.live(0), 10.0, "server 0 to be gone",
