@@ -16,7 +16,7 @@ Example (what the shard server does)::
     moves = ChunkMoves(context, security, "server-0", rank=0)
     moves.adopt(reply.header, store)        # from a heartbeat reply
     moves.check("push", message)            # NotOwnerError for a chunk that is moving
-    moves.send(store, before=flush)         # copy what must move
+    moves.step(now, store, before=settle)   # copy what is due; True: report it now
 """
 
 from __future__ import annotations
@@ -127,6 +127,16 @@ class ChunkMoves:
 
     def due(self, now: float) -> bool:
         return any(t <= now for t in self._pending.values())
+
+    def step(self, now: float, store: DenseStore,
+             before: Callable[[list[Key]], None]) -> bool:
+        """Copy what is due (:meth:`send`); True when a next owner acknowledged chunks since
+        the last step (the heartbeat that reports them should go at once)."""
+        if self.due(now):
+            self.send(store, before)
+        reported = len(self.report())
+        more, self.reported = reported > self.reported, reported
+        return more
 
     def send(self, store: DenseStore, before: Callable[[list[Key]], None]) -> None:
         """Copy the chunks due to their next owners, one ``chunk_handoff`` each; ``before``

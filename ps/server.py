@@ -189,8 +189,9 @@ class ShardServer:
                     self._read_scheduler()
                 self.primary.read(events)
                 self.chunk_moves.read(events)
-                if self.chunk_moves.out:
-                    self._move_chunks(now)
+                if self.chunk_moves.out and self.chunk_moves.step(now, self.store,
+                                                                  self._settle_chunks):
+                    self.link.now()  # a next owner acknowledged chunks: say so at once
                 if self.replicas.slots.handoffs:
                     self._report_handoffs()
                 if self._sock in events:
@@ -247,16 +248,6 @@ class ShardServer:
 
     def _chunk_handoff(self, identity: bytes, msg: Message) -> tuple[dict[str, Any], list[Any]]:
         return self.chunk_moves.install(self.store, msg)
-
-    def _move_chunks(self, now: float) -> None:
-        """Copy the dense chunks leaving this server once their updates are settled; tell
-        the scheduler at once when a next owner acknowledged some."""
-        if self.chunk_moves.due(now):
-            self.chunk_moves.send(self.store, self._settle_chunks)
-        reported = len(self.chunk_moves.report())
-        if reported > self.chunk_moves.reported:
-            self.link.now()
-        self.chunk_moves.reported = reported
 
     def _settle_chunks(self, chunks: list[tuple[str, int]]) -> None:
         """Before chunks leave: every update applied, and what a group policy gathered."""
