@@ -19,9 +19,9 @@ DLRM part: ``hogshard launch --servers 2 --workers 2 -- python examples/dlrm.py`
 data (``--dlrm-pipeline``, ``--dlrm-cache K`` pass the pipeline and cache on); its report has
 the cluster's samples/s and the single-process baseline's.
 
-Table-scaling part (``--table-scaling``, alone): one request of the same unique ids spread
-over 1, 8 and 26 tables at dim 16 and 64 through the same server, beside local bags
-(benchmarks/table_scaling.py).
+Table-scaling part (``--table-scaling``, alone): one request of the same unique ids (26 x 256
+and 26 x 2048) spread over 1, 8 and 26 tables at dim 16 and 64 through the same server,
+beside local bags (benchmarks/table_scaling.py).
 
 Usage::
 
@@ -197,8 +197,9 @@ def scaling_only(json_path: Path | None, repeats: int) -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="hogshard-emb-") as tmp:
             address = start_cluster(Path(tmp), children)
-            for dim in (16, 64):
-                rows += table_scaling(address, dim, total=26 * 2048, repeats=repeats)
+            for total in (26 * 256, 26 * 2048):  # a DLRM batch of 256 ids per table; 2048
+                for dim in (16, 64):
+                    rows += table_scaling(address, dim, total=total, repeats=repeats)
     finally:
         for child in children:
             child.kill()
@@ -231,7 +232,7 @@ def main() -> int:
                         help="only the table-scaling part: 1, 8, 26 tables, the same ids")
     args = parser.parse_args()
     if args.table_scaling:
-        return scaling_only(args.json, 20 if args.quick else 60)
+        return scaling_only(args.json, 10 if args.quick else 30)
     if args.zipf_exponent <= 0 or args.cache_staleness < 0:
         parser.error("--zipf-exponent must be > 0 and --cache-staleness >= 0")
     ids: dict[str, Any] = {"id_dist": args.id_dist, "zipf_exponent": args.zipf_exponent}

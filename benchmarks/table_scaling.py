@@ -30,7 +30,7 @@ def table_scaling(address: str, dim: int, total: int, counts: Sequence[int] = (1
     try:
         for count in counts:
             per = total // count
-            tables = [client.embedding_table(f"scale{dim}-{count}-{t}", dim, 10**6)
+            tables = [client.embedding_table(f"scale{dim}-{total}-{count}-{t}", dim, 10**6)
                       for t in range(count)]
             ids = [np.sort(rng.choice(10**6, per, replace=False)).astype(np.int64)
                    for _ in range(count)]
