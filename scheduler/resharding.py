@@ -244,8 +244,8 @@ class Resharding:
             raise ProtocolError(f"field 'rank' must be a server rank >= 0; got {rank!r}")
         moving = self.moving()
         if moving:
-            raise ConflictError(f"{moving} embedding slots are still moving; wait until they "
-                                "have moved (hogshard embeddings show)")
+            raise ConflictError(f"{moving} embedding slots and dense chunks are still moving; "
+                                "wait until they have moved (hogshard embeddings show)")
         return rank
 
     def _rebalance(self, members: list[int], why: str, chunks: int = 0) -> dict[str, Any]:

@@ -76,10 +76,8 @@ def test_resharding_drains_dense_chunks_with_the_slots_and_counts_them() -> None
     assert status["moving"] == status["moves"][-1]["slots"] + 1
     assert shards.replica_fields(members.get("server-0"), None)["chunk_moves"]["out"] \
         == [["d", 0, 1]]
-    for rank in (0,):  # hand every slot over; the chunk is still moving
-        resharding.handed_off(rank, [[c.chunk_id, c.backup]
-                                     for c in shards.tables[EMBEDDING_MAP].chunks
-                                     if c.backup >= 0])
+    resharding.handed_off(0, [[c.chunk_id, c.backup]  # every slot: the chunk still moves
+                              for c in shards.tables[EMBEDDING_MAP].chunks if c.backup >= 0])
     assert resharding.moving() == 1 and resharding.moves[-1]["seconds"] is None
     with pytest.raises(ConflictError, match="still moving"):
         resharding.add(0, members.live("server"))
