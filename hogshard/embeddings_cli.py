@@ -42,7 +42,8 @@ def _common(command: Any) -> Any:
 
 def _wait_option(command: Any) -> Any:
     return option("wait", default=0.0, type=click.FloatRange(min=0.0),
-                  help="seconds to wait until no slot is moving (0: return at once)")(command)
+                  help="seconds to wait until no slot or dense chunk is moving (0: return "
+                  "at once)")(command)
 
 
 def _line(placement: dict[str, Any]) -> str:
@@ -99,7 +100,8 @@ def _still_holds(rank: int, dense: list[str]) -> str:
 
 @click.group()
 def embeddings() -> None:
-    """Move the embedding slots of a running job between servers (--embedding-slots)."""
+    """Move the embedding slots of a running job between servers (--embedding-slots), and a
+    drained server's dense chunks, so that it can then be stopped."""
 
 
 @embeddings.command("add")
