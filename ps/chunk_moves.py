@@ -214,6 +214,20 @@ class ChunkMoves:
         """``[[table, chunk id, next owner], ...]`` acknowledged (heartbeat ``handed_chunks``)."""
         return [[t, c, self.out[(t, c)]] for t, c in sorted(self._acked) if (t, c) in self.out]
 
+    def handed(self) -> set[Key]:
+        """Chunks whose copy the next owner acknowledged (it holds them whole; a restarted
+        scheduler learns them from it, not from this server)."""
+        return {key for key in self._acked if key in self.out} | self.gone
+
+    def reset(self) -> None:
+        """Registered again (a restarted scheduler, or this server declared dead): the moves
+        are off, and a chunk still held here is served again if the map names this server
+        (a scheduler that declared it dead called its moves off; a restarted one placed each
+        chunk where a server reported it: here, unless the next owner acknowledged a copy)."""
+        self.out, self.incoming, self._pending, self._sent = {}, {}, {}, {}
+        self._acked.clear()
+        self.reported = 0
+
     # ---- the next owner ---------------------------------------------------------------------
 
     def install(self, store: DenseStore, msg: Message) -> tuple[dict[str, Any], list[Any]]:

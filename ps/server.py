@@ -362,6 +362,7 @@ class ShardServer:
             return True
         self._registered(registration)
         self.replicas.slots.required = registration.embedding_slots
+        self.chunk_moves.reset()  # a chunk move in progress is called off
         # declared dead and back: own nothing until told
         for held in self.replicas.forget_roles():
             self._core.fail(held.identity, held.request_id, NotOwnerError(
@@ -400,6 +401,7 @@ class ShardServer:
     def _table_report(self) -> dict[str, Any]:
         """The dense tables held here, for ``register`` (PROTOCOL.md): spec and own chunks."""
         report = {}
+        handed = self.chunk_moves.handed()  # their next owner reports them
         for name, table in self.store.tables.items():
             if name not in self.store.sizes:
                 continue  # initialised by a client that did not send the size
@@ -410,7 +412,8 @@ class ShardServer:
                           "rule": table.rule_spec},
                 "chunks": [[c.chunk_id, c.offset, c.weights.size]
                            for c in table.chunks.values()
-                           if roles is None or roles.get(c.chunk_id, (-1,))[0] == self.rank],
+                           if (roles is None or roles.get(c.chunk_id, (-1,))[0] == self.rank)
+                           and (name, c.chunk_id) not in handed],
             }
         return report
 

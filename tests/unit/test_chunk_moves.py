@@ -194,3 +194,16 @@ def test_launch_restore_starts_the_ranks_the_checkpoint_holds(tmp_path) -> None:
         == [0, 1]
     cluster.restore = str(tmp_path / "missing")  # the scheduler says what is wrong with it
     assert cluster._server_ranks() == [0, 1]
+
+
+def test_registering_again_calls_the_moves_off_and_a_handed_chunk_is_not_reported() -> None:
+    owner = ChunkMoves(zmq.Context.instance(), None, "server-0", 0)
+    store = store_with_chunks()
+    owner.adopt(moves_reply([["d", 0, 1], ["d", 1, 1]], []), store)
+    owner._acked.add(("d", 0))  # chunk 0's copy acknowledged, chunk 1's not yet
+    assert owner.handed() == {("d", 0)}  # a restarted scheduler learns it from server 1
+    owner.reset()
+    assert owner.handed() == set() and not owner.active
+    owner.check("push", Message({"op": "push", "id": 1, "table": "d", "chunks": [0, 1]}))
+    assert sorted(store.tables["d"].chunks) == [0, 1]  # kept: served if the map says so
+    owner.close()
