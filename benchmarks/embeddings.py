@@ -19,10 +19,15 @@ DLRM part: ``hogshard launch --servers 2 --workers 2 -- python examples/dlrm.py`
 data (``--dlrm-pipeline``, ``--dlrm-cache K`` pass the pipeline and cache on); its report has
 the cluster's samples/s and the single-process baseline's.
 
+Table-scaling part (``--table-scaling``, alone): one request of the same unique ids (26 x 256
+and 26 x 2048) spread over 1, 8 and 26 tables at dim 16 and 64 through the same server,
+beside local bags (benchmarks/table_scaling.py).
+
 Usage::
 
     .venv/bin/python benchmarks/embeddings.py --quick
     .venv/bin/python benchmarks/embeddings.py --json /tmp/embeddings.json
+    .venv/bin/python benchmarks/embeddings.py --table-scaling
 """
 
 from __future__ import annotations
@@ -183,6 +188,28 @@ def dlrm_bench(samples: int, workdir: Path, batch: int, extra: Sequence[str] = (
     return out
 
 
+def scaling_only(json_path: Path | None, repeats: int) -> int:
+    """The table-scaling part alone (benchmarks/table_scaling.py)."""
+    from table_scaling import print_rows, table_scaling
+
+    children: list[subprocess.Popen] = []
+    rows = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="hogshard-emb-") as tmp:
+            address = start_cluster(Path(tmp), children)
+            for total in (26 * 256, 26 * 2048):  # a DLRM batch of 256 ids per table; 2048
+                for dim in (16, 64):
+                    rows += table_scaling(address, dim, total=total, repeats=repeats)
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()
+    print_rows(rows)
+    if json_path:
+        json_path.write_text(json.dumps({"table_scaling": rows}, indent=2))
+    return 0
+
+
 def main() -> int:
     sys.path.insert(0, str(REPO))
     from hogshard.recsys_data import DEFAULT_ZIPF_EXPONENT, ID_DISTS, synthetic_criteo
@@ -201,7 +228,11 @@ def main() -> int:
                         help="how the synthetic ids are drawn (default zipf)")
     parser.add_argument("--zipf-exponent", type=float, default=DEFAULT_ZIPF_EXPONENT,
                         metavar="S", help=f"the Zipf exponent (default {DEFAULT_ZIPF_EXPONENT})")
+    parser.add_argument("--table-scaling", action="store_true",
+                        help="only the table-scaling part: 1, 8, 26 tables, the same ids")
     args = parser.parse_args()
+    if args.table_scaling:
+        return scaling_only(args.json, 10 if args.quick else 30)
     if args.zipf_exponent <= 0 or args.cache_staleness < 0:
         parser.error("--zipf-exponent must be > 0 and --cache-staleness >= 0")
     ids: dict[str, Any] = {"id_dist": args.id_dist, "zipf_exponent": args.zipf_exponent}

@@ -95,7 +95,8 @@ def checkpoint_options(command):
 def restore_option(command):
     return option("restore", default=None, type=click.Path(exists=True, file_okay=False),
                   help="resume from this checkpoint (a ckpt-N folder, or its parent: LATEST); "
-                  "the number of servers and their ranks must match; the scheduler takes "
+                  "the number of servers must match and each server comes back under a rank "
+                  "that wrote it (launch starts those ranks); the scheduler takes "
                   "the checkpoint's policy, not --policy (docs/LIFECYCLE.md: ranks and data "
                   "of a resumed job)")(command)
 

@@ -3,10 +3,11 @@ whose scheduler runs with ``--embedding-slots N``; PROTOCOL.md section 13.4).
 
 ``add RANK`` puts a live server (e.g. one started after the job's ``--servers``) into the
 placement: the slots it wins by rendezvous hashing move to it, about 1/(S+1) of them.
-``drain RANK`` takes one out: its slots move to the others, after which it holds no rows;
-dense chunks do not move, so it can be stopped only if it holds none (``drain`` says which
-dense tables still hold it). Training goes on meanwhile. ``--wait SECONDS`` returns once no slot is
-moving (exit 1 if that takes longer); ``show`` prints the placement.
+``drain RANK`` takes one out: its slots and the chunks of its dense tables (those without
+replication) move to the others, after which it holds nothing and can be stopped (with
+``--wait``, ``drain`` says so, or which dense tables still hold it). Training goes on
+meanwhile. ``--wait SECONDS`` returns once nothing is moving (exit 1 if that takes longer);
+``show`` prints the placement.
 
 Example::
 
@@ -41,14 +42,18 @@ def _common(command: Any) -> Any:
 
 def _wait_option(command: Any) -> Any:
     return option("wait", default=0.0, type=click.FloatRange(min=0.0),
-                  help="seconds to wait until no slot is moving (0: return at once)")(command)
+                  help="seconds to wait until no slot or dense chunk is moving (0: return "
+                  "at once)")(command)
 
 
 def _line(placement: dict[str, Any]) -> str:
     owners = ", ".join(f"server {rank}: {count}" for rank, count in
                        sorted(placement["owners"].items(), key=lambda kv: int(kv[0])))
+    chunks = placement.get("chunks_moving") or 0
+    moving = placement["moving"] - chunks
     return (f"{placement['slots']} slots on members {placement['members']} ({owners}); "
-            f"{placement['moving']} moving, {placement['moved']} moved so far")
+            f"{moving} moving, {placement['moved']} moved so far"
+            + (f"; {chunks} dense chunks moving" if chunks else ""))
 
 
 def _placement(scheduler: str, timeout: float, keys: str | None) -> dict[str, Any]:
@@ -63,35 +68,40 @@ def _change(op: str, scheduler: str, timeout: float, keys: str | None, wait: flo
             rank: int) -> None:
     placement = call_scheduler(scheduler, op, {"rank": rank}, timeout, keys)
     click.echo(_line(placement))
-    dense = placement.get("dense_tables")
+    draining = "dense_tables" in placement
     if wait <= 0:
-        if dense:
-            click.echo(_still_holds(rank, dense))
+        if placement.get("dense_tables"):
+            click.echo(f"the chunks of dense tables {placement['dense_tables']} move from "
+                       f"server {rank} too; wait until nothing moves before stopping it")
         return
     deadline = time.monotonic() + wait
     while placement["moving"]:
         if time.monotonic() >= deadline:
-            raise click.ClickException(f"{placement['moving']} slots still moving after "
-                                       f"{wait:.1f} s")
+            raise click.ClickException(f"{placement['moving']} slots and dense chunks still "
+                                       f"moving after {wait:.1f} s")
         time.sleep(POLL_S)
         placement = _placement(scheduler, timeout, keys)
     click.echo(_line(placement))
+    if not draining:
+        return
+    dense = (placement.get("dense") or {}).get(str(rank), [])
     if dense:
         click.echo(_still_holds(rank, dense))
-    elif dense is not None:
+    else:
         click.echo(f"server {rank} holds no embedding slot and no dense chunk: it can be "
                    "stopped")
 
 
 def _still_holds(rank: int, dense: list[str]) -> str:
-    return (f"server {rank} still holds chunks of dense tables {dense}, which do not move: "
-            "do not stop it (a job without replication fails when a server holding chunks "
-            "is gone)")
+    return (f"server {rank} still holds chunks of dense tables {dense} (a move was called "
+            "off, or they are replicated): do not stop it (a job without replication fails "
+            "when a server holding chunks is gone)")
 
 
 @click.group()
 def embeddings() -> None:
-    """Move the embedding slots of a running job between servers (--embedding-slots)."""
+    """Move the embedding slots of a running job between servers (--embedding-slots), and a
+    drained server's dense chunks, so that it can then be stopped."""
 
 
 @embeddings.command("add")
@@ -108,9 +118,10 @@ def add(scheduler: str, timeout: float, keys: str | None, wait: float, rank: int
 @_wait_option
 @click.argument("rank", type=click.IntRange(min=0))
 def drain(scheduler: str, timeout: float, keys: str | None, wait: float, rank: int) -> None:
-    """Move every slot of server RANK to the others. Its dense chunks do not move: with
-    --wait, it says whether RANK can then be stopped (no slot and no dense chunk left) or
-    which dense tables still hold it (stopping it would end the job)."""
+    """Move every slot of server RANK, and the chunks it holds of dense tables without
+    replication, to the others. With --wait, it says once they have moved that RANK can then
+    be stopped (no slot and no dense chunk left), or which dense tables still hold it
+    (stopping it would end the job)."""
     _change("drain_embedding_server", scheduler, timeout, keys, wait, rank)
 
 

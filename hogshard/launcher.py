@@ -29,6 +29,7 @@ import zmq
 
 from hogshard.proto.config import env_name
 from hogshard.proto.errors import ConfigError, HogshardError, RequestTimeoutError
+from hogshard.proto.manifest import load_manifest, manifest_ranks, resolve_checkpoint
 from hogshard.proto.policy import parse_policy
 from hogshard.proto.roles import Role
 from hogshard.proto.security import load_security
@@ -200,7 +201,7 @@ class LocalCluster:
                 self._emit(f"[launch] CURVE on: keys from {self.keys}" if self.keys else
                            "[launch] no --keys: plain TCP on 127.0.0.1 (loopback only)")
                 self._scheduler_address = scheduler
-                for rank in range(self.servers):
+                for rank in self._server_ranks():
                     self._start_server(scheduler, rank)
                 threads = max(1, (os.cpu_count() or 1) // self.workers)
                 workers = [
@@ -286,6 +287,19 @@ class LocalCluster:
             raise HogshardError(
                 f"{child.label} exited with code {child.process.returncode}; stopping the job"
             )
+
+    def _server_ranks(self) -> list[int]:
+        """0 .. --servers - 1, or with --restore the ranks whose files the checkpoint holds
+        (a job whose servers were added and drained, e.g. ranks 1 and 2)."""
+        if self.restore:
+            try:
+                ranks = manifest_ranks(load_manifest(resolve_checkpoint(Path(self.restore)),
+                                                     verify_ranks=set()))
+            except HogshardError:
+                ranks = []  # the scheduler says what is wrong with it
+            if len(ranks) == self.servers:
+                return ranks
+        return list(range(self.servers))
 
     def _start_server(self, scheduler: str, rank: int, restore: bool = True) -> None:
         self._spawn("server", rank, self._hogshard(

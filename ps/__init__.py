@@ -29,6 +29,7 @@ group_replies.py              GroupReplies, HeldReply: replies waiting for their
 peer_gate.py                  PeerGate: who may send the server-to-server ops
 embedding_replica.py          shard_rows, install_rows: embedding shards between servers
 embedding_slots.py            SlotRoles: embedding slots served, handed off, dropped
+chunk_moves.py                ChunkMoves: dense chunks handed to another server by a drain
 scheduler_link.py             SchedulerLink, Registration: registration and heartbeats
 checkpoint.py                 ShardCheckpointer, save_shard, restore_shard
 export.py                     export_checkpoint: a checkpoint rewritten in the serving format

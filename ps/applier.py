@@ -228,6 +228,14 @@ class UpdateApplier:
             self._chunks.pop(key, None)
         return dropped
 
+    def flush(self, chunks: Collection[tuple[str, int]]) -> int:
+        """Apply now what the groups of ``chunks`` ((table, chunk id) pairs) gathered, as a
+        short group (a chunk that leaves this server); returns how many were applied."""
+        keys = [key for key in chunks if key in self._groups and self._groups[key].contributors]
+        for key in keys:
+            self._apply_group(key, None)
+        return len(keys)
+
     # ---- pulls ------------------------------------------------------------------------------
 
     def waiting_on(self, sender: str, table: str, chunk_ids: Sequence[int]) -> bool:

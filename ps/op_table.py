@@ -15,6 +15,7 @@ from typing import Any
 
 from hogshard.proto.ops import ADMINS, ANYONE, SERVERS, WORKERS, Field, OpSpec, op_table
 from hogshard.proto.roles import Role
+from hogshard.ps.chunk_moves import FIELDS as MOVE_FIELDS
 from hogshard.ps.embedding_ops import FIELDS as EMBEDDING_FIELDS
 from hogshard.ps.replica_ops import FIELDS as REPLICA_FIELDS
 
@@ -46,11 +47,12 @@ _ROLES: dict[str, frozenset[Role]] = {
     "stats": ANYONE, "ping": ANYONE,
     "emb_create": WORKERS, "emb_pull": WORKERS, "emb_push": WORKERS, "emb_stats": ANYONE,
     "emb_save": WORKERS | ADMINS, "emb_load": WORKERS | ADMINS,
-    **{op: SERVERS for op in REPLICA_FIELDS},
+    **{op: SERVERS for op in REPLICA_FIELDS}, **{op: SERVERS for op in MOVE_FIELDS},
 }
 
 #: Every op's header fields (without COMMON).
-FIELDS: dict[str, tuple[Field, ...]] = {**DENSE_FIELDS, **EMBEDDING_FIELDS, **REPLICA_FIELDS}
+FIELDS: dict[str, tuple[Field, ...]] = {**DENSE_FIELDS, **EMBEDDING_FIELDS, **REPLICA_FIELDS,
+                                         **MOVE_FIELDS}
 
 
 def on(path: str) -> Handler:

@@ -15,6 +15,8 @@ of which owns its state and is handed only the parts it uses:
   ops;
 - ``link`` (ps/scheduler_link.py): registration and the heartbeat timer;
 - ``checkpoints`` (ps/checkpoint.py): this shard's checkpoint files;
+- ``chunk_moves`` (ps/chunk_moves.py): dense chunks handed to another server when this one is
+  drained, or handed to this one;
 - the ops (PROTOCOL.md): ``dense`` (ps/dense_ops.py), embedding ops (ps/embedding_ops.py),
   backup ops (ps/replica_ops.py), in the op table of ps/op_table.py.
 
@@ -46,6 +48,7 @@ from hogshard.proto.transport import ERROR, RpcChannel, bind_router, readable
 from hogshard.proto.wire import DEFAULT_LIMITS, Limits, Message
 from hogshard.ps.applier import UpdateApplier
 from hogshard.ps.checkpoint import ShardCheckpointer
+from hogshard.ps.chunk_moves import ChunkMoves
 from hogshard.ps.dense import DenseStore
 from hogshard.ps.dense_ops import DenseOps
 from hogshard.ps.embedding_ops import EmbeddingOps
@@ -122,6 +125,7 @@ class ShardServer:
         self.replicas = Replicator(self._context, security, registration.heartbeat_timeout,
                                    sender=self.node_id)
         self.replicas.slots.required = registration.embedding_slots
+        self.chunk_moves = ChunkMoves(self._context, security, self.node_id, self.rank)
         if restore:
             self._restore(restore)
         self.updates: UpdateExecutor = ThreadedUpdates(
@@ -177,6 +181,7 @@ class ShardServer:
                 if self.link.due(now):
                     self._send_heartbeat(now)
                 self.primary.watch(poller)
+                self.chunk_moves.watch(poller)
                 events = dict(poller.poll(self.link.timeout_ms(now)))
                 if updates is not None and updates in events:
                     self.updates.collect()
@@ -185,6 +190,10 @@ class ShardServer:
                 self.primary.read(events)
                 if self.replicas.groups:
                     self.primary.flush_stalled(now, self.applier)
+                self.chunk_moves.read(events)
+                if self.chunk_moves.out and self.chunk_moves.step(now, self.store,
+                                                                  self._settle_chunks):
+                    self.link.now()  # a next owner acknowledged chunks: say so at once
                 if self.replicas.slots.handoffs:
                     self._report_handoffs()
                 if self._sock in events:
@@ -201,6 +210,7 @@ class ShardServer:
     def close(self) -> None:
         self.updates.close()
         self.replicas.close()
+        self.chunk_moves.close()
         self._sock.close(0)
         self.dense.shm.close()
         self.link.close()
@@ -218,6 +228,8 @@ class ShardServer:
             raise NotOwnerError(
                 f"{self.node_id} is a new process (incarnation {self.incarnation}); the request "
                 f"was for incarnation {message.get('incarnation')}: fetch the map and retry")
+        if self.chunk_moves.active:
+            self.chunk_moves.check(message.op, message)
         result = spec.handler(self, identity, message)
         if self.embedding.gate.held:  # any op may have moved a worker's clock
             self.embedding.release()
@@ -236,6 +248,20 @@ class ShardServer:
             message.op, lambda: spec.handler(self, identity, message))
         self._core.answer(identity, message.request_id, result)
 
+    def _chunk_handoff(self, identity: bytes, msg: Message) -> tuple[dict[str, Any], list[Any]]:
+        return self.chunk_moves.install(self.store, msg)
+
+    def _settle_chunks(self, chunks: list[tuple[str, int]]) -> None:
+        """Before chunks leave: every update applied, and what a group policy gathered."""
+        self.updates.settle()
+        if self.applier.flush(chunks):
+            self.updates.settle()
+        dropped = self.dense.staging.drop(chunks)
+        if dropped:
+            self.chunk_moves.moved["dropped_staged"] += dropped
+            log.warning("%s: %d staged gradients of chunks leaving this server dropped (their "
+                        "steps had not closed)", self.node_id, dropped)
+
     def _ping(self, identity: bytes, msg: Message) -> tuple[dict[str, Any], list[Any]]:
         return {}, []
 
@@ -249,13 +275,17 @@ class ShardServer:
         "emb_save": on("embedding.save"), "emb_load": on("embedding.load"),
         "replicate": on("backup.replicate"), "replica_snapshot": on("backup.replica_snapshot"),
         "emb_replicate": on("backup.emb_replicate"), "emb_snapshot": on("backup.emb_snapshot"),
+        "chunk_handoff": _chunk_handoff,
     })
 
     # ---- the scheduler ------------------------------------------------------------------------
 
     def _send_heartbeat(self, now: float) -> None:
+        moved = self.chunk_moves.moved
         fields: dict[str, Any] = {"stats": {**self.stats.to_wire(),
-                                            "embeddings": self.embeddings.summary()},
+                                            "embeddings": self.embeddings.summary(),
+                                            **({"chunks_moved": dict(moved)}
+                                               if any(moved.values()) else {})},
                                   "map_epoch": self.replicas.map_epoch,
                                   "incarnation": self.incarnation}
         if self.checkpoints.report is not None:
@@ -263,6 +293,9 @@ class ShardServer:
         handed_off = self.replicas.slots.ready(self.replicas.links)
         if handed_off:
             fields["handed_off"] = handed_off
+        handed_chunks = self.chunk_moves.report()
+        if handed_chunks:
+            fields["handed_chunks"] = handed_chunks
         self.link.send_heartbeat(now, fields)
 
     def _report_handoffs(self) -> None:
@@ -284,6 +317,7 @@ class ShardServer:
                 self.updates.settle()  # both read or move weights wholesale
             if "assignments" in reply.header:
                 self.replicas.take_assignments(reply, self.store, self.rank, self.embeddings)
+                self.chunk_moves.adopt(reply, self.store)
                 self.link.hurry()  # say soon that this map is known (a worker may wait on it)
             if isinstance(checkpoint, dict) and self.checkpoints.write(
                     checkpoint, self.rank, self.view.observed,
@@ -301,7 +335,8 @@ class ShardServer:
                 self.embedding.release()
         if self.peer_gate.held:
             self.peer_gate.release(self.replicas.heard_at, self._redo_peer_op)
-        if self.replicas.slots.incoming:  # learn soon that slots moving here are ours
+        if self.replicas.slots.incoming or self.chunk_moves.incoming:  # learn soon that slots
+            # or chunks moving here are ours
             self.link.hurry()
 
     def _refused(self, reply: Message) -> bool:
@@ -329,6 +364,7 @@ class ShardServer:
             return True
         self._registered(registration)
         self.replicas.slots.required = registration.embedding_slots
+        self.chunk_moves.reset()  # a chunk move in progress is called off
         # declared dead and back: own nothing until told, hold no group of a chunk it owned
         self.applier.discard(list(self.replicas.roles))
         for held in self.replicas.forget_roles():
@@ -368,6 +404,7 @@ class ShardServer:
     def _table_report(self) -> dict[str, Any]:
         """The dense tables held here, for ``register`` (PROTOCOL.md): spec and own chunks."""
         report = {}
+        handed = self.chunk_moves.handed()  # their next owner reports them
         for name, table in self.store.tables.items():
             if name not in self.store.sizes:
                 continue  # initialised by a client that did not send the size
@@ -378,7 +415,8 @@ class ShardServer:
                           "rule": table.rule_spec},
                 "chunks": [[c.chunk_id, c.offset, c.weights.size]
                            for c in table.chunks.values()
-                           if roles is None or roles.get(c.chunk_id, (-1,))[0] == self.rank],
+                           if (roles is None or roles.get(c.chunk_id, (-1,))[0] == self.rank)
+                           and (name, c.chunk_id) not in handed],
             }
         return report
 

@@ -70,6 +70,16 @@ class StagedPushes:
         for key in [k for k in self._staged if k[0] not in senders]:
             del self._staged[key]
 
+    def drop(self, chunks: Collection[tuple[str, int]]) -> int:
+        """Drop what is staged for ``chunks`` ((table, chunk id) pairs: they leave this
+        server); returns how many gradients were dropped."""
+        dropped = 0
+        for (_, table), staged in self._staged.items():
+            for chunk_id in [c for c in staged.chunks if (table, c) in chunks]:
+                del staged.chunks[chunk_id]
+                dropped += 1
+        return dropped
+
     @property
     def chunks(self) -> int:
         """Gradients held now."""

@@ -15,6 +15,8 @@
                               ``check_replication``: chain replication's placement (pure)
 ``resharding.py``             :class:`Resharding`, ``rendezvous_owners``: embedding slots placed
                               by rendezvous hashing, moved as servers are added or drained
+``chunk_moves.py``            ``plan_moves``, ``hand_over``, ``moves_of``: a drained server's
+                              dense chunks moved to the others (pure)
 ``recovery.py``               ``parse_table_report``, ``merge_chunks``: servers' reports (pure)
 ``policy_control.py``         :class:`PolicyControl`: the policy in force and its changes
                               (the policies themselves are ``proto/policy.py``)

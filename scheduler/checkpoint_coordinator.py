@@ -134,8 +134,8 @@ class RestoredJob:
 
     def round(self, describe: Callable[[], Reply]) -> Round:
         """The checkpoint as a complete round, to restore lost servers from."""
-        servers = int(self.manifest["servers"])
-        return Round(self.path, set(range(servers)), describe, 0.0, manifest=self.manifest)
+        return Round(self.path, set(manifest_ranks(self.manifest)), describe, 0.0,
+                     manifest=self.manifest)
 
 
 def restore_job(path: Path, expected_servers: int) -> RestoredJob:
@@ -143,18 +143,16 @@ def restore_job(path: Path, expected_servers: int) -> RestoredJob:
     ckpt = resolve_checkpoint(path)
     manifest = load_manifest(ckpt)
     ranks = manifest_ranks(manifest)
-    if ranks != list(range(len(ranks))):
-        raise ConfigError(f"checkpoint {ckpt} was written by servers of ranks {ranks}; a "
-                          "restored job starts servers of ranks 0 .. --servers - 1 in place of "
-                          "the ranks the shard map names, so it cannot restore this one (take "
-                          "checkpoints while the live server ranks are 0 .. S-1)")
-    if manifest.get("servers") != expected_servers:
-        raise ConfigError(f"checkpoint {ckpt} was written by {manifest.get('servers')} "
-                          f"servers; this job expects {expected_servers} (--servers "
-                          "must match: the shard map names server ranks)")
+    if len(ranks) != expected_servers:
+        raise ConfigError(f"checkpoint {ckpt} was written by {len(ranks)} servers (ranks "
+                          f"{ranks}); this job expects {expected_servers} (--servers must "
+                          "match: the shard map names server ranks)")
+    # a chunk or slot that was moving when the checkpoint was taken is its owner's (the
+    # next owner was not asked for it); backups of an unreplicated table are such moves
     tables = {name: PlacedTable(DenseTableSpec(**view["table"]),
-                                [Chunk.from_wire(c) for c in view["chunks"]], ready=True,
-                                slots=int(view.get("slots") or 0))
+                                [Chunk.from_wire(c[:4] if (view.get("replication") or 1) < 2
+                                                 else c) for c in view["chunks"]],
+                                ready=True, slots=int(view.get("slots") or 0))
               for name, view in manifest.get("tables", {}).items()}
     job = RestoredJob(ckpt, manifest, parse_policy(manifest["policy"]), tables,
                       min(manifest.get("clocks", {}).values(), default=0),

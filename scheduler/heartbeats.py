@@ -66,6 +66,8 @@ class Heartbeats:
             member.map_epoch = msg.get("map_epoch")
         if member.role == "server" and msg.get("handed_off") is not None:
             self._shard_map.resharding.handed_off(member.rank, msg.get("handed_off"))
+        if member.role == "server" and msg.get("handed_chunks") is not None:
+            self._shard_map.resharding.chunks_handed_off(member.rank, msg.get("handed_chunks"))
         # workers are told first; servers once the workers are gone and the final checkpoint
         # is written (scheduler/lifecycle.py)
         shutdown = self._lifecycle.servers_told if member.role == "server" \

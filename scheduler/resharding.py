@@ -12,6 +12,8 @@ A slot that must move keeps its owner as primary and names the new owner as its 
 it moves. The owner stops serving it, copies its rows (values and optimizer state) to the new
 owner, and reports the copy in a heartbeat once the new owner has acknowledged it; then the
 slot is the new owner's (:meth:`Resharding.handed_off`). The map epoch moves at each step.
+A drained server's dense chunks move the same way (scheduler/chunk_moves.py), so it can then
+be stopped.
 
 Example::
 
@@ -33,6 +35,7 @@ import numpy as np
 from hogshard.proto.errors import ConfigError, ConflictError, ProtocolError
 from hogshard.proto.hashing import splitmix64
 from hogshard.proto.tables import EMBEDDING_MAP, Chunk, DenseTableSpec
+from hogshard.scheduler import chunk_moves
 from hogshard.scheduler.membership import Member
 from hogshard.scheduler.placement import PlacedTable
 
@@ -200,8 +203,13 @@ class Resharding:
         return True
 
     def moving(self) -> int:
+        """Slots moving now, and dense chunks leaving a drained server."""
         table = self.table
-        return 0 if table is None else sum(1 for c in table.chunks if c.backup >= 0)
+        slots = 0 if table is None else sum(1 for c in table.chunks if c.backup >= 0)
+        return slots + self.chunks_moving()
+
+    def chunks_moving(self) -> int:
+        return chunk_moves.moving(self._map.tables)
 
     def add(self, rank: Any, live: list[Member]) -> dict[str, Any]:
         """Add live server ``rank`` to the placement: the slots it wins start moving to it."""
@@ -215,7 +223,8 @@ class Resharding:
         return self._rebalance(sorted([*self.members, rank]), f"server {rank} added")
 
     def drain(self, rank: Any) -> dict[str, Any]:
-        """Take server ``rank`` out of the placement: its slots start moving to the others."""
+        """Take server ``rank`` out of the placement: its slots and the chunks of its
+        unreplicated dense tables start moving to the others."""
         rank = self._check(rank)
         if rank not in self.members:
             raise ConflictError(f"server {rank} holds no embedding slots; members "
@@ -223,7 +232,9 @@ class Resharding:
         if len(self.members) == 1:
             raise ConflictError(f"server {rank} is the only one holding embedding slots; add "
                                 "another before draining it")
-        return self._rebalance([r for r in self.members if r != rank], f"server {rank} drained")
+        members = [r for r in self.members if r != rank]
+        chunks = chunk_moves.plan_moves(self._map.tables, rank, members)
+        return self._rebalance(members, f"server {rank} drained", chunks)
 
     def _check(self, rank: Any) -> int:
         if self.table is None:
@@ -233,11 +244,11 @@ class Resharding:
             raise ProtocolError(f"field 'rank' must be a server rank >= 0; got {rank!r}")
         moving = self.moving()
         if moving:
-            raise ConflictError(f"{moving} embedding slots are still moving; wait until they "
-                                "have moved (hogshard embeddings show)")
+            raise ConflictError(f"{moving} embedding slots and dense chunks are still moving; "
+                                "wait until they have moved (hogshard embeddings show)")
         return rank
 
-    def _rebalance(self, members: list[int], why: str) -> dict[str, Any]:
+    def _rebalance(self, members: list[int], why: str, chunks: int = 0) -> dict[str, Any]:
         table = self.table
         assert table is not None
         owners = rendezvous_owners(self.slots, members)
@@ -246,14 +257,26 @@ class Resharding:
                         for c in table.chunks]
         self.members = members
         moving = self.moving()
-        self.moves.append({"event": why, "slots": moving, "started_at": time.time(),
-                           "seconds": None if moving else 0.0})
+        self.moves.append({"event": why, "slots": moving - chunks, "chunks": chunks,
+                           "started_at": time.time(), "seconds": None if moving else 0.0})
         del self.moves[:-MOVES_KEPT]
         self._move_started = time.monotonic()
-        self._map.changed(f"embedding slots: {why}, {moving} moving")
-        log.info("embedding slots: %s; %d of %d slots move (members %s)", why, moving,
-                 self.slots, members)
+        self._map.changed(f"embedding slots: {why}, {moving - chunks} moving"
+                          + (f", {chunks} dense chunks moving" if chunks else ""))
+        log.info("embedding slots: %s; %d of %d slots and %d dense chunks move (members %s)",
+                 why, moving - chunks, self.slots, chunks, members)
         return self.status()
+
+    def chunks_handed_off(self, rank: int, reports: Any) -> None:
+        """Server ``rank`` reports ``[[table, chunk id, next owner], ...]`` copied and
+        acknowledged: each such dense chunk is the next owner's."""
+        changed = chunk_moves.hand_over(self._map.tables, rank, reports)
+        if not changed:
+            return
+        self._end_move()
+        self._map.changed(f"dense chunks of {changed} handed off by server {rank}")
+        log.info("dense chunks of %s handed off by server %d (%d still moving)", changed,
+                 rank, self.chunks_moving())
 
     def handed_off(self, rank: int, reports: Any) -> None:
         """Server ``rank`` reports ``[[slot, new owner], ...]``: their rows are copied there
@@ -284,6 +307,11 @@ class Resharding:
         (without replication the rows of a dead owner are lost with it, as for dense chunks)."""
         table = self.table
         ranks = {m.rank for m in dead if m.role == "server"}
+        if chunk_moves.cancel(self._map.tables, ranks):
+            self._end_move()
+            self._map.changed(f"dense chunk moves from or to servers {sorted(ranks)} cancelled")
+            log.warning("dense chunks: servers %s died while chunks moved from or to them; "
+                        "those chunks stay with their owners", sorted(ranks))
         if table is None or not any(c.backup >= 0 and {c.server, c.backup} & ranks
                                     for c in table.chunks):
             return
@@ -308,4 +336,6 @@ class Resharding:
         for chunk in table.chunks if table is not None else []:
             owners[str(chunk.server)] = owners.get(str(chunk.server), 0) + 1
         return {"slots": self.slots, "members": list(self.members), "moving": self.moving(),
-                "moved": self.moved, "owners": owners, "moves": [dict(m) for m in self.moves]}
+                "chunks_moving": self.chunks_moving(), "moved": self.moved, "owners": owners,
+                "dense": chunk_moves.dense_held(self._map.tables),
+                "moves": [dict(m) for m in self.moves]}

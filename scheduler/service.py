@@ -320,8 +320,8 @@ class Scheduler:
         return unless_ending
 
     def _drain_embedding_server(self, msg: Message) -> Reply:
-        """Move the server's slots away; the reply names the dense tables it still holds
-        chunks of (their chunks do not move: stopping it would lose them)."""
+        """Move the server's slots and dense chunks away; the reply names the dense tables
+        whose chunks move with them."""
         rank = msg.header["rank"]
         placement = self.shard_map.resharding.drain(rank)
         return {**placement, "dense_tables": self.shard_map.dense_tables_of(rank)}

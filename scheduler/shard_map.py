@@ -27,6 +27,7 @@ from typing import Any
 from hogshard.proto.errors import ConflictError, HogshardError, ProtocolError, UnknownTableError
 from hogshard.proto.rule_groups import check_table_rule, group_starts
 from hogshard.proto.tables import DEFAULT_CHUNK_ELEMS, EMBEDDING_MAP, Chunk, DenseTableSpec
+from hogshard.scheduler import chunk_moves
 from hogshard.scheduler.membership import Member, Roster, server_list
 from hogshard.scheduler.placement import PlacedTable, plan_dense_table
 from hogshard.scheduler.recovery import MAX_CHUNKS, MAX_TABLE_ELEMS, TableReport, merge_chunks
@@ -235,6 +236,7 @@ class ShardMap:
             fields["assignments"] = assignments_for(self.tables, member.rank)
             fields["servers"] = {str(m.rank): m.address for m in servers}
             fields["incarnations"] = {str(m.rank): m.incarnation for m in servers}
+            fields["chunk_moves"] = chunk_moves.moves_of(self.tables, member.rank)
         return fields
 
     # ---- a restarted scheduler --------------------------------------------------------------
