@@ -12,7 +12,7 @@ hardsync accuracy.
 Two modes, the same table:
 
 - real processes (the default, lambda = 8): every cell is one job, ``hogshard launch
-  --servers 1 --workers 8 --policy P -- python examples/fashion_mnist.py --rule sgd --lr LR
+  --servers S --workers 8 --policy P -- python examples/fashion_mnist.py --rule sgd --lr LR
   --batch MU --epochs E --limit L --seed K`` (accuracy from rank 0's report, staleness from
   the launcher's closing summary);
 - ``--sim`` (lambda = 30): every cell is one run of the cluster simulator (hogshard/sim/, the
@@ -63,6 +63,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="n = 1 and the largest n, fixed and +lr=mean, one seed, few images: "
                    "the shape only, not the finding")
     p.add_argument("--learners", type=int, default=None, help="lambda (8 real; 30 --sim)")
+    p.add_argument("--servers", type=int, default=1, help="shard servers (1)")
     p.add_argument("--ns", default=None, help="comma list of n (1,2,4,8; --sim 1,2,4,8,15,30)")
     p.add_argument("--rules", default=None,
                    help=f"comma list of {','.join(RULES)} (default all)")
@@ -110,7 +111,8 @@ def run_cell(policy: str, args: argparse.Namespace, epochs: int, limit: int, tmp
     """One real job: ``hogshard launch`` of the example; its accuracy and staleness."""
     workers = workers or args.learners
     report = tmp / f"{policy.replace(':', '_').replace('+', '_')}-{workers}-{seed}.json"
-    argv = [sys.executable, "-m", "hogshard", "launch", "--servers", "1", "--workers",
+    servers = str(getattr(args, "servers", 1))
+    argv = [sys.executable, "-m", "hogshard", "launch", "--servers", servers, "--workers",
             str(workers), "--policy", policy, "--no-progress", "--",
             sys.executable, EXAMPLE, "--rule", "sgd", "--lr", str(args.lr),
             "--batch", str(args.batch), "--epochs", str(epochs), "--limit", str(limit),
@@ -168,7 +170,8 @@ def sim_cell(policy: str, args: argparse.Namespace, seed: int, data: Any,
     from hogshard.sim import ComputeModel, SimConfig, Simulation
     from hogshard.sim.workload import Workload
 
-    config = SimConfig(learners=learners or args.learners, policy=policy, rule="sgd",
+    config = SimConfig(learners=learners or args.learners, servers=getattr(args, "servers", 1),
+                       policy=policy, rule="sgd",
                        lr=args.lr, batch=args.batch, epochs=args.epochs, limit=args.limit,
                        seed=seed, compute=ComputeModel((compute_ms or args.compute_ms) / 1000,
                                                        jitter, first_step_s=first_step_ms / 1000),
@@ -301,7 +304,8 @@ def main(argv: list[str] | None = None) -> int:
             cells[(n, rule)] = run_seeds(f"softsync:{n}{RULES[rule]}")
     dataset = next((r["dataset"] for r in base if r.get("dataset")), "?")
     mode = f"simulated, {args.model}" if args.sim else "real processes"
-    title = (f"{dataset} ({mode}): {args.learners} learners, batch {args.batch}, sgd alpha0 "
+    title = (f"{dataset} ({mode}): {args.learners} learners, {args.servers} server(s), "
+             f"batch {args.batch}, sgd alpha0 "
              f"{args.lr:g}, {args.epochs} epoch(s) of {args.limit} images, {args.seeds} seed(s)")
     print(f"\n{title}; load average {load_before[0]:.2f} before, "
           f"{os.getloadavg()[0]:.2f} after")
@@ -313,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps({
             "title": title, "sim": args.sim, "model": args.model, "lr": args.lr,
             "batch": args.batch, "epochs": args.epochs, "limit": args.limit, "learners": args.learners,
+            "servers": args.servers,
             "seeds": args.seeds, "load_before": load_before, "load_after": os.getloadavg(),
             "hardsync": base,
             "cells": [{"n": n, "rule": rule, "runs": runs} for (n, rule), runs in cells.items()],
