@@ -20,7 +20,8 @@ Two modes, the same table:
   default the simulator's small MLP (``--model cnn`` for the example's CNN, ten times the
   compute). Its accuracy is taken when the first learner finishes, while all lambda are live
   (Rudra's setting); the accuracy after the tail, where softsync's groups shrink with the
-  live count and the last gradients are applied nearly alone, is its own column.
+  live count (each short group's step scaled by its size over the full group), is its own
+  column, with its change from the all-live accuracy run by run.
 
 Fashion-MNIST from ../shared/data, else scikit-learn's digits (the example's fallback).
 
@@ -204,10 +205,11 @@ def fmt(value: float | None, spec: str) -> str:
 def table(cells: dict[tuple[int, str], list[dict]], base: list[dict], ns: list[int],
           rules: list[str], learners: int) -> list[str]:
     """Markdown: one row per n, per rule accuracy mean +- sd, points vs hardsync, staleness
-    (and, from the simulator, the accuracy after the tail)."""
+    (and, from the simulator, the accuracy after the tail and its change from the all-live
+    accuracy, run by run, in points)."""
     base_acc, base_sd = stat(base, "accuracy")
     tail = any("accuracy_final" in r for r in base)
-    tail_head, tail_rule = (" after tail |", "---:|") if tail else ("", "")
+    tail_head, tail_rule = (" after tail | tail - all-live (pts) |", "---:|---:|") if tail else ("", "")
     head = "| n | c |" + "".join(f" {LABELS[r]}: acc | vs hardsync (pts) | mean st |{tail_head}"
                                for r in rules)
     first = f"hardsync: {fmt(base_acc, '.4f')} +- {fmt(base_sd, '.4f')} ({len(base)} seeds)"
@@ -226,7 +228,11 @@ def table(cells: dict[tuple[int, str], list[dict]], base: list[dict], ns: list[i
                     f" {fmt(st, '.2f')} |")
             if tail:
                 final_acc, final_sd = stat(runs, "accuracy_final")
-                row += f" {fmt(final_acc, '.3f')} +- {fmt(final_sd, '.3f')} |"
+                drop, drop_sd = stat([{"d": 100 * (r["accuracy_final"] - r["accuracy"])}
+                                      for r in runs if r.get("accuracy_final") is not None
+                                      and r.get("accuracy") is not None], "d")
+                row += (f" {fmt(final_acc, '.3f')} +- {fmt(final_sd, '.3f')} |"
+                        f" {fmt(drop, '+.1f')} +- {fmt(drop_sd, '.1f')} |")
         lines.append(row)
     return lines
 
