@@ -43,6 +43,10 @@ from hogshard.ps.update_pool import Ticket
 
 log = logging.getLogger(__name__)
 
+#: The (policy, rule) pairs whose ``+lr=mean`` law this process has logged (once, however many
+#: appliers: the simulator runs several servers in one process).
+_NOTED: set[tuple[str, str]] = set()
+
 
 @dataclass
 class _Group:
@@ -78,8 +82,6 @@ class UpdateApplier:
         #: The most live workers this policy has seen: with fewer, ``+lr=staleness`` counts a
         #: gradient's staleness as at least the running mean (a job's tail).
         self.full_live = 0
-        #: The rules whose ``+lr=mean`` law this policy has logged.
-        self._noted: set[str] = set()
 
     # ---- pushes -----------------------------------------------------------------------------
 
@@ -167,8 +169,8 @@ class UpdateApplier:
     def _mean_rate_power(self, rule: UpdateRule) -> float:
         """The power of the mean staleness ``+lr=mean`` divides ``rule``'s step by (logged
         once for each rule under each policy)."""
-        if rule.name not in self._noted:
-            self._noted.add(rule.name)
+        if (self.policy.spec, rule.name) not in _NOTED:
+            _NOTED.add((self.policy.spec, rule.name))
             log.info("%s", rate_rule_note(self.policy.spec, rule.name))
         return mean_rate_power(rule.name)
 
@@ -245,6 +247,5 @@ class UpdateApplier:
         self._staleness_sum = self._staleness_count = 0
         self.full_group = 1
         self.full_live = 0
-        self._noted.clear()
         if not policy.modifiers.dc_lambda:
             self._pulled.clear()

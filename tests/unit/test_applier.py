@@ -393,6 +393,15 @@ def test_lr_mean_takes_the_rules_law(rule: str, scale: float) -> None:
     assert rig.scales[-1] == pytest.approx(scale)
 
 
+def test_lr_mean_logs_its_law_once(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO", logger="hogshard.ps.applier")
+    for _ in range(2):  # two servers in one process (the simulator): one line
+        rig = Rig("softsync:7+lr=mean", lr=0.01, rule="rmsprop")
+        rig.push("worker-0", 1.0, WORKERS)
+    lines = [r.getMessage() for r in caplog.records if "+lr=mean under rmsprop" in r.getMessage()]
+    assert len(lines) == 1 and "sqrt(<staleness>)" in lines[0]
+
+
 def test_lr_staleness_in_a_tail_counts_at_least_the_mean_staleness() -> None:
     """While fewer learners are live than the most seen, a fresh gradient under +lr=staleness
     takes no more than the running mean's factor; with all of them back, its full step."""
