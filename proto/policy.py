@@ -286,7 +286,7 @@ def mean_rate_power(rule: str) -> float:
 
 def rate_rule_note(spec: str, rule: str) -> str | None:
     """A sentence saying how the rate modifier of policy ``spec`` scales update rule
-    ``rule``'s step, or None where it has no rate modifier (for the CLIs to log)::
+    ``rule``'s step, or None where it has no rate modifier (what a server logs)::
 
         >>> rate_rule_note("async", "adam") is None
         True

@@ -82,6 +82,8 @@ class UpdateApplier:
         #: The most live workers this policy has seen: with fewer, ``+lr=staleness`` counts a
         #: gradient's staleness as at least the running mean (a job's tail).
         self.full_live = 0
+        #: ``+lr=mean``'s power for each rule met under this policy (``mean_rate_power``).
+        self._powers: dict[str, float] = {}
 
     # ---- pushes -----------------------------------------------------------------------------
 
@@ -169,10 +171,13 @@ class UpdateApplier:
     def _mean_rate_power(self, rule: UpdateRule) -> float:
         """The power of the mean staleness ``+lr=mean`` divides ``rule``'s step by (logged
         once for each rule under each policy)."""
-        if (self.policy.spec, rule.name) not in _NOTED:
-            _NOTED.add((self.policy.spec, rule.name))
-            log.info("%s", rate_rule_note(self.policy.spec, rule.name))
-        return mean_rate_power(rule.name)
+        power = self._powers.get(rule.name)
+        if power is None:
+            power = self._powers[rule.name] = mean_rate_power(rule.name)
+            if (self.policy.spec, rule.name) not in _NOTED:
+                _NOTED.add((self.policy.spec, rule.name))
+                log.info("%s", rate_rule_note(self.policy.spec, rule.name))
+        return power
 
     def _compensate(
         self, table: str, chunk: DenseChunk, grad: np.ndarray, sender: str
@@ -247,5 +252,6 @@ class UpdateApplier:
         self._staleness_sum = self._staleness_count = 0
         self.full_group = 1
         self.full_live = 0
+        self._powers.clear()
         if not policy.modifiers.dc_lambda:
             self._pulled.clear()
