@@ -12,7 +12,7 @@ hardsync accuracy.
 Two modes, the same table:
 
 - real processes (the default, lambda = 8): every cell is one job, ``hogshard launch
-  --servers 1 --workers 8 --policy P -- python examples/fashion_mnist.py --rule sgd --lr LR
+  --servers S --workers 8 --policy P -- python examples/fashion_mnist.py --rule sgd --lr LR
   --batch MU --epochs E --limit L --seed K`` (accuracy from rank 0's report, staleness from
   the launcher's closing summary);
 - ``--sim`` (lambda = 30): every cell is one run of the cluster simulator (hogshard/sim/, the
@@ -20,7 +20,8 @@ Two modes, the same table:
   default the simulator's small MLP (``--model cnn`` for the example's CNN, ten times the
   compute). Its accuracy is taken when the first learner finishes, while all lambda are live
   (Rudra's setting); the accuracy after the tail, where softsync's groups shrink with the
-  live count and the last gradients are applied nearly alone, is its own column.
+  live count (each short group's step scaled by its size over the full group), is its own
+  column, with its change from the all-live accuracy run by run.
 
 Fashion-MNIST from ../shared/data, else scikit-learn's digits (the example's fallback).
 
@@ -63,6 +64,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="n = 1 and the largest n, fixed and +lr=mean, one seed, few images: "
                    "the shape only, not the finding")
     p.add_argument("--learners", type=int, default=None, help="lambda (8 real; 30 --sim)")
+    p.add_argument("--servers", type=int, default=1, help="shard servers (1)")
     p.add_argument("--ns", default=None, help="comma list of n (1,2,4,8; --sim 1,2,4,8,15,30)")
     p.add_argument("--rules", default=None,
                    help=f"comma list of {','.join(RULES)} (default all)")
@@ -110,7 +112,8 @@ def run_cell(policy: str, args: argparse.Namespace, epochs: int, limit: int, tmp
     """One real job: ``hogshard launch`` of the example; its accuracy and staleness."""
     workers = workers or args.learners
     report = tmp / f"{policy.replace(':', '_').replace('+', '_')}-{workers}-{seed}.json"
-    argv = [sys.executable, "-m", "hogshard", "launch", "--servers", "1", "--workers",
+    servers = str(getattr(args, "servers", 1))
+    argv = [sys.executable, "-m", "hogshard", "launch", "--servers", servers, "--workers",
             str(workers), "--policy", policy, "--no-progress", "--",
             sys.executable, EXAMPLE, "--rule", "sgd", "--lr", str(args.lr),
             "--batch", str(args.batch), "--epochs", str(epochs), "--limit", str(limit),
@@ -168,7 +171,8 @@ def sim_cell(policy: str, args: argparse.Namespace, seed: int, data: Any,
     from hogshard.sim import ComputeModel, SimConfig, Simulation
     from hogshard.sim.workload import Workload
 
-    config = SimConfig(learners=learners or args.learners, policy=policy, rule="sgd",
+    config = SimConfig(learners=learners or args.learners, servers=getattr(args, "servers", 1),
+                       policy=policy, rule="sgd",
                        lr=args.lr, batch=args.batch, epochs=args.epochs, limit=args.limit,
                        seed=seed, compute=ComputeModel((compute_ms or args.compute_ms) / 1000,
                                                        jitter, first_step_s=first_step_ms / 1000),
@@ -201,10 +205,11 @@ def fmt(value: float | None, spec: str) -> str:
 def table(cells: dict[tuple[int, str], list[dict]], base: list[dict], ns: list[int],
           rules: list[str], learners: int) -> list[str]:
     """Markdown: one row per n, per rule accuracy mean +- sd, points vs hardsync, staleness
-    (and, from the simulator, the accuracy after the tail)."""
+    (and, from the simulator, the accuracy after the tail and its change from the all-live
+    accuracy, run by run, in points)."""
     base_acc, base_sd = stat(base, "accuracy")
     tail = any("accuracy_final" in r for r in base)
-    tail_head, tail_rule = (" after tail |", "---:|") if tail else ("", "")
+    tail_head, tail_rule = (" after tail | tail - all-live (pts) |", "---:|---:|") if tail else ("", "")
     head = "| n | c |" + "".join(f" {LABELS[r]}: acc | vs hardsync (pts) | mean st |{tail_head}"
                                for r in rules)
     first = f"hardsync: {fmt(base_acc, '.4f')} +- {fmt(base_sd, '.4f')} ({len(base)} seeds)"
@@ -223,7 +228,11 @@ def table(cells: dict[tuple[int, str], list[dict]], base: list[dict], ns: list[i
                     f" {fmt(st, '.2f')} |")
             if tail:
                 final_acc, final_sd = stat(runs, "accuracy_final")
-                row += f" {fmt(final_acc, '.3f')} +- {fmt(final_sd, '.3f')} |"
+                drop, drop_sd = stat([{"d": 100 * (r["accuracy_final"] - r["accuracy"])}
+                                      for r in runs if r.get("accuracy_final") is not None
+                                      and r.get("accuracy") is not None], "d")
+                row += (f" {fmt(final_acc, '.3f')} +- {fmt(final_sd, '.3f')} |"
+                        f" {fmt(drop, '+.1f')} +- {fmt(drop_sd, '.1f')} |")
         lines.append(row)
     return lines
 
@@ -301,7 +310,8 @@ def main(argv: list[str] | None = None) -> int:
             cells[(n, rule)] = run_seeds(f"softsync:{n}{RULES[rule]}")
     dataset = next((r["dataset"] for r in base if r.get("dataset")), "?")
     mode = f"simulated, {args.model}" if args.sim else "real processes"
-    title = (f"{dataset} ({mode}): {args.learners} learners, batch {args.batch}, sgd alpha0 "
+    title = (f"{dataset} ({mode}): {args.learners} learners, {args.servers} server(s), "
+             f"batch {args.batch}, sgd alpha0 "
              f"{args.lr:g}, {args.epochs} epoch(s) of {args.limit} images, {args.seeds} seed(s)")
     print(f"\n{title}; load average {load_before[0]:.2f} before, "
           f"{os.getloadavg()[0]:.2f} after")
@@ -313,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps({
             "title": title, "sim": args.sim, "model": args.model, "lr": args.lr,
             "batch": args.batch, "epochs": args.epochs, "limit": args.limit, "learners": args.learners,
+            "servers": args.servers,
             "seeds": args.seeds, "load_before": load_before, "load_after": os.getloadavg(),
             "hardsync": base,
             "cells": [{"n": n, "rule": rule, "runs": runs} for (n, rule), runs in cells.items()],

@@ -40,7 +40,9 @@ def _positive(**kwargs: Any) -> click.FloatRange:
               help="virtual shard servers (the model is cut into one chunk per server)")
 @click.option("--policy", default="async", show_default=True, callback=_policy,
               help="consistency policy, as for the scheduler: async, hardsync, softsync:N, "
-              "ssp:S, with +lr=staleness, +lr=mean, +dc=LAMBDA, +maxstale=K")
+              "ssp:S, with +lr=staleness, +lr=mean, +dc=LAMBDA, +maxstale=K (+lr=mean "
+              "divides the step by the mean staleness under sgd and momentum, by its square "
+              "root under adam, adamw, adagrad and rmsprop, and logs which)")
 @click.option("--data", type=click.Path(exists=True, file_okay=False, path_type=Path),
               default=None, help="Fashion-MNIST idx folder (default: the shared data; the "
               "example's fallback when absent)")
@@ -140,10 +142,6 @@ def simulate(learners: int, servers: int, policy: str, data: Path | None, model:
         server_s=net.server_s if server_us is None else server_us * 1e-6,
         server_bytes_per_s=(net.server_bytes_per_s if server_gbps is None
                             else server_gbps * 1e9))
-    from hogshard.proto.policy import rate_rule_mismatch
-    mismatch = rate_rule_mismatch(policy, rule)
-    if mismatch is not None:
-        click.echo(f"warning: {mismatch}", err=True)
     try:
         config = SimConfig(learners=learners, servers=servers, policy=policy, rule=rule, lr=lr,
                            momentum=momentum, batch=batch, epochs=epochs, limit=limit, seed=seed,

@@ -12,7 +12,8 @@ Spec grammar: ``BASE[+MODIFIER...]``
                       finished at least c - S (Petuum SSP; ``ssp:0`` is BSP)
 ``+lr=staleness``     scale each gradient by 1 / max(1, staleness) (per gradient)
 ``+lr=mean``          scale each gradient by 1 / max(1, <staleness>), the running mean staleness
-                      of the gradients the server has taken (Rudra's alpha0 / <sigma>)
+                      of the gradients the server has taken (Rudra's alpha0 / <sigma>); under
+                      adam, adamw, adagrad and rmsprop by 1 / sqrt(max(1, <staleness>))
 ``+dc=LAMBDA``        delay compensation (DC-ASGD): g + LAMBDA * g * g * (w_now - w_pulled)
 ``+maxstale=K``       drop (and count) every gradient staler than K
 ====================  ======================================================================
@@ -64,13 +65,25 @@ class Modifiers:
             parts.append(f"+maxstale={self.max_staleness}")
         return "".join(parts)
 
-    def lr_scale(self, staleness: int, mean_staleness: float = 0.0) -> float:
-        """The factor on a gradient's step: 1 / max(1, staleness) under ``+lr=staleness``,
-        1 / max(1, mean_staleness) under ``+lr=mean`` (the caller keeps the running mean)."""
+    def lr_scale(self, staleness: int, mean_staleness: float = 0.0, power: float = 1.0,
+                 short: bool = False) -> float:
+        """The factor on a gradient's step (the caller keeps the running mean staleness).
+
+        ``+lr=staleness``: 1 / max(1, staleness); ``short`` (fewer learners live than the
+        most this policy has seen, as they leave at a job's end) counts the staleness as at
+        least the running mean, so a gradient's step does not grow as the live count falls.
+        ``+lr=mean``: 1 / max(1, mean_staleness) ** ``power``, the update rule's law
+        (:func:`mean_rate_power`: 1 for sgd and momentum, 0.5 for the adaptive rules)::
+
+            >>> Modifiers(lr_staleness=True).lr_scale(2, mean_staleness=8.0, short=True)
+            0.125
+            >>> Modifiers(lr_mean=True).lr_scale(3, mean_staleness=16.0, power=0.5)
+            0.25
+        """
         if self.lr_staleness:
-            return 1.0 / max(1, staleness)
+            return 1.0 / max(1.0, staleness, mean_staleness if short else 0.0)
         if self.lr_mean:
-            return 1.0 / max(1.0, mean_staleness)
+            return 1.0 / max(1.0, mean_staleness) ** power
         return 1.0
 
     def accepts(self, staleness: int) -> bool:
@@ -249,29 +262,48 @@ def parse_policy(spec: str) -> ConsistencyPolicy:
     )
 
 
-#: Rules that normalise each coordinate's step by the gradient's own running magnitude.
-ADAPTIVE_RULES = ("adam", "adagrad")
+#: Rules that normalise each coordinate's step by the gradients' running magnitude: under
+#: ``+lr=mean`` their step is divided by the square root of the mean staleness.
+ADAPTIVE_RULES = ("adam", "adamw", "adagrad", "rmsprop")
 
 
-def rate_rule_mismatch(spec: str, rule: str) -> str | None:
-    """A sentence saying why the rate modifier of policy ``spec`` does not fit update rule
-    ``rule``, or None where it fits (docs/POLICIES.md, "Which rules each rate modifier fits").
+def mean_rate_power(rule: str) -> float:
+    """The power of the mean staleness that ``+lr=mean`` divides update rule ``rule``'s step
+    by, so that a round of a softsync job moves the weights about as far as one hardsync
+    update (docs/POLICIES.md, "Which rules each rate modifier fits").
 
-    ``+lr=mean`` is Rudra's alpha0 / <sigma> for sgd and momentum, whose step grows with the
-    gradient. An adaptive rule's step is about its rate whatever the gradient's size, and
-    smaller for the noisy gradients of small groups; dividing it by <sigma> too starves it::
+    sgd and momentum take a step proportional to the gradient: c gradients averaged in each
+    of N groups a round, each step divided by N, sum to the hardsync step (Rudra's alpha0 /
+    <sigma>, the linear scaling rule). An adaptive rule's step is about its rate per
+    coordinate whatever the gradient's size, and shrinks only as the square root of the
+    batch behind it: the square-root scaling rule, alpha0 / sqrt(<sigma>)::
 
-        >>> rate_rule_mismatch("softsync:15+lr=mean", "sgd") is None
-        True
-        >>> "adam" in rate_rule_mismatch("softsync:15+lr=mean", "adam")
-        True
+        >>> mean_rate_power("sgd"), mean_rate_power("adam")
+        (1.0, 0.5)
     """
-    parsed = parse_policy(spec)
-    if parsed.modifiers.lr_mean and rule in ADAPTIVE_RULES:
-        return (f"+lr=mean is Rudra's rate for sgd and momentum; under {rule}, which normalises "
-                "each step by the gradients' running magnitude, it divides an already small "
-                "step and starves learning (use --rule sgd or momentum with the rate that "
-                "trains hardsync, or +lr=staleness)")
+    return 0.5 if rule in ADAPTIVE_RULES else 1.0
+
+
+def rate_rule_note(spec: str, rule: str) -> str | None:
+    """A sentence saying how the rate modifier of policy ``spec`` scales update rule
+    ``rule``'s step, or None where it has no rate modifier (what a server logs)::
+
+        >>> rate_rule_note("async", "adam") is None
+        True
+        >>> rate_rule_note("softsync:15+lr=mean", "adam")[:60]
+        '+lr=mean under adam: each step is divided by sqrt(<staleness'
+    """
+    modifiers = parse_policy(spec).modifiers
+    if modifiers.lr_mean:
+        if mean_rate_power(rule) == 1.0:
+            return (f"+lr=mean under {rule}: each step is divided by <staleness>, the running "
+                    "mean staleness (Rudra's alpha0 / <sigma>)")
+        return (f"+lr=mean under {rule}: each step is divided by sqrt(<staleness>), the "
+                "square root of the running mean staleness (the square-root law of adaptive "
+                "rules; sgd and momentum divide by <staleness>)")
+    if modifiers.lr_staleness:
+        return (f"+lr=staleness under {rule}: each step is divided by its gradient's staleness "
+                "(at least 1; while learners are missing, at least the running mean)")
     return None
 
 

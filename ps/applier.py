@@ -1,8 +1,11 @@
 """Applying pushed gradients to chunks as the consistency policy says.
 
 Per gradient: its staleness (the chunk's version now minus the version the worker pulled) is
-measured, ``+maxstale`` may drop it, ``+dc`` compensates it, ``+lr=staleness`` scales it (or
-``+lr=mean``, by the running mean staleness of the gradients taken since the policy began). Then
+measured, ``+maxstale`` may drop it, ``+dc`` compensates it, ``+lr=staleness`` scales it (while
+fewer workers are live than the most the policy has seen, by no more than the running mean
+staleness allows), or ``+lr=mean``, by the running mean staleness of the gradients taken since
+the policy began, to the power of the update rule's law (1 for sgd and momentum, 0.5 for the
+adaptive rules: ``mean_rate_power``). Then
 either the update rule applies it at once (a group of one) or it joins the chunk's pending group,
 whose mean is applied when the group is complete (softsync: c gradients; hardsync: one from
 every live worker). The version does not move while a group fills, so staleness measured on
@@ -24,18 +27,25 @@ Example::
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from hogshard.proto.errors import ConflictError
-from hogshard.proto.policy import ConsistencyPolicy
+from hogshard.proto.policy import ConsistencyPolicy, mean_rate_power, rate_rule_note
 from hogshard.ps.dense import DenseChunk, DenseTable
 from hogshard.ps.executor import InlineUpdates, UpdateRunner
 from hogshard.ps.rules import UpdateRule
 from hogshard.ps.stats import ServerStats
 from hogshard.ps.update_pool import Ticket
+
+log = logging.getLogger(__name__)
+
+#: The (policy, rule) pairs whose ``+lr=mean`` law this process has logged (once, however many
+#: appliers: the simulator runs several servers in one process).
+_NOTED: set[tuple[str, str]] = set()
 
 
 @dataclass
@@ -71,6 +81,11 @@ class UpdateApplier:
         #: The largest group this policy has formed (c at full strength): a short group's step
         #: is scaled by its size over it.
         self.full_group = 1
+        #: The most live workers this policy has seen: with fewer, ``+lr=staleness`` counts a
+        #: gradient's staleness as at least the running mean (a job's tail).
+        self.full_live = 0
+        #: ``+lr=mean``'s power for each rule met under this policy (``mean_rate_power``).
+        self._powers: dict[str, float] = {}
 
     # ---- pushes -----------------------------------------------------------------------------
 
@@ -117,6 +132,8 @@ class UpdateApplier:
         modifiers = self.policy.modifiers
         group_size = self.policy.group_size(len(live))
         self.full_group = max(self.full_group, group_size)
+        self.full_live = max(self.full_live, len(live))
+        short = len(live) < self.full_live
         result = self.staleness(chunks, pulled_versions)  # measured before any is applied
         bound = self.policy.staleness_bound(len(live))
         for chunk, grad, staleness, rule in zip(chunks, grads, result,
@@ -131,7 +148,10 @@ class UpdateApplier:
                 grad = self._compensate(table.name, chunk, grad, sender)
             self._staleness_sum += staleness
             self._staleness_count += 1
-            scale = modifiers.lr_scale(staleness, self._staleness_sum / self._staleness_count)
+            power = (self._mean_rate_power(rule or table.rules.registered_for(chunk.offset))
+                     if modifiers.lr_mean else 1.0)
+            scale = modifiers.lr_scale(staleness, self._staleness_sum / self._staleness_count,
+                                       power, short)
             if group_size == 1 and not self.policy.waits_for_apply:
                 chunk.gradients += 1
                 self.updates.run(table, chunk, grad, scale / self.full_group, ticket, rule)
@@ -155,6 +175,17 @@ class UpdateApplier:
         if membership_known:
             self.complete_groups(live, ticket)
         return result
+
+    def _mean_rate_power(self, rule: UpdateRule) -> float:
+        """The power of the mean staleness ``+lr=mean`` divides ``rule``'s step by (logged
+        once for each rule under each policy)."""
+        power = self._powers.get(rule.name)
+        if power is None:
+            power = self._powers[rule.name] = mean_rate_power(rule.name)
+            if (self.policy.spec, rule.name) not in _NOTED:
+                _NOTED.add((self.policy.spec, rule.name))
+                log.info("%s", rate_rule_note(self.policy.spec, rule.name))
+        return power
 
     def _compensate(
         self, table: str, chunk: DenseChunk, grad: np.ndarray, sender: str
@@ -262,5 +293,7 @@ class UpdateApplier:
         self.policy = policy
         self._staleness_sum = self._staleness_count = 0
         self.full_group = 1
+        self.full_live = 0
+        self._powers.clear()
         if not policy.modifiers.dc_lambda:
             self._pulled.clear()

@@ -29,6 +29,7 @@ def test_simulate_writes_the_report(tmp_path: Path) -> None:
                "--report", str(report))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "test accuracy" in proc.stdout and "staleness mean" in proc.stdout
+    assert "+lr=mean under sgd: each step is divided by <staleness>" in proc.stderr
     result = json.loads(report.read_text())
     assert result["policy"] == "softsync:3+lr=mean" and result["learners"] == 6
     assert result["gradients"] == 24 and len(result["servers_detail"]) == 2

@@ -14,6 +14,7 @@ from hogshard.proto.errors import ConflictError
 from hogshard.proto.policy import parse_policy
 from hogshard.ps.applier import UpdateApplier
 from hogshard.ps.dense import DenseChunk, DenseStore, DenseTable
+from hogshard.ps.executor import InlineUpdates
 from hogshard.ps.stats import ServerStats
 from hogshard.ps.workers import WorkerView
 
@@ -24,12 +25,22 @@ WORKERS = [f"worker-{i}" for i in range(8)]
 class Rig:
     """A one-table store (two chunks of 3 floats, SGD with lr 1, weights 0) and an applier."""
 
-    def __init__(self, spec: str, lr: float = 1.0) -> None:
+    def __init__(self, spec: str, lr: float = 1.0, rule: str = "sgd") -> None:
         self.store = DenseStore()
-        self.store.init("m", {"rule": "sgd", "lr": lr}, [(0, 0, 3), (1, 3, 3)],
+        self.store.init("m", {"rule": rule, "lr": lr}, [(0, 0, 3), (1, 3, 3)],
                         [np.zeros(3, F32), np.zeros(3, F32)])
         self.stats = ServerStats()
-        self.applier = UpdateApplier(parse_policy(spec), self.stats)
+        #: The factor each update was applied with (the rule's step is lr times it).
+        self.scales: list[float] = []
+        inline = InlineUpdates(self.stats)
+        recorded = self.scales
+
+        class Recording:
+            def run(self, table, chunk, grad, scale, ticket, rule=None) -> None:  # type: ignore[no-untyped-def]
+                recorded.append(scale)
+                inline.run(table, chunk, grad, scale, ticket, rule)
+
+        self.applier = UpdateApplier(parse_policy(spec), self.stats, Recording())
 
     @property
     def table(self) -> DenseTable:
@@ -369,6 +380,39 @@ def test_lr_mean_scales_every_gradient_by_the_running_mean_staleness() -> None:
     before = rig.weights()
     assert rig.push("worker-2", 1.0, WORKERS) == 0  # a fresh gradient: mean 7/6, scaled too
     assert np.allclose(np.subtract(before, rig.weights()), 6 / 7)
+
+
+@pytest.mark.parametrize(("rule", "scale"), [("sgd", 0.25), ("momentum", 0.25), ("adam", 0.5),
+                                             ("adamw", 0.5), ("adagrad", 0.5), ("rmsprop", 0.5)])
+def test_lr_mean_takes_the_rules_law(rule: str, scale: float) -> None:
+    """Nine gradients pulled at version 0 have staleness 0..8, mean 4: sgd and momentum divide
+    the ninth's step by 4, the adaptive rules by sqrt(4)."""
+    rig = Rig("async+lr=mean", lr=0.01, rule=rule)
+    for staleness in range(9):
+        assert rig.push("worker-1", 1.0, WORKERS, pulled=0) == staleness
+    assert rig.scales[-1] == pytest.approx(scale)
+
+
+def test_lr_mean_logs_its_law_once(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO", logger="hogshard.ps.applier")
+    for _ in range(2):  # two servers in one process (the simulator): one line
+        rig = Rig("softsync:7+lr=mean", lr=0.01, rule="rmsprop")
+        rig.push("worker-0", 1.0, WORKERS)
+    lines = [r.getMessage() for r in caplog.records if "+lr=mean under rmsprop" in r.getMessage()]
+    assert len(lines) == 1 and "sqrt(<staleness>)" in lines[0]
+
+
+def test_lr_staleness_in_a_tail_counts_at_least_the_mean_staleness() -> None:
+    """While fewer learners are live than the most seen, a fresh gradient under +lr=staleness
+    takes no more than the running mean's factor; with all of them back, its full step."""
+    rig = Rig("async+lr=staleness")
+    for staleness in range(7):  # staleness 0..6 with 4 live: sum 21
+        assert rig.push("worker-1", 0.0, WORKERS[:4], pulled=0) == staleness
+    assert rig.scales == [1.0, 1.0] + [1 / s for s in range(2, 7)]
+    assert rig.push("worker-0", 1.0, WORKERS[:2]) == 0  # two left: mean 21 / 8
+    assert rig.scales[-1] == pytest.approx(8 / 21)
+    assert rig.push("worker-0", 1.0, WORKERS[:4]) == 0  # all four live again
+    assert rig.scales[-1] == 1.0
 
 
 def test_lr_mean_restarts_when_the_policy_changes() -> None:

@@ -10,7 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hogshard.proto.errors import ConfigError, ErrorCode
-from hogshard.proto.policy import AsyncPolicy, SSPPolicy, parse_policy
+from hogshard.proto.policy import (
+    AsyncPolicy,
+    SSPPolicy,
+    mean_rate_power,
+    parse_policy,
+    rate_rule_note,
+)
 from hogshard.scheduler.membership import MembershipTable
 
 FAST = settings(deadline=None, max_examples=300)
@@ -263,18 +269,35 @@ def test_non_string_spec_is_a_config_error() -> None:
         parse_policy(3)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(("spec", "rule", "warned"), [
-    ("softsync:15+lr=mean", "adam", True), ("softsync:30+lr=mean", "adagrad", True),
-    ("softsync:15+lr=mean", "sgd", False), ("async+lr=mean", "momentum", False),
-    ("softsync:15+lr=staleness", "adam", False), ("hardsync", "adam", False),
+@pytest.mark.parametrize(("spec", "rule", "law"), [
+    ("softsync:15+lr=mean", "adam", "sqrt(<staleness>)"),
+    ("softsync:30+lr=mean", "adagrad", "sqrt(<staleness>)"),
+    ("softsync:15+lr=mean", "sgd", "by <staleness>"), ("async+lr=mean", "momentum", "by <staleness>"),
+    ("softsync:15+lr=staleness", "adam", "its gradient's staleness"), ("hardsync", "adam", None),
 ])
-def test_rate_rule_mismatch_names_lr_mean_under_adaptive_rules(spec: str, rule: str,
-                                                                warned: bool) -> None:
-    from hogshard.proto.policy import rate_rule_mismatch
-    mismatch = rate_rule_mismatch(spec, rule)
-    assert (mismatch is not None) == warned
-    if warned:
-        assert rule in mismatch and "sgd" in mismatch
+def test_rate_rule_note_says_how_the_modifier_scales_the_rule(spec: str, rule: str,
+                                                               law: str | None) -> None:
+    note = rate_rule_note(spec, rule)
+    assert (note is None) == (law is None)
+    if law is not None:
+        assert note is not None and rule in note and law in note
+
+
+@pytest.mark.parametrize(("rule", "power"), [("sgd", 1.0), ("momentum", 1.0), ("adam", 0.5),
+                                             ("adamw", 0.5), ("adagrad", 0.5), ("rmsprop", 0.5)])
+def test_mean_rate_power_is_linear_for_sgd_and_square_root_for_adaptive_rules(
+        rule: str, power: float) -> None:
+    assert mean_rate_power(rule) == power
+    m = parse_policy("softsync:4+lr=mean").modifiers
+    assert m.lr_scale(0, mean_staleness=16.0, power=mean_rate_power(rule)) == 16.0 ** -power
+
+
+def test_lr_staleness_in_a_short_job_counts_at_least_the_mean() -> None:
+    m = parse_policy("async+lr=staleness").modifiers
+    assert m.lr_scale(1, mean_staleness=4.0) == 1.0  # all live: the gradient's own
+    assert m.lr_scale(1, mean_staleness=4.0, short=True) == 0.25
+    assert m.lr_scale(8, mean_staleness=4.0, short=True) == 0.125
+    assert m.lr_scale(0, mean_staleness=0.5, short=True) == 1.0
 
 
 @pytest.mark.parametrize(("spec", "live", "bound"), [
