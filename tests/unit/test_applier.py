@@ -36,9 +36,9 @@ class Rig:
         recorded = self.scales
 
         class Recording:
-            def run(self, table, chunk, grad, scale, ticket, rule=None) -> None:  # type: ignore[no-untyped-def]
+            def run(self, table, chunk, grad, scale, ticket, rule=None, tags=()) -> None:  # type: ignore[no-untyped-def]
                 recorded.append(scale)
-                inline.run(table, chunk, grad, scale, ticket, rule)
+                inline.run(table, chunk, grad, scale, ticket, rule, tags)
 
         self.applier = UpdateApplier(parse_policy(spec), self.stats, Recording())
 
