@@ -13,7 +13,8 @@ seconds the workers are told to stop (``benchmarks/chaos_worker.py``) and the jo
 - every checkpoint that ``LATEST`` named (polled every 0.2 s) was complete and loaded, SHA-256
   of every file checked, when first seen; the last one again at the end;
 - the final accuracy within the undisturbed runs' spread (+- ``--tolerance``);
-- no process of the job left once the launcher has exited.
+- no process of the job left once the launcher has exited;
+- no fault of a worker or the scheduler got a server declared gone.
 
 Example::
 
@@ -207,6 +208,7 @@ def verdict(record: dict[str, Any], spread: tuple[float, float] | None,
     if record.get("summary"):
         every = record["summary"][-1]
         checks["recovered"] = every["recovered"] == every["injected"] > 0
+        checks["no_collateral"] = not any(f["collateral"] for f in record["faults"])
     return checks
 
 

@@ -7,7 +7,8 @@ again (same rank, the scheduler on the same address) and replaces a server that 
 while frozen. A fault has recovered when, after it ended (the kill, or the SIGCONT), the
 scheduler answers, every expected server and worker is alive, every chunk of the table has a
 primary and a backup, the fault's own member is back (a server at a new address after a
-kill; a worker whose own step moved on) and the workers' steps moved on. The next fault waits
+kill; a worker whose own step moved on) and the workers' steps moved on; a fault of a worker or the scheduler must
+declare no server gone (its ``collateral``). The next fault waits
 for that, so one server is down at a time: the failure model of ``--replication 2``.
 
 Example::
@@ -130,6 +131,9 @@ class Fault:
     hold: float = 0.0  # a stop's time frozen
     ended: float | None = None  # the kill, or the SIGCONT
     recovered: float | None = None
+    #: Servers declared gone over a fault that was not a server's (map events): damage the
+    #: fault should not have done.
+    collateral: list[str] = field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -228,6 +232,7 @@ class Storm:
             return None
         self.faults.append(fault)
         before_view = self.status()
+        before_events = _map_events(before_view)
         before_steps = self.steps()
         incarnation = self._incarnation(before_view, rank)
         log.info("%.1f s: %s %s %d (pid %d)%s", fault.at, kind, role, rank, victim.pid,
@@ -256,6 +261,9 @@ class Storm:
 
         if self._await(recovered, self.recover_timeout):
             fault.recovered = self.now()
+            if role != "server":
+                fault.collateral = sorted(e for e in _map_events(self.status()) - before_events
+                                          if " gone" in e)
             log.info("%s %s %d recovered in %.1f s", kind, role, rank, fault.recover_s or 0.0)
         else:
             log.warning("%s %s %d: not recovered in %.0f s (%s; steps %s, %s at the end "
@@ -281,6 +289,12 @@ class Storm:
 
     def record(self) -> list[dict[str, Any]]:
         return [asdict(f) for f in self.faults]
+
+
+def _map_events(view: dict[str, Any] | None) -> set[str]:
+    """The shard map's recent changes (``status`` ``map_history``), as text."""
+    return {f"epoch {e.get('epoch')}: {e.get('event')}"
+            for e in (view or {}).get("map_history", ())}
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
