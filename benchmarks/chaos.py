@@ -122,9 +122,10 @@ def run_job(seed: int | None, args: argparse.Namespace, root: Path) -> dict[str,
             "--heartbeat-timeout", str(args.heartbeat_timeout),
             "--checkpoint-dir", str(checkpoints),
             "--checkpoint-every", str(args.checkpoint_every), "--no-progress", "--",
-            sys.executable, WORKER, "--min-steps", "20"]
+            sys.executable, WORKER, "--min-steps", str(args.min_steps)]
     env = {**os.environ, "HOGSHARD_CHAOS_DIR": str(folder), "PYTHONUNBUFFERED": "1"}
     started = time.monotonic()
+    trained = 0.0
     with log_file.open("wb") as out:
         proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
@@ -153,15 +154,23 @@ def run_job(seed: int | None, args: argparse.Namespace, root: Path) -> dict[str,
 
         storm = Storm(seed or 0, proc.pid, status, steps, SERVERS, WORKERS, "model",
                       heartbeat_timeout=args.heartbeat_timeout)
-        end = time.monotonic() + args.duration
+        # the storm's time is training time: it starts once the job is up and training
+        if not storm.wait_healthy():
+            log.error("the job did not start: %s", storm.unhealthy(status()))
+        trained_from = time.monotonic()
+        end = trained_from + args.duration
         while time.monotonic() < end and proc.poll() is None:
-            if seed is None:
-                proc.wait(max(0.0, end - time.monotonic()))
+            if seed is None:  # undisturbed: until the end, or the job ending by itself
+                try:
+                    proc.wait(max(0.0, end - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    pass
                 break
             if storm.step(args.interval) is None and not storm.healthy(status()):
                 log.error("the job did not become healthy again; ending the storm")
                 break
         (folder / "stop").touch()
+        trained = time.monotonic() - trained_from
         code = proc.wait(args.end_timeout)
     except subprocess.TimeoutExpired:
         log.error("launch did not end in %.0f s; stopping it", args.end_timeout)
@@ -181,6 +190,7 @@ def run_job(seed: int | None, args: argparse.Namespace, root: Path) -> dict[str,
     accuracies = [json.loads(p.read_text()) for p in sorted(folder.glob("accuracy-*"))]
     record: dict[str, Any] = {
         "seed": seed, "folder": str(folder), "exit_code": code, "seconds": round(elapsed, 1),
+        "storm_seconds": round(trained, 1),
         "steps": storm.steps() if storm else {}, "leaks": [p.pid for p in leaks],
         "checkpoints": watcher.named,
         "checkpoints_ok": bool(watcher.named) and all(v == "ok" for v in watcher.named.values()),
@@ -226,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tolerance", type=float, default=0.02,
                    help="accuracy allowed outside the undisturbed runs' spread")
     p.add_argument("--end-timeout", type=float, default=300.0)
+    p.add_argument("--min-steps", type=int, default=20,
+                   help="steps each worker trains at least, stop or not")
     p.add_argument("--workdir", default=None, help="where the runs' folders go (kept)")
     p.add_argument("--json", default=None, help="write every record and verdict here")
     args = p.parse_args(argv)
@@ -244,7 +256,8 @@ def main(argv: list[str] | None = None) -> int:
         record = run_job(seed, args, root)
         record["verdict"] = verdict(record, spread, args.tolerance)
         storms.append(record)
-        print(f"\nseed {seed}: {record['seconds']:.0f} s, steps {record['steps']}, "
+        print(f"\nseed {seed}: {record['storm_seconds']:.0f} s of storm "
+              f"({record['seconds']:.0f} s in all), steps {record['steps']}, "
               f"accuracy {record['accuracy']}, spread {spread}")
         print(format_table(record.get("summary", [])))
         print(f"chunks: {record['chunks']}")

@@ -212,12 +212,16 @@ class Storm:
         found = [p for p in job_processes(self.launcher_pid) if p.role == role and p.rank == rank]
         return max(found, key=lambda p: p.started) if found else None
 
+    def wait_healthy(self) -> bool:
+        """Until the job is healthy (at most ``recover_timeout`` seconds); whether it is."""
+        return self._await(lambda: self.healthy(self.status()), self.recover_timeout)
+
     def step(self, interval: float) -> Fault | None:
         """Wait for the job to be healthy, then ``interval`` seconds (the first fault too),
         then inject the plan's next fault and wait for its recovery. Returns the fault, or None
         if the job was not healthy in time (the storm should end: a fault not recovered is
         counted as such)."""
-        if not self._await(lambda: self.healthy(self.status()), self.recover_timeout):
+        if not self.wait_healthy():
             return None
         time.sleep(interval)  # the storm's schedule, not a wait for an event
         kind, role = self._rng.choices(list(WEIGHTS), weights=list(WEIGHTS.values()))[0]

@@ -28,8 +28,8 @@ CHAOS = str(Path(__file__).resolve().parents[2] / "benchmarks" / "chaos.py")
 @pytest.mark.timeout(300, method="signal")
 def test_a_short_storm_loses_no_acknowledged_update(procs, tmp_path: Path) -> None:
     report = tmp_path / "storm.json"
-    driver = procs.spawn("chaos", [PYTHON, CHAOS, "--seeds", "2", "--duration", "70",
-                                   "--interval", "2", "--calm-runs", "0",
+    driver = procs.spawn("chaos", [PYTHON, CHAOS, "--seeds", "2", "--duration", "45",
+                                   "--interval", "2", "--calm-runs", "0", "--min-steps", "400",
                                    "--workdir", str(tmp_path / "runs"), "--json", str(report)])
     code = driver.wait(280.0)
     storm = json.loads(report.read_text())["storms"][0]
