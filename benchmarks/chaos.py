@@ -147,7 +147,7 @@ def run_job(seed: int | None, args: argparse.Namespace, root: Path) -> dict[str,
             found = {}
             for rank in range(WORKERS):
                 try:
-                    found[rank] = int((folder / f"step-{rank}").read_text() or 0)
+                    found[rank] = int((folder / f"step-{rank}").read_text())
                 except (OSError, ValueError):
                     found[rank] = 0
             return found
@@ -229,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--interval", type=float, default=3.0,
                    help="seconds of healthy job between faults")
     p.add_argument("--calm-runs", type=int, default=2, help="undisturbed runs (accuracy spread)")
+    p.add_argument("--spread", type=float, nargs=2, default=None, metavar=("LOW", "HIGH"),
+                   help="the undisturbed accuracy spread, measured before (with --calm-runs 0)")
     p.add_argument("--calm-duration", type=float, default=None,
                    help="seconds of each undisturbed run (default: --duration)")
     p.add_argument("--heartbeat-timeout", type=float, default=3.0)
@@ -251,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     calm = [run_job(None, calm_args, root) for _ in range(args.calm_runs)]
     accuracies = [r["accuracy"] for r in calm if r["accuracy"] is not None]
     spread = (min(accuracies), max(accuracies)) if accuracies else None
+    if args.spread:
+        spread = (min(args.spread), max(args.spread))
     storms = []
     for seed in args.seeds:
         record = run_job(seed, args, root)

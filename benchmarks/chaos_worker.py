@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         opt.step()
         step += 1
         ledger()
-        step_file.write_text(str(step))
+        write_json(step_file, step)
         client.set_progress(done=step, total=max(step, args.min_steps))
         if args.step_delay:
             time.sleep(args.step_delay)

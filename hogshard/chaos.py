@@ -237,7 +237,6 @@ class Storm:
         self.faults.append(fault)
         before_view = self.status()
         before_events = _map_events(before_view)
-        before_steps = self.steps()
         incarnation = self._incarnation(before_view, rank)
         log.info("%.1f s: %s %s %d (pid %d)%s", fault.at, kind, role, rank, victim.pid,
                  f" for {hold:.1f} s" if hold else "")
@@ -260,8 +259,7 @@ class Storm:
             steps = self.steps()
             if role == "worker" and steps.get(rank, 0) <= steps_at_end.get(rank, 0):
                 return False
-            return sum(steps.values()) > sum(steps_at_end.values()) >= \
-                sum(before_steps.values())
+            return sum(steps.values()) > sum(steps_at_end.values())
 
         if self._await(recovered, self.recover_timeout):
             fault.recovered = self.now()
