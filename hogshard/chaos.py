@@ -216,6 +216,16 @@ class Storm:
         """Until the job is healthy (at most ``recover_timeout`` seconds); whether it is."""
         return self._await(lambda: self.healthy(self.status()), self.recover_timeout)
 
+    def draw(self) -> tuple[str, str, int, float]:
+        """The plan's next fault: kind, role, rank and (a stop's) hold in seconds, from 0.3 to
+        2 heartbeat timeouts (past one, the frozen member is declared dead)."""
+        kind, role = self._rng.choices(list(WEIGHTS), weights=list(WEIGHTS.values()))[0]
+        rank = 0 if role == "scheduler" else self._rng.randrange(
+            self.servers if role == "server" else self.workers)
+        hold = round(self._rng.uniform(0.3, 2.0) * self.heartbeat_timeout, 2) \
+            if kind == "stop" else 0.0
+        return kind, role, rank, hold
+
     def step(self, interval: float) -> Fault | None:
         """Wait for the job to be healthy, then ``interval`` seconds (the first fault too),
         then inject the plan's next fault and wait for its recovery. Returns the fault, or None
@@ -224,11 +234,7 @@ class Storm:
         if not self.wait_healthy():
             return None
         time.sleep(interval)  # the storm's schedule, not a wait for an event
-        kind, role = self._rng.choices(list(WEIGHTS), weights=list(WEIGHTS.values()))[0]
-        rank = 0 if role == "scheduler" else self._rng.randrange(
-            self.servers if role == "server" else self.workers)
-        hold = round(self._rng.uniform(0.3, 2.0) * self.heartbeat_timeout, 2) \
-            if kind == "stop" else 0.0
+        kind, role, rank, hold = self.draw()
         victim = self._victim(role, rank)
         fault = Fault(kind, role, rank, at=self.now(), hold=hold)
         if victim is None:
