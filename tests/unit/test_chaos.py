@@ -33,7 +33,7 @@ def _cluster(respawn: bool) -> LocalCluster:
 def test_a_killed_worker_waits_until_the_scheduler_no_longer_counts_its_rank_alive() -> None:
     cluster = _cluster(respawn=True)
     started: list[int] = []
-    cluster._start_worker = started.append  # type: ignore[method-assign]
+    cluster._start_worker = started.append  # type: ignore[method-assign,assignment]
     child = Child("worker", 1, Exited(-9))  # type: ignore[arg-type]
     cluster._children.append(child)
     cluster._check_infrastructure()
