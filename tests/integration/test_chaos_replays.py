@@ -61,9 +61,20 @@ def test_seed_1_both_servers_replaced_then_the_scheduler_restarted(procs) -> Non
 
     gone: set[str] = set()  # addresses of the killed servers
 
+    def holds_every_chunk(server_address: str, chunks: int) -> bool:
+        data = RpcChannel(ctx, server_address, sender="test")
+        try:
+            tables = data.call("stats", timeout=2.0).get("tables") or {}
+        except HogshardError:
+            return False
+        finally:
+            data.close()
+        return len((tables.get("model") or {}).get("chunks", [])) == chunks
+
     def backed() -> dict[str, Any] | None:
-        """The status once both ranks are served by live processes not killed, and every
-        chunk of the table has a primary and a backup."""
+        """The status once both ranks are served by live processes not killed, every chunk
+        of the table has a primary and a backup, and both servers hold every chunk (a new
+        backup has its snapshot)."""
         try:
             view = channel.call("status", timeout=2.0).header
         except HogshardError:
@@ -73,7 +84,9 @@ def test_seed_1_both_servers_replaced_then_the_scheduler_restarted(procs) -> Non
                  and m["state"] == "alive" and m["address"] not in gone}
         ok = table and table.get("ready") and alive == {0, 1} and all(
             c[3] >= 0 and c[4] >= 0 and c[3] != c[4] for c in table["chunks"])
-        return view if ok else None
+        return view if ok and all(
+            holds_every_chunk(m["address"], len(table["chunks"])) for m in view["members"]
+            if m["role"] == "server" and m["state"] == "alive") else None
 
     def server_address(view: dict[str, Any], rank: int) -> str:
         return next(m["address"] for m in view["members"]
