@@ -234,13 +234,16 @@ def worker(scheduler: str, rank: int | None, num_workers: int | None, codec: str
 @click.option("--progress/--no-progress", default=True, show_default=True,
               help="show a progress bar")
 @click.option("--verbose", is_flag=True, help="show the scheduler's and servers' INFO logs")
+@option("respawn", is_flag=True, default=False,
+        help="start again a worker (same rank) or the scheduler (same address) killed by a "
+        "signal, and replace killed servers without a cap: for fault drills")
 @checkpoint_options
 @restore_option
 @keys_option
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def launch(servers: int, workers: int, policy: str, heartbeat_timeout: float, replication: int,
            embedding_slots: int, codec: str | None,
-           progress: bool, verbose: bool, checkpoint_every: float | None,
+           progress: bool, verbose: bool, respawn: bool, checkpoint_every: float | None,
            checkpoint_dir: str | None, restore: str | None, keys: str | None,
            command: tuple[str, ...]) -> None:
     """Run a whole job on this host: a scheduler, SERVERS servers and WORKERS copies of COMMAND.
@@ -262,7 +265,7 @@ def launch(servers: int, workers: int, policy: str, heartbeat_timeout: float, re
                                            service_log_level="INFO" if verbose else "WARNING",
                                            checkpoint_every=checkpoint_every,
                                            checkpoint_dir=checkpoint_dir, restore=restore,
-                                           keys=keys))
+                                           keys=keys, respawn=respawn))
     code = or_exit(cluster.run)
     sys.exit(code)
 

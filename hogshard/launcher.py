@@ -43,6 +43,9 @@ log = logging.getLogger(__name__)
 
 #: Servers a replicated job replaces before it gives up (a crash loop is not hidden).
 MAX_SERVER_RESTARTS = 8
+#: With ``respawn``: workers and schedulers killed by a signal that are started again before
+#: the launcher gives up (``respawn`` is for fault drills, where many are killed on purpose).
+MAX_RESPAWNS = 200
 #: Seconds the launcher waits, once its workers are done, for the scheduler to take its final
 #: checkpoint and exit (with --checkpoint-dir).
 FINAL_CHECKPOINT_S = 120.0
@@ -106,11 +109,18 @@ class LocalCluster:
     restore: str | None = None
     keys: str | None = None
     embedding_slots: int = 0
+    #: Start again a worker (same rank) or the scheduler (same address) that a signal killed,
+    #: and replace killed servers without the cap of MAX_SERVER_RESTARTS (fault drills).
+    respawn: bool = False
     out: IO[str] = field(default_factory=lambda: sys.stdout)
     _children: list[Child] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _bar: Any = None
     _scheduler_address: str = ""
+    _workdir: Path | None = None
+    _respawns: int = 0
+    #: Worker ranks killed, to start again once the scheduler no longer counts them alive.
+    _pending_workers: dict[int, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.servers < 1 or self.workers < 1:
@@ -167,10 +177,10 @@ class LocalCluster:
             args += ["--checkpoint-every", str(self.checkpoint_every)]
         return args
 
-    def _start_scheduler(self, workdir: Path) -> str:
-        address_file = workdir / "scheduler.address"
+    def _start_scheduler(self, workdir: Path, bind: str = "tcp://127.0.0.1:0") -> str:
+        address_file = workdir / f"scheduler-{self._respawns}.address"
         child = self._spawn("scheduler", 0, self._hogshard(
-            "scheduler", "--bind", "tcp://127.0.0.1:0", "--address-file", str(address_file),
+            "scheduler", "--bind", bind, "--address-file", str(address_file),
             "--policy", self.policy, "--servers", str(self.servers),
             "--heartbeat-interval", str(self.heartbeat_interval),
             "--heartbeat-timeout", str(self.heartbeat_timeout),
@@ -195,6 +205,7 @@ class LocalCluster:
             signal.signal(signal.SIGTERM, _interrupt)
         try:
             with tempfile.TemporaryDirectory(prefix="hogshard-") as workdir:
+                self._workdir = Path(workdir)
                 scheduler = self._start_scheduler(Path(workdir))
                 self._emit(f"[launch] scheduler at {scheduler}; {self.servers} servers, "
                            f"{self.workers} workers, policy {self.policy}")
@@ -203,29 +214,38 @@ class LocalCluster:
                 self._scheduler_address = scheduler
                 for rank in self._server_ranks():
                     self._start_server(scheduler, rank)
-                threads = max(1, (os.cpu_count() or 1) // self.workers)
-                workers = [
-                    self._spawn("worker", rank, list(self.command),
-                                worker_environment(scheduler, rank, self.workers, threads,
-                                                   codec=self.codec, keys=self.keys))
-                    for rank in range(self.workers)
-                ]
-                return self._supervise(scheduler, workers)
+                for rank in range(self.workers):
+                    self._start_worker(rank)
+                return self._supervise(scheduler)
         except KeyboardInterrupt:
             self._emit("[launch] interrupted; stopping every process")
             return 130
         finally:
             self._stop_all()
 
-    def _supervise(self, scheduler: str, workers: list[Child]) -> int:
+    def _start_worker(self, rank: int) -> None:
+        threads = max(1, (os.cpu_count() or 1) // self.workers)
+        self._spawn("worker", rank, list(self.command),
+                    worker_environment(self._scheduler_address, rank, self.workers, threads,
+                                       codec=self.codec, keys=self.keys))
+
+    def _workers(self) -> list[Child]:
+        """The current worker of each rank (not those killed and started again)."""
+        return [c for c in self._children if c.role == "worker" and not c.replaced]
+
+    def _supervise(self, scheduler: str) -> int:
         context = zmq.Context()
         channel = RpcChannel(context, scheduler, sender="launcher",
                              security=load_security(self.keys, Role.ADMIN))
         view = ClusterView({})
         try:
             self._open_bar()
-            while any(w.process.poll() is None for w in workers):
+            while True:
                 self._check_infrastructure()
+                if self._pending_workers:
+                    self._respawn_workers(view)
+                elif not any(w.process.poll() is None for w in self._workers()):
+                    break
                 try:
                     view = ClusterView(channel.call("status", timeout=2.0).header)
                     self._update_bar(view)
@@ -247,7 +267,7 @@ class LocalCluster:
             context.term()
         for line in view.summary_lines():
             self._emit(f"[launch] {line}")
-        failed = [w for w in workers if w.process.returncode != 0]
+        failed = [w for w in self._workers() if w.process.returncode != 0]
         for w in failed:
             self._emit(f"[launch] {w.label} exited with code {w.process.returncode}")
         return 1 if failed else 0
@@ -271,13 +291,17 @@ class LocalCluster:
         a server that exited is replaced (same rank): its backups took over, and the new one
         becomes their backup."""
         for child in list(self._children):
-            if child.role == "worker" or child.replaced or child.process.poll() is None:
+            if child.replaced or child.process.poll() is None:
                 continue
+            if self._respawned(child):
+                continue
+            if child.role == "worker":
+                continue  # its exit code is the job's (see _supervise)
             if child.process.returncode == 0:
                 continue  # the job ended (every worker done, or `hogshard stop`)
             restarts = sum(1 for c in self._children if c.role == "server" and c.replaced)
             if child.role == "server" and self.replication > 1 \
-                    and restarts < MAX_SERVER_RESTARTS:
+                    and (restarts < MAX_SERVER_RESTARTS or self.respawn):
                 child.replaced = True
                 self._emit(f"[launch] {child.label} exited with code "
                            f"{child.process.returncode}; its backups take over, starting a "
@@ -300,6 +324,35 @@ class LocalCluster:
             if len(ranks) == self.servers:
                 return ranks
         return list(range(self.servers))
+
+    def _respawned(self, child: Child) -> bool:
+        """With ``respawn``: a worker or the scheduler that a signal killed is started again
+        (a worker once the scheduler has declared its rank dead: a live rank is not handed out
+        twice). Returns whether ``child`` was taken care of."""
+        if not self.respawn or child.role == "server" or child.process.returncode >= 0 \
+                or self._respawns >= MAX_RESPAWNS:
+            return False
+        child.replaced = True
+        self._respawns += 1
+        self._emit(f"[launch] {child.label} was killed (code {child.process.returncode}); "
+                   "starting it again")
+        if child.role == "scheduler":
+            assert self._workdir is not None
+            self._start_scheduler(self._workdir, bind=self._scheduler_address)
+        else:
+            self._pending_workers[child.rank] = time.monotonic() + 2 * self.heartbeat_timeout
+        return True
+
+    def _respawn_workers(self, view: ClusterView) -> None:
+        """Start the killed workers whose rank the scheduler no longer counts alive (or that
+        waited twice the heartbeat timeout: a scheduler restarted meanwhile never knew them)."""
+        alive = {m.get("rank") for m in view.status.get("members", ())
+                 if m.get("role") == "worker" and m.get("state") == "alive"}
+        now = time.monotonic()
+        for rank, deadline in list(self._pending_workers.items()):
+            if rank not in alive or now > deadline:
+                del self._pending_workers[rank]
+                self._start_worker(rank)
 
     def _start_server(self, scheduler: str, rank: int, restore: bool = True) -> None:
         self._spawn("server", rank, self._hogshard(

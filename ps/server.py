@@ -318,6 +318,7 @@ class ShardServer:
             if "assignments" in reply.header:
                 self.replicas.take_assignments(reply, self.store, self.rank, self.embeddings)
                 self.chunk_moves.adopt(reply, self.store)
+                learn_sizes(self.store, reply.get("assignments"))
                 self.link.hurry()  # say soon that this map is known (a worker may wait on it)
             if isinstance(checkpoint, dict) and self.checkpoints.write(
                     checkpoint, self.rank, self.view.observed,
@@ -426,3 +427,19 @@ class ShardServer:
                   self.incarnation, why)
         self.fenced = why
         self._stop.set()
+
+
+def learn_sizes(store: DenseStore, assignments: Any) -> None:
+    """Record the size and chunk size of each dense table the shard map assigns here (the
+    spec in the assignments), so that a server that got its chunks by snapshot (a replacement,
+    never sent ``init``) reports them to a restarted scheduler, which relearns the map from
+    those reports (``_table_report``)."""
+    if not isinstance(assignments, dict):
+        return
+    for name, view in assignments.items():
+        spec = view.get("table") if isinstance(view, dict) else None
+        if not isinstance(spec, dict):
+            continue
+        size, chunk_elems = spec.get("size"), spec.get("chunk_elems")
+        if type(size) is int and type(chunk_elems) is int and size > 0 and chunk_elems > 0:
+            store.sizes.setdefault(name, (size, chunk_elems))

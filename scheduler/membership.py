@@ -217,6 +217,15 @@ class MembershipTable:
             self.epoch += 1
         return dead
 
+    def excuse(self, gap: float, now: float) -> None:
+        """The scheduler itself did not run for ``gap`` seconds (frozen, suspended, starved):
+        the silence of its members over that time is its own, not theirs. Each live member's
+        last heartbeat moves ``gap`` later (never past ``now``), so no member is declared dead
+        for heartbeats that wait, unread, in the scheduler's socket."""
+        for member in self._members.values():
+            if member.alive:
+                member.last_seen = min(now, member.last_seen + gap)
+
     def live(self, role: str) -> list[Member]:
         return sorted(
             (m for m in self._members.values() if m.role == role and m.alive),

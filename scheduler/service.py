@@ -162,11 +162,19 @@ class Scheduler:
     def serve_forever(self) -> None:
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
+        last = time.monotonic()
         try:
             while not self._stop.is_set():
                 if poller.poll(int(self.heartbeat_interval * 1000)):
                     self._core.handle_one(lambda spec, identity, message: spec.handler(message))
-                self.tick(time.monotonic())
+                now = time.monotonic()
+                if now - last > self.members.heartbeat_timeout / 2:  # this loop did not run
+                    log.warning("the scheduler did not run for %.1f s (frozen or starved); "
+                                "its members' silence over that time is not held against "
+                                "them", now - last)
+                    self.members.excuse(now - last, now)
+                last = now
+                self.tick(now)
         finally:
             self._sock.close(0)
             if self._own_context:

@@ -23,6 +23,7 @@ import logging
 import secrets
 import time
 import weakref
+from collections import Counter
 from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -83,6 +84,8 @@ class PSClient:
         #: Frame bytes of requests and replies by op (headers included), both directions.
         self.traffic = Traffic()
         self.updates_acked = 0  # chunk updates the servers acknowledged as applied
+        #: The same per (table, chunk id).
+        self.acked_by_chunk: Counter[tuple[str, int]] = Counter()
         self.progress: dict[str, Any] = {}
         self.security = load_security(self.settings.keys)
         # Control and heartbeats get a context (and I/O thread) of their own: a data-plane

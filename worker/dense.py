@@ -41,7 +41,6 @@ def push(client: PSClient, table: DenseTable, grads: np.ndarray, clock: int | No
          close: Collection[int] = ()) -> Future:
     """Send ``grads`` to the servers of ``table``'s chunks (see :meth:`PSClient.push`)."""
     grads = check_flat(table, grads, "grads")
-    acked = functools.partial(count_acked, client)
     futures = []
     grouped = dict(by_server(table, chunks))
     for rank in close:
@@ -90,7 +89,8 @@ def push(client: PSClient, table: DenseTable, grads: np.ndarray, clock: int | No
             if any(staged) and client.shm.colocated(client._hosts.get(chunks[0].server)):
                 fields["shm"] = client.shm.push_field(table, staged)
                 arrays = [a for a, span in zip(arrays, staged, strict=True) if span is None]
-            return fields, arrays, acked
+            return fields, arrays, functools.partial(count_acked, client, base["table"],
+                                                     fields["chunks"])
 
         fields, arrays, on_reply = build(chunks)
         future = client._request(rank, "push", fields, arrays, on_reply,
@@ -154,14 +154,19 @@ def pull(client: PSClient, table: DenseTable, out: np.ndarray, clock: int | None
     return Future.gather(futures, client._pump)
 
 
-def count_acked(client: PSClient, message: Any) -> None:
-    """Land a push reply: count the chunk updates the server acknowledged as applied."""
+def count_acked(client: PSClient, table: str, chunk_ids: list[int], message: Any) -> None:
+    """Land a push reply for ``chunk_ids`` of ``table``: count the chunk updates the server
+    acknowledged as applied, in all and per chunk (``client.acked_by_chunk``)."""
+    acked = []
     staleness = message.get("staleness")
     if isinstance(staleness, list):  # None: dropped by +maxstale, or a duplicate
-        client.updates_acked += sum(1 for s in staleness if s is not None)
+        acked += [c for c, s in zip(chunk_ids, staleness, strict=False) if s is not None]
     duplicates = message.get("duplicates")  # applied when first sent, acknowledged now
     if isinstance(duplicates, list):
-        client.updates_acked += len(duplicates)
+        acked += duplicates
+    client.updates_acked += len(acked)
+    for chunk_id in acked:
+        client.acked_by_chunk[(table, chunk_id)] += 1
 
 
 def _route(table: DenseTable, chunks: list[Chunk], build: Any) -> Route:

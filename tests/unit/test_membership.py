@@ -357,3 +357,15 @@ def test_the_same_incarnation_registering_again_keeps_its_entry(table: Membershi
     # without an incarnation a live rank is never taken over
     assert table.fence("server", 0, None) is None
     assert table.register("server", "", now=1.0, rank_hint=0).rank == 1
+
+
+def test_a_scheduler_that_did_not_run_holds_no_silence_against_its_members(
+        table: MembershipTable) -> None:
+    """Frozen from 1.0 to 9.0 (SIGSTOP, a suspended VM): the heartbeats sent meanwhile wait
+    unread, so on waking nobody is declared dead for those 8 s, only for silence after."""
+    server = table.register("server", address="tcp://a:1", now=1.0)
+    worker = table.register("worker", address="", now=0.5)
+    table.excuse(gap=8.0, now=9.0)
+    assert table.expire(now=9.0) == []
+    assert (server.last_seen, worker.last_seen) == (9.0, 8.5)
+    assert [m.node_id for m in table.expire(now=12.0)] == ["worker-0"]  # 3.5 s of its own

@@ -149,3 +149,21 @@ def test_the_primary_applies_a_push_id_once_and_answers_when_held(replicas: Repl
     primary.forward_and_hold(primary.contribute(b"w", push, table), push, chunks, [1], [0],
                              [update])
     assert out.sent == [(4, {"staleness": [None, 0], "duplicates": [0]})]  # no backup to wait on
+
+
+def test_a_server_learns_table_sizes_from_the_maps_assignments() -> None:
+    """A replacement gets its chunks by snapshot, never an ``init``: the assignments' spec
+    gives it the size its registration reports to a restarted scheduler. Malformed entries
+    are skipped; a size already known is kept."""
+    from hogshard.ps.server import learn_sizes
+
+    store = DenseStore()
+    store.sizes["kept"] = (8, 4)
+    learn_sizes(store, {
+        "model": {"table": {"name": "model", "size": 4810, "chunk_elems": 512}, "chunks": []},
+        "kept": {"table": {"size": 99, "chunk_elems": 9}},
+        "bad": {"table": {"size": "many", "chunk_elems": 512}},
+        "none": {"chunks": []},
+    })
+    learn_sizes(store, None)
+    assert store.sizes == {"kept": (8, 4), "model": (4810, 512)}

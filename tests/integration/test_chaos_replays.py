@@ -1,0 +1,118 @@
+"""What the chaos storm (``benchmarks/chaos.py``) found, replayed as the fault sequence of its
+seed, with real processes.
+
+Seed 1, 215 s into its storm: both servers of a ``--replication 2`` job had been replaced
+(each SIGKILLed, a new process under its rank got its chunks by snapshot from the other), then
+the scheduler was SIGKILLed and restarted on its address. A restarted scheduler relearns the
+shard map from the servers' registrations, but a server whose chunks came by snapshot (it
+never saw the table's ``init``) did not know the table's size and left it out of its report:
+the table was in no report, the restarted scheduler never knew it, and every worker waited on
+``UNKNOWN_TABLE`` for ever. Servers now take the table's size from the shard map's
+assignments."""
+
+from __future__ import annotations
+
+import re
+import signal
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+
+from hogshard.proto.errors import HogshardError
+from hogshard.proto.transport import RpcChannel
+
+PYTHON = sys.executable
+WORKER = str(Path(__file__).with_name("replica_worker.py"))
+HEARTBEAT = ["--heartbeat-interval", "0.2", "--heartbeat-timeout", "1.5"]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(240, method="signal")
+def test_seed_1_both_servers_replaced_then_the_scheduler_restarted(procs) -> None:
+    address = f"tcp://127.0.0.1:{_free_port()}"
+    argv = ["scheduler", "--bind", address, "--servers", "2", "--policy", "async",
+            "--replication", "2", *HEARTBEAT]
+    scheduler = procs.hogshard("scheduler", *argv)
+    scheduler.wait_for_output(r"scheduler listening on", 30.0)
+
+    def server(label: str, rank: int) -> Any:
+        return procs.hogshard(label, "server", "--scheduler", address, "--rank", str(rank))
+
+    servers = [server(f"server{r}", r) for r in range(2)]
+    worker = procs.spawn("worker", [PYTHON, WORKER, "--steps", "100000", "--step-delay", "0.01"],
+                         env={"HOGSHARD_SCHEDULER": address, "HOGSHARD_NUM_WORKERS": "1",
+                              "HOGSHARD_RANK": "0"})
+    ctx = zmq.Context()
+    channel = RpcChannel(ctx, address, sender="test")
+
+    def steps() -> int:
+        found = re.findall(r"^step (\d+)$", worker.output(), re.M)
+        return int(found[-1]) if found else 0
+
+    gone: set[str] = set()  # addresses of the killed servers
+
+    def holds_every_chunk(server_address: str, chunks: int) -> bool:
+        data = RpcChannel(ctx, server_address, sender="test")
+        try:
+            tables = data.call("stats", timeout=2.0).get("tables") or {}
+        except HogshardError:
+            return False
+        finally:
+            data.close()
+        return len((tables.get("model") or {}).get("chunks", [])) == chunks
+
+    def backed() -> dict[str, Any] | None:
+        """The status once both ranks are served by live processes not killed, every chunk
+        of the table has a primary and a backup, and both servers hold every chunk (a new
+        backup has its snapshot)."""
+        try:
+            view = channel.call("status", timeout=2.0).header
+        except HogshardError:
+            return None
+        table = view.get("tables", {}).get("model")
+        alive = {m["rank"] for m in view["members"] if m["role"] == "server"
+                 and m["state"] == "alive" and m["address"] not in gone}
+        ok = table and table.get("ready") and alive == {0, 1} and all(
+            c[3] >= 0 and c[4] >= 0 and c[3] != c[4] for c in table["chunks"])
+        return view if ok and all(
+            holds_every_chunk(m["address"], len(table["chunks"])) for m in view["members"]
+            if m["role"] == "server" and m["state"] == "alive") else None
+
+    def server_address(view: dict[str, Any], rank: int) -> str:
+        return next(m["address"] for m in view["members"]
+                    if m["role"] == "server" and m["rank"] == rank)
+
+    try:
+        procs.wait_until(lambda: steps() >= 20, 90.0, "the worker to train",
+                         on_timeout=procs.report)
+        for rank in (0, 1):  # each server replaced in turn: the new one gets a snapshot
+            view = procs.wait_until(backed, 60.0, "every chunk backed up",
+                                    on_timeout=procs.report)
+            gone.add(server_address(view, rank))
+            servers[rank].signal_group(signal.SIGKILL)
+            assert servers[rank].wait(10.0) == -signal.SIGKILL
+            servers[rank] = server(f"server{rank}-replacement", rank)
+        procs.wait_until(backed, 60.0, "every chunk backed up by the replacements",
+                         on_timeout=procs.report)
+        at_restart = steps()
+        scheduler.signal_group(signal.SIGKILL)
+        assert scheduler.wait(10.0) == -signal.SIGKILL
+        restarted = procs.hogshard("scheduler-restarted", *argv)
+        restarted.wait_for_output(r"scheduler listening on", 30.0)
+        procs.wait_until(backed, 30.0, "the restarted scheduler to relearn table 'model'",
+                         on_timeout=procs.report)
+        procs.wait_until(lambda: steps() >= at_restart + 20, 60.0,
+                         "the worker to train on after the restart", on_timeout=procs.report)
+    finally:
+        channel.close()
+        ctx.term()
