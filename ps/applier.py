@@ -95,11 +95,14 @@ class UpdateApplier:
         membership_known: bool = True,
         ticket: Ticket | None = None,
         rules: Sequence[UpdateRule | None] | None = None,
+        bound_workers: int | None = None,
     ) -> list[int | None]:
         """Take one validated gradient per chunk. Returns each gradient's staleness (None
         where ``+maxstale`` dropped it). The updates this push makes (its own, and groups it
         completes) are recorded on ``ticket``. ``rules``: the rule for each chunk (the push's
-        live hyperparameters); None: each chunk's group's."""
+        live hyperparameters); None: each chunk's group's. ``bound_workers``: the workers the
+        policy's staleness bound counts (default: ``live``); a gradient staler than the bound
+        is counted in ``stats.beyond_bound``."""
         if self.policy.waits_for_apply:
             for chunk in chunks:
                 group = self._groups.get((table.name, chunk.chunk_id))
@@ -113,7 +116,8 @@ class UpdateApplier:
         group_size = self.policy.group_size(len(live))
         self.full_group = max(self.full_group, group_size)
         result = self.staleness(chunks, pulled_versions)  # measured before any is applied
-        bound = self.policy.staleness_bound(len(live))
+        bound = self.policy.staleness_bound(
+            len(live) if bound_workers is None else max(len(live), bound_workers))
         for chunk, grad, staleness, rule in zip(chunks, grads, result,
                                                 rules or [None] * len(chunks), strict=True):
             if staleness is None:

@@ -271,7 +271,8 @@ class DenseOps:
             self._heartbeats.hurry()
         ticket = self._updates.open(identity, msg.request_id, record)
         staleness = self._applier.push(table, chunks, grads, versions, sender,
-                                       self._view.live(), known, ticket, rules)
+                                       self._view.live(), known, ticket, rules,
+                                       bound_workers=self._view.bound_workers(sender))
         self._stats.pushes += 1
         self._stats.record_push_bytes(grads if msg.get("shm") is not None else msg.arrays,
                                       msg.get("codecs"))
