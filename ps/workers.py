@@ -28,7 +28,7 @@ import logging
 from collections.abc import Mapping
 
 from hogshard.proto.errors import ConfigError, HogshardError
-from hogshard.proto.policy import ConsistencyPolicy, parse_policy
+from hogshard.proto.policy import ConsistencyPolicy, SSPPolicy, parse_policy
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +75,18 @@ class WorkerView:
     def may_pull(self, policy: ConsistencyPolicy, sender: str, clock: int | None) -> bool:
         """Whether the policy lets ``sender`` at ``clock`` read now (no clock: always)."""
         return clock is None or policy.may_pull(clock, self.clocks(sender, clock))
+
+    def admit(self, policy: ConsistencyPolicy, sender: str, clock: int) -> tuple[int, bool]:
+        """Take the clock of ``sender``'s pull for step ``clock``: the clock it is admitted at,
+        and whether its clock moved. Under SSP a worker this server has no clock of (joining,
+        or back under a dead one's name) is admitted at the slowest other live worker's clock
+        if that is higher, so that every live worker stays within the policy's window of the
+        others (docs/POLICIES.md, "Staleness bounds")."""
+        if isinstance(policy, SSPPolicy) and sender not in self._observed:
+            others = [c for w, c in self.clocks(sender, clock).items() if w != sender]
+            if others and min(others) > clock:
+                clock = min(others)
+        return clock, self.pulled(sender, clock)
 
     def pushed(self, sender: str, clock: int) -> None:
         """``sender`` finished the push of step ``clock``: it is at ``clock + 1``."""

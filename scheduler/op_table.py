@@ -24,7 +24,7 @@ FIELDS: dict[str, tuple[Field, ...]] = {
                  Field("incarnation", int), Field("host", str), Field("embedding_slots", dict)),
     "heartbeat": (Field("clock", int), Field("stats", dict), Field("progress", dict),
                   Field("map_epoch", int), Field("checkpoint", dict), Field("incarnation", int),
-                  Field("handed_off", list)),
+                  Field("handed_off", list), Field("workers_epoch", int)),
     "wait_servers": (),
     "declare_table": (_TABLE, Field("size", int, required=True), Field("chunk_elems", int),
                       Field("rule", dict, required=True)),

@@ -255,7 +255,7 @@ class PSOptimizer(torch.optim.Optimizer):
             pull = client.pull(self.table, self._mirror.weights.writable(),
                                clock=after, codec=self._pull_codec)
         push.result(timeout)
-        client.clock = after
+        client.clock = max(client.clock, after)
         if not self.prefetch:
             pull.result(timeout)
             self._mirror.upload(self._mirror.weights)

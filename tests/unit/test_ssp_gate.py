@@ -39,6 +39,20 @@ def test_a_worker_that_left_and_registers_again_starts_afresh() -> None:
     assert view.clocks("worker-0", 5)["worker-1"] == 0
 
 
+def test_a_joiner_behind_the_slowest_live_worker_is_admitted_at_its_clock() -> None:
+    """The scheduler admits a joiner at the slowest clock its heartbeats told (a heartbeat
+    old); a server that knows better raises it (under SSP only), once."""
+    view = WorkerView()
+    view.listed({"worker-0": 20, "worker-1": 18, "worker-2": 12}, asked_at=0.0)
+    view.pulled("worker-0", 21)
+    view.pulled("worker-1", 20)
+    assert view.admit(SSP1, "worker-2", 12) == (20, True)
+    assert view.admit(SSP1, "worker-2", 21) == (21, True)  # known now: its own clock
+    other = WorkerView()
+    other.listed({"worker-0": 20}, asked_at=0.0)
+    assert other.admit(parse_policy("async"), "worker-2", 3) == (3, True)
+
+
 def test_the_bound_counts_the_workers_live_when_the_sender_pulled() -> None:
     """A gradient pulled among 3 workers may be as stale as 3 workers make it, even if one
     left before it was pushed."""
@@ -91,7 +105,7 @@ class _Job:
 
     def pull(self, w: _Worker) -> None:
         self.view.note(w.name, self.now)
-        self.view.pulled(w.name, w.clock)
+        w.clock, _ = self.view.admit(self.policy, w.name, w.clock)  # the reply's clock
         if self.view.may_pull(self.policy, w.name, w.clock):
             w.pulled = self.version
             i = self.workers.index(w)
@@ -105,9 +119,15 @@ class _Job:
             if w.alive:
                 self.pull(w)
 
-    def run(self, until: float, kill: tuple[float, float, int] | None = None) -> None:
-        """``kill``: (when, restart after, index) a worker is killed and restarted."""
+    def run(self, until: float, kill: tuple[float, float, int] | None = None,
+            late: tuple[float, int] | None = None) -> None:
+        """``kill``: (when, restart after, index) a worker is killed and restarted; ``late``:
+        (when, index) a worker that joins then."""
         for i in range(len(self.workers)):
+            if late is not None and late[1] == i:
+                self.workers[i].alive = False
+                self.at(late[0], "restart", i)
+                continue
             self.at(self.rng.uniform(0, 0.2), "start", i)
         self.at(0.0, "beat")
         if kill is not None:
@@ -153,6 +173,18 @@ def test_ssp_staleness_stays_within_its_bound_with_a_slow_worker(seed: int, s: i
     job = _Job(s, [0.01, 0.011, 0.04], seed)
     job.run(until=5.0)
     assert len(job.staleness) > 200
+    assert all(st <= bound for st, bound in job.staleness), max(job.staleness)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("s", [1, 2])
+def test_ssp_staleness_stays_within_its_bound_with_a_late_joiner(seed: int, s: int) -> None:
+    """A fast worker joins at the slowest clock the scheduler heard (a heartbeat old); the
+    servers admit it at the slowest clock they know, so the others' gradients in flight do
+    not see it catch up from behind."""
+    job = _Job(s, [0.02, 0.02, 0.004], seed, beat=1.0)
+    job.run(until=5.0, late=(1.7, 2))
+    assert job.workers[2].clock > 0
     assert all(st <= bound for st, bound in job.staleness), max(job.staleness)
 
 
