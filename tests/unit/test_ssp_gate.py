@@ -1,7 +1,7 @@
 """The SSP pull gate over a server's view of the workers, at the edges of a job: a worker that
 leaves, dies or comes back under its name, and the staleness bound it keeps (docs/POLICIES.md,
 "Staleness bounds"). A small discrete-event model drives the gate with the heartbeat lag and
-the order of requests a real server sees."""
+the order of requests a real server sees. Last, the heartbeats that bring the worker lists."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import pytest
 
 from hogshard.proto.policy import parse_policy
+from hogshard.proto.wire import PROTOCOL_VERSION, Message
+from hogshard.ps.scheduler_link import PATIENCE, SchedulerLink
 from hogshard.ps.workers import WorkerView
 
 SSP1 = parse_policy("ssp:1")
@@ -197,3 +199,33 @@ def test_ssp_staleness_stays_within_its_bound_across_a_rejoin(seed: int, s: int)
     job.run(until=6.0, kill=(1.3, 0.4, 2))
     assert job.workers[2].clock > 0 and len(job.staleness) > 300
     assert all(st <= bound for st, bound in job.staleness), max(job.staleness)
+
+
+class _Channel:
+    """A scheduler channel whose replies the test hands over."""
+
+    def __init__(self) -> None:
+        self.sent: list[int] = []
+        self.inbox: list[Message] = []
+
+    def start(self, op: str, fields: dict) -> int:
+        self.sent.append(len(self.sent) + 1)
+        return self.sent[-1]
+
+    def read_reply(self) -> Message | None:
+        return self.inbox.pop(0) if self.inbox else None
+
+
+def test_a_heartbeat_in_flight_is_not_superseded_before_its_reply_can_come() -> None:
+    """A server's worker list comes in heartbeat replies: a loaded scheduler that answers
+    later than the interval must still get its replies applied, not dropped as superseded."""
+    channel = _Channel()
+    link = SchedulerLink(channel)  # type: ignore[arg-type]
+    link.interval = 0.1
+    link.send_heartbeat(0.0, {})
+    assert not link.due(0.15) and not link.due(0.39)  # the reply is late, not lost
+    channel.inbox.append(Message({"v": PROTOCOL_VERSION, "op": "OK", "id": 1}))
+    assert [r.request_id for r in link.replies()] == [1]
+    assert link.due(0.15)
+    link.send_heartbeat(0.2, {})
+    assert link.due(0.2 + PATIENCE * 0.1)  # never answered: sent again
