@@ -113,13 +113,16 @@ class UpdateApplier:
         ticket: Ticket | None = None,
         rules: Sequence[UpdateRule | None] | None = None,
         tag: object = None,
+        bound_workers: int | None = None,
     ) -> list[int | None]:
         """Take one validated gradient per chunk. Returns each gradient's staleness (None
         where ``+maxstale`` dropped it). The updates this push makes (its own, and groups it
         completes) are recorded on ``ticket``. ``rules``: the rule for each chunk (the push's
         live hyperparameters); None: each chunk's group's. ``tag`` (not None): kept with each
         gradient that joins a group, and recorded with the group's update (its ``tags``):
-        a replicated primary holds the push's reply until then (ps/group_replies.py)."""
+        a replicated primary holds the push's reply until then (ps/group_replies.py).
+        ``bound_workers``: the workers the policy's staleness bound counts (default: ``live``);
+        a gradient staler than the bound is counted in ``stats.beyond_bound``."""
         if self.policy.waits_for_apply:
             for chunk in chunks:
                 group = self._groups.get((table.name, chunk.chunk_id))
@@ -135,7 +138,8 @@ class UpdateApplier:
         self.full_live = max(self.full_live, len(live))
         short = len(live) < self.full_live
         result = self.staleness(chunks, pulled_versions)  # measured before any is applied
-        bound = self.policy.staleness_bound(len(live))
+        bound = self.policy.staleness_bound(
+            len(live) if bound_workers is None else max(len(live), bound_workers))
         for chunk, grad, staleness, rule in zip(chunks, grads, result,
                                                 rules or [None] * len(chunks), strict=True):
             if staleness is None:

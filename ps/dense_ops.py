@@ -101,6 +101,8 @@ class DenseOps:
         #: Partial pushes held until their step's closing push.
         self.staging = StagedPushes()
         self._deferred: list[_DeferredPull] = []
+        #: Pulls whose sender was admitted at a higher clock: (identity, request id) -> clock.
+        self._admitted: dict[tuple[bytes, int], int] = {}
 
     @property
     def pending_pulls(self) -> int:
@@ -253,7 +255,8 @@ class DenseOps:
             self._heartbeats.hurry()
         ticket = self._updates.open(identity, msg.request_id, record)
         staleness = self._applier.push(table, chunks, grads, versions, sender,
-                                       self._view.live(), known, ticket, rules, tag)
+                                       self._view.live(), known, ticket, rules, tag,
+                                       bound_workers=self._view.bound_workers(sender))
         self._stats.pushes += 1
         self._stats.record_push_bytes(grads if msg.get("shm") is not None else msg.arrays,
                                       msg.get("codecs"))
@@ -274,7 +277,7 @@ class DenseOps:
         if self._replicas.replicated(table.name):
             self._replicas.check_primary(table.name, [c.chunk_id for c in chunks],
                                          time.monotonic(), self._rank)
-        if clock is not None and self._view.pulled(sender, clock):
+        if clock is not None and self._clocked_pull(identity, msg, sender, clock):
             self.release_deferred()
         if not self._may_pull(msg):
             mine = sum(1 for d in self._deferred if d.identity == identity)
@@ -287,6 +290,17 @@ class DenseOps:
             self._deferred.append(_DeferredPull(identity, msg))
             return
         self._send_pull(identity, msg, table, chunks, codec)
+
+    def _clocked_pull(self, identity: bytes, msg: Message, sender: str, clock: int) -> bool:
+        """Take a pull's clock; True if it moved the sender's clock. A joiner admitted at a
+        higher clock (WorkerView.admit) is told so in the reply's ``clock``."""
+        admitted, moved = self._view.admit(self._applier.policy, sender, clock)
+        if admitted > clock:
+            if len(self._admitted) >= MAX_DEFERRED:
+                self._admitted.clear()
+            self._admitted[(identity, msg.request_id)] = admitted
+            log.info("%s joins at clock %d (it asked for %d)", sender, admitted, clock)
+        return moved
 
     def _may_pull(self, msg: Message) -> bool:
         sender = str(msg.get("from"))
@@ -322,6 +336,9 @@ class DenseOps:
                 self._applier.remember_pull(str(msg.get("from")), table.name, chunk.chunk_id,
                                             array)
         fields: dict[str, Any] = {"versions": versions}
+        admitted = self._admitted.pop((identity, msg.request_id), None)
+        if admitted is not None:
+            fields["clock"] = admitted
         sent = arrays
         if codec is not None:  # new arrays: nothing of the live weights leaves
             arrays, track, fields["codec"] = encoded_weights(codec, chunks, arrays, versions), False, \

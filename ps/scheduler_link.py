@@ -28,6 +28,9 @@ from hogshard.proto.wire import Message
 
 #: Seconds between the heartbeats brought forward to learn something soon.
 HURRY_S = 0.05
+#: A heartbeat in flight is superseded by the next one only after this many intervals: a loaded
+#: scheduler answers late, and superseding every heartbeat would drop every reply.
+PATIENCE = 4
 
 
 @dataclass(frozen=True)
@@ -87,12 +90,17 @@ class SchedulerLink:
 
     # ---- the timer ----------------------------------------------------------------------------
 
+    def _next(self) -> float:
+        if self._in_flight is None:
+            return self._due
+        return max(self._due, self.sent_at + PATIENCE * self.interval)
+
     def due(self, now: float) -> bool:
-        return now >= self._due
+        return now >= self._next()
 
     def timeout_ms(self, now: float) -> int:
         """Until the next heartbeat is due."""
-        return max(0, int((self._due - now) * 1000))
+        return max(0, int((self._next() - now) * 1000))
 
     def hurry(self) -> None:
         """Send the next heartbeat soon (at most every 50 ms): something is to be learnt."""
@@ -111,6 +119,7 @@ class SchedulerLink:
         """The replies to the heartbeat in flight that have come (older ones are dropped)."""
         while (reply := self._channel.read_reply()) is not None:
             if reply.request_id == self._in_flight:
+                self._in_flight = None
                 yield reply
 
     def close(self) -> None:

@@ -102,6 +102,8 @@ class ShardServer:
         self._core = ServiceCore(self._sock, self.OPS, "a server", self.stats.errors, log, limits,
                                  authenticated=security is not None)
         self.view = WorkerView()
+        #: The membership epoch of the worker list last applied (told in heartbeats).
+        self._workers_epoch: int | None = None
         self.schedule = PolicySchedule()
         self.checkpoints = ShardCheckpointer(self.store, self.embeddings)
         #: Drawn at start: requests addressed to another incarnation of this rank are refused.
@@ -288,6 +290,8 @@ class ShardServer:
                                                if any(moved.values()) else {})},
                                   "map_epoch": self.replicas.map_epoch,
                                   "incarnation": self.incarnation}
+        if self._workers_epoch is not None:
+            fields["workers_epoch"] = self._workers_epoch
         if self.checkpoints.report is not None:
             fields["checkpoint"] = self.checkpoints.report
         handed_off = self.replicas.slots.ready(self.replicas.links)
@@ -334,6 +338,10 @@ class ShardServer:
                 self.view.listed(workers, self.link.sent_at)
                 self.dense.workers_changed()
                 self.embedding.release()
+                epoch = reply.get("epoch")
+                if type(epoch) is int and epoch != self._workers_epoch:
+                    self._workers_epoch = epoch  # say soon: a barrier may wait for it
+                    self.link.hurry()
         if self.peer_gate.held:
             self.peer_gate.release(self.replicas.heard_at, self._redo_peer_op)
         if self.replicas.slots.incoming or self.chunk_moves.incoming:  # learn soon that slots

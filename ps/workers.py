@@ -5,7 +5,10 @@ Pure objects: no sockets, no clocks of their own (times are passed in).
 The live set is what the scheduler's last heartbeat reply listed, plus *newcomers*: workers
 heard from directly but not yet listed, which count as live until a reply to a heartbeat sent
 after they were first heard leaves them out. A worker that says it ``leave``s is out at once,
-even if a reply to a heartbeat sent before its leave still lists it.
+even if a reply to a heartbeat sent before its leave still lists it. A worker that drops out of
+the live set (left, declared dead, waiting at a barrier) loses the clock this server observed:
+a process that comes back under its name (a rejoin) is gated at the clock it is admitted at,
+never at its predecessor's.
 
 Example::
 
@@ -25,7 +28,7 @@ import logging
 from collections.abc import Mapping
 
 from hogshard.proto.errors import ConfigError, HogshardError
-from hogshard.proto.policy import ConsistencyPolicy, parse_policy
+from hogshard.proto.policy import ConsistencyPolicy, SSPPolicy, parse_policy
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +47,7 @@ class WorkerView:
         self._newcomers: dict[str, float] = {}  # heard from, not yet listed: when first heard
         self._left: dict[str, float] = {}  # said they left, and when
         self._live: set[str] | None = None  # cache of listed | newcomers
+        self._live_at_pull: dict[str, int] = {}  # live workers when each last pulled
 
     def note(self, sender: str, now: float) -> bool:
         """Whether the scheduler has listed ``sender`` as live; if not, it becomes a newcomer
@@ -72,6 +76,18 @@ class WorkerView:
         """Whether the policy lets ``sender`` at ``clock`` read now (no clock: always)."""
         return clock is None or policy.may_pull(clock, self.clocks(sender, clock))
 
+    def admit(self, policy: ConsistencyPolicy, sender: str, clock: int) -> tuple[int, bool]:
+        """Take the clock of ``sender``'s pull for step ``clock``: the clock it is admitted at,
+        and whether its clock moved. Under SSP a worker this server has no clock of (joining,
+        or back under a dead one's name) is admitted at the slowest other live worker's clock
+        if that is higher, so that every live worker stays within the policy's window of the
+        others (docs/POLICIES.md, "Staleness bounds")."""
+        if isinstance(policy, SSPPolicy) and sender not in self._observed:
+            others = [c for w, c in self.clocks(sender, clock).items() if w != sender]
+            if others and min(others) > clock:
+                clock = min(others)
+        return clock, self.pulled(sender, clock)
+
     def pushed(self, sender: str, clock: int) -> None:
         """``sender`` finished the push of step ``clock``: it is at ``clock + 1``."""
         if clock + 1 > self._observed.get(sender, 0):
@@ -80,10 +96,17 @@ class WorkerView:
     def pulled(self, sender: str, clock: int) -> bool:
         """``sender`` pulls for step ``clock`` (its pushes of earlier steps came first on its
         connection, so they are all in); True if that moved its clock."""
+        self._live_at_pull[sender] = len(self.live())
         if clock > self._observed.get(sender, 0):
             self._observed[sender] = clock
             return True
         return False
+
+    def bound_workers(self, sender: str) -> int:
+        """How many workers a staleness bound counts for a gradient of ``sender``: those live
+        now, or those live when it last pulled if more (a worker that left during the
+        gradient's window pushed in it too)."""
+        return max(len(self.live()), self._live_at_pull.get(sender, 0))
 
     def left(self, sender: str, now: float) -> None:
         """``sender`` said it left the job: no policy waits for it from now on."""
@@ -92,11 +115,17 @@ class WorkerView:
         self._left[sender] = now
         self._listed.pop(sender, None)
         self._newcomers.pop(sender, None)
+        self._forget(sender)
         self._live = None
+
+    def _forget(self, sender: str) -> None:
+        self._observed.pop(sender, None)
+        self._live_at_pull.pop(sender, None)
 
     def listed(self, workers: Mapping[str, int], asked_at: float) -> None:
         """The scheduler's reply to a heartbeat sent at ``asked_at`` lists ``workers`` (name
         -> clock) as live."""
+        before = self.live()
         # a reply to a heartbeat sent before a worker's own leave may still list it
         self._listed = {w: c for w, c in workers.items() if self._left.get(w, -1.0) < asked_at}
         self._left = {w: t for w, t in self._left.items() if t >= asked_at}
@@ -104,6 +133,8 @@ class WorkerView:
         self._newcomers = {w: t for w, t in self._newcomers.items()
                            if w not in self._listed and t >= asked_at}
         self._live = None
+        for gone in before - self.live():  # dead, done or at a barrier: a rejoin starts afresh
+            self._forget(gone)
 
     @property
     def observed(self) -> dict[str, int]:

@@ -26,6 +26,7 @@ class Barriers:
     def __init__(self) -> None:
         self._arrived: dict[str, set[str]] = {}
         self._released: set[str] = set()
+        self._epochs: dict[str, int] = {}
 
     def arrive(self, name: str, node_id: Any, ranks: int | None,
                live_workers: Callable[[], set[str]]) -> Callable[[], dict[str, Any] | None]:
@@ -49,3 +50,11 @@ class Barriers:
         """The workers waiting at a barrier not yet released."""
         return {w for name, arrived in self._arrived.items()
                 if name not in self._released for w in arrived}
+
+    def released_epoch(self, name: str, bump: Callable[[], int]) -> int:
+        """The membership epoch barrier ``name`` was released at: ``bump()`` (which moves the
+        epoch and returns it) the first time it is asked for. Its waiters go on once every
+        server has applied a worker list of that epoch or later (they count in it again)."""
+        if name not in self._epochs:
+            self._epochs[name] = bump()
+        return self._epochs[name]

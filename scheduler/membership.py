@@ -53,6 +53,9 @@ class Member:
     host: str | None = None
     #: Servers: the shard-map epoch their last heartbeat said they know (None: none yet).
     map_epoch: int | None = None
+    #: Servers: the membership epoch of the last ``workers`` list their heartbeat said they
+    #: applied (None: not reported).
+    workers_epoch: int | None = None
     #: The member this one replaced under the same node id (its predecessor's own is dropped).
     previous: Member | None = field(default=None, repr=False)
 

@@ -315,17 +315,31 @@ class Scheduler:
 
     def _barrier(self, msg: Message) -> Ready:
         self.members.get(msg.get("from", ""))
+        name = str(msg.get("name"))
         ready = self.barriers.arrive(
-            str(msg.get("name")), msg.get("from"), msg.get("ranks"),
+            name, msg.get("from"), msg.get("ranks"),
             lambda: {m.node_id for m in self.members.live("worker")})
 
         def unless_ending() -> Reply | None:
             if self.lifecycle.workers_told:
                 raise ConflictError(f"{JOB_ENDING} ({self.lifecycle.reason}): barrier "
                                     f"{msg.get('name')!r} is not waited for")
-            return ready()
+            fields = ready()
+            if fields is None:
+                return None
+            # the waiters were out of the servers' worker lists: they go on once every server
+            # counts them again, so no pull passes the SSP gate or a group closes without them
+            epoch = self.barriers.released_epoch(name, self._bump_epoch)
+            if any(m.workers_epoch is not None and m.workers_epoch < epoch
+                   for m in self.members.live("server")):
+                return None
+            return fields
 
         return unless_ending
+
+    def _bump_epoch(self) -> int:
+        self.members.bump()
+        return self.members.epoch
 
     def _drain_embedding_server(self, msg: Message) -> Reply:
         """Move the server's slots and dense chunks away; the reply names the dense tables

@@ -129,6 +129,9 @@ def pull(client: PSClient, table: DenseTable, out: np.ndarray, clock: int | None
                 raise ProtocolError(f"pull of {table.name!r} asked for {codec} weights; the "
                                     f"reply says {message.get('codec', 'none')!r}")
             versions = message.get("versions")
+            admitted = message.get("clock")  # a joiner admitted at the slowest live clock
+            if type(admitted) is int and admitted > client.clock:
+                client.clock = admitted
             read = [None] * len(chunks) if message.get("shm") is None else \
                 client.shm.land(message.get("shm"), chunks, out, versions)
             if len(message.arrays) != read.count(None):

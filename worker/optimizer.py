@@ -241,17 +241,21 @@ class PSOptimizer(torch.optim.Optimizer):
             push = client.push(self.table, self._grads, clock=client.clock,
                                compressor=self.compressor, hyper=hyper)
         rows = push_gradients(client, self.embeddings, clock=client.clock)
-        client.clock += 1
+        # the pull for the next step leaves now; the clock moves once this step's push is
+        # acknowledged, so a heartbeat never reports a step whose push has not reached the
+        # servers (they gate the others' pulls on it: docs/POLICIES.md, "Staleness bounds")
+        after = client.clock + 1
         if self.prefetch:
             self._install_prefetched(timeout)
             self._staged = self._staging[self.steps % len(self._staging)]
             pull = self._prefetched = client.pull(
-                self.table, self._staged.writable(), clock=client.clock,
+                self.table, self._staged.writable(), clock=after,
                 versions=self._staged_versions, codec=self._pull_codec)
         else:
             pull = client.pull(self.table, self._mirror.weights.writable(),
-                               clock=client.clock, codec=self._pull_codec)
+                               clock=after, codec=self._pull_codec)
         push.result(timeout)
+        client.clock = max(client.clock, after)
         if not self.prefetch:
             pull.result(timeout)
             self._mirror.upload(self._mirror.weights)

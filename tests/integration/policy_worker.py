@@ -37,10 +37,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--delay", type=float, default=0.0, help="seconds of pause after each step")
     p.add_argument("--slow-rank", type=int, default=-1, help="this rank pauses --slow-delay")
     p.add_argument("--slow-delay", type=float, default=0.0)
-    p.add_argument("--settle", type=float, default=0.0,
-                   help="seconds to wait after every worker has joined and pulled, so that "
-                   "every server's view of the live workers (refreshed by its heartbeats) "
-                   "holds them all before the first push")
     p.add_argument("--log", type=Path, default=None, help="clock log prefix")
     p.add_argument("--save", type=Path, default=None, help="final weights (.npy), rank 0")
     p.add_argument("--join-timeout", type=float, default=60.0)
@@ -82,9 +78,8 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(0.02)
     model = make_model(args.seed)
     opt = PSOptimizer(client, model.named_parameters(), rule="sgd", lr=args.lr)
+    # every worker has pulled; the barrier answers once every server counts them all
     client.barrier("pulled")
-    if args.settle:
-        time.sleep(args.settle)
     x, y = make_data(args.seed)
     log = None
     if args.log is not None:

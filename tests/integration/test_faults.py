@@ -58,7 +58,9 @@ def test_killed_worker_is_declared_dead_and_ssp_goes_on(procs, tmp_path: Path) -
     servers = [procs.hogshard(f"server{i}", "server", "--scheduler", address) for i in range(2)]
 
     def worker(rank: int, steps: int, *extra: str):
-        argv = [PYTHON, TRAIN_WORKER, "--steps", str(steps), *extra]
+        # the start barrier: every server counts all three (and the victim's clock) before
+        # anyone's first step, so SSP holds the survivors from the start
+        argv = [PYTHON, TRAIN_WORKER, "--steps", str(steps), "--start-barrier", "start", *extra]
         return procs.spawn(f"worker{rank}", argv, env={
             "HOGSHARD_SCHEDULER": address, "HOGSHARD_RANK": str(rank),
             "HOGSHARD_NUM_WORKERS": "3",

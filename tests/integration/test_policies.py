@@ -28,7 +28,6 @@ WORKER = Path(__file__).with_name("policy_worker.py")
 PYTHON = sys.executable
 JOB_TIMEOUT_S = 45.0
 HEARTBEAT_S = 0.1
-SETTLE = ["--settle", str(3 * HEARTBEAT_S)]
 
 _spec = importlib.util.spec_from_file_location("policy_worker", WORKER)
 assert _spec is not None and _spec.loader is not None
@@ -94,7 +93,7 @@ def test_ssp_bounds_the_clock_gap(procs, cluster_factory, zmq_ctx, tmp_path: Pat
     cluster = cluster_factory(servers=2, policy=f"ssp:{s}", heartbeat_interval=HEARTBEAT_S)
     prefix = tmp_path / "clocks"
     finish(start_workers(cluster, workers, "--steps", str(steps), "--log", str(prefix),
-                         "--slow-rank", "2", "--slow-delay", "0.03", *SETTLE))
+                         "--slow-rank", "2", "--slow-delay", "0.03"))
     events = read_clock_logs(prefix, workers)
     assert len(events) == steps * workers
     clocks = dict.fromkeys(range(workers), 0)
@@ -119,7 +118,7 @@ def test_softsync_staleness_is_about_n(procs, cluster_factory, zmq_ctx, n: int) 
     compute time, not the 2-core machine's scheduler, sets the pace (as on a real cluster)."""
     workers, steps = 4, 40
     cluster = cluster_factory(servers=1, policy=f"softsync:{n}", heartbeat_interval=HEARTBEAT_S)
-    finish(start_workers(cluster, workers, "--steps", str(steps), "--delay", "0.01", *SETTLE))
+    finish(start_workers(cluster, workers, "--steps", str(steps), "--delay", "0.01"))
     histogram = merged_staleness(server_stats(cluster, zmq_ctx))
     count = sum(histogram.values())
     assert count == workers * steps, histogram
@@ -159,7 +158,7 @@ def test_hardsync_is_sequential_sgd_on_averaged_gradients(procs, cluster_factory
     weights = tmp_path / "w.npy"
     finish(start_workers(cluster, workers, "--steps", str(steps), "--lr", str(lr),
                          "--batch", str(batch), "--save", str(weights),
-                         "--slow-rank", "1", "--slow-delay", "0.01", *SETTLE))
+                         "--slow-rank", "1", "--slow-delay", "0.01"))
     stats = server_stats(cluster, zmq_ctx)
     assert all(r["policy"] == "hardsync" for r in stats)
     histogram = merged_staleness(stats)
@@ -184,7 +183,7 @@ def test_policy_set_switches_every_server_and_training_goes_on(
     cluster = cluster_factory(servers=2, policy="async", heartbeat_interval=HEARTBEAT_S)
     prefix = tmp_path / "clocks"
     running = start_workers(cluster, workers, "--steps", str(steps), "--delay", "0.01",
-                            "--log", str(prefix), *SETTLE)
+                            "--log", str(prefix))
 
     def clock_of(rank: int) -> int:
         path = Path(f"{prefix}.{rank}.jsonl")

@@ -39,6 +39,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="after the last step, wait at this barrier (prints 'at barrier')")
     p.add_argument("--join-timeout", type=float, default=60.0,
                    help="seconds to wait for every worker to register")
+    p.add_argument("--start-barrier", default=None,
+                   help="after the first pull, wait at this barrier: every worker has pulled "
+                   "and every server counts them all before anyone's first step")
     return p.parse_args(argv)
 
 
@@ -73,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed)
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
     opt = PSOptimizer(client, model.named_parameters(), rule="sgd", lr=args.lr)
+    if args.start_barrier:
+        client.barrier(args.start_barrier, timeout=args.join_timeout)
     x, y = make_data(args.seed)
     rng = np.random.default_rng([args.seed, client.rank])
     for step in range(args.steps):
