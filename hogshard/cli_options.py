@@ -76,10 +76,11 @@ def codec_option():
     return option("codec", default=None, callback=check_codec,
                   help="gradient compression, e.g. dgc, topk:0.01, topk:0.03:compact, sign:256, fp16, "
                   "powersgd:2, qsgd:16, randomk:0.1, or auto (chosen from the measured link); "
-                  "options ,min_size=N ,ef=0 ,momentum=M ,clip=C ,warmup=STEPS ,pull=fp16|bf16 "
+                  "options ,min_size=N ,ef=0 ,momentum=M ,clip=C ,warmup=STEPS|P% ,pull=fp16|bf16 "
                   "(weights pulled in half precision); per table: 'topk:0.01;emb=fp16'. "
-                  "examples/fashion_mnist.py picks the codec's server rule and lr when its "
-                  "--rule/--lr are not given")
+                  "dgc is topk:0.005:compact,momentum=0.9,clip=2.0,warmup=4% (its warm-up 4% "
+                  "of the run's steps). examples/fashion_mnist.py picks the codec's server "
+                  "rule and lr when its --rule/--lr are not given")
 
 
 def checkpoint_options(command):

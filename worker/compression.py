@@ -248,7 +248,9 @@ class Compressor:
     """A worker's compression state: applies a policy, one feedback memory per table.
 
     Each slice's pushes are counted, so a rule with ``warmup`` sends its warm-up densities on
-    the slice's first steps. A table whose rule is ``auto`` must be resolved first
+    the slice's first steps; a warm-up given as a percentage of the run (``dgc``'s) takes its
+    length from :attr:`total_steps` (the run's steps, which the optimizer sets). A table
+    whose rule is ``auto`` must be resolved first
     (:meth:`resolve`, which :class:`~hogshard.worker.optimizer.PSOptimizer` calls from the
     measured link). :meth:`set_layers` tells it how a table's flat buffer splits into layers
     (the optimizer passes its parameters' shapes), so ``powersgd`` compresses layer by layer;
@@ -269,6 +271,8 @@ class Compressor:
         self._steps: dict[Hashable, int] = {}
         self._layers: dict[str, list[tuple[int, int]]] = {}
         self._slices: dict[tuple[str, int, int], list[tuple[int, int]]] = {}
+        #: The run's steps (pushes of each slice), for a warm-up given as a percentage.
+        self.total_steps: int | None = None
 
     def set_layers(self, table: str, layers: Layers) -> None:
         """``table``'s flat buffer holds these ``(rows, cols)`` layers end to end
@@ -309,7 +313,7 @@ class Compressor:
         at element ``offset`` of the table (needed for per-layer compression)."""
         key = (table, chunk)
         step = self._steps.get(key, 0)
-        codec = self.policy.codec_for(table, grad.size, step)
+        codec = self.policy.codec_for(table, grad.size, step, self.total_steps)
         layers = self._layers_of(table, offset, grad.size) if isinstance(codec, PowerSGDCodec) else None
         encoded = self.feedback_for(table).compress(key, grad, codec, seed, layers)
         self._steps[key] = step + 1

@@ -85,7 +85,9 @@ class PSOptimizer(torch.optim.Optimizer):
     where it adds one clock of staleness; refused under ``hardsync`` and ``ssp:0``).
     The parameters stay on their device (all on one: ``cpu`` or ``cuda``); on CUDA gradients
     and weights cross to and from pinned host buffers on side streams, and the next forward
-    waits for the new weights on the GPU (an event), not on the CPU.
+    waits for the new weights on the GPU (an event), not on the CPU. ``total_steps`` is the
+    run's steps, which a codec warm-up given as a percentage of the run (``dgc``'s) needs; by
+    default it is the progress total that ``client.shard`` sets (read at the first step).
 
     Example::
 
@@ -111,6 +113,7 @@ class PSOptimizer(torch.optim.Optimizer):
         overlap: bool | None = None,
         bucket_bytes: int = DEFAULT_BUCKET_BYTES,
         prefetch: bool = False,
+        total_steps: int | None = None,
         **hyper: Any,
     ) -> None:
         defaults = rule_defaults(rule, hyper)
@@ -160,6 +163,7 @@ class PSOptimizer(torch.optim.Optimizer):
             if shared is not None and self._mirror.gather_grads_in(shared):
                 self._grads = shared
         self.steps = 0
+        self.total_steps = total_steps
         self._told_changed = False
         self.embeddings = list(embeddings)  # RemoteEmbeddingBags pushed with every step
         self._buckets = None
@@ -238,6 +242,8 @@ class PSOptimizer(torch.optim.Optimizer):
             push = Future.gather(futures, client._pump)
         else:
             self._gather_grads()
+            if self.compressor is not None and self.compressor.total_steps is None:
+                self.compressor.total_steps = self.total_steps or client.progress.get("total")
             push = client.push(self.table, self._grads, clock=client.clock,
                                compressor=self.compressor, hyper=hyper)
         rows = push_gradients(client, self.embeddings, clock=client.clock)

@@ -14,14 +14,17 @@ Measured recipes (benchmarks/RESULTS.md: Fashion-MNIST CNN, 4 asynchronous worke
 | ``dgc`` / ``topk:R,momentum=M``           | sgd 0.05 (required) | stable at 0.02 and 0.05        |
 | ``sign[:B]`` (error feedback)             | sgd 0.15            | 1.4 points under ``none`` with |
 |                                           |                     | adam 3e-3; adam: 4-5.5 under   |
-| ``topk:R``, ``powersgd:R``, ``randomk``,  | the caller's        | adam 1e-3 beat server momentum |
-| ``qsgd``, ``fp16``, ...                   | (adam 1e-3)         | 0.9 at lr 0.01 for each; at    |
-|                                           |                     | lr 0.02 momentum diverges      |
+| ``topk:R``, ``powersgd:R`` (error         | adam 3e-3           | within a point of ``none`` at  |
+| feedback)                                 |                     | its own best rate (3e-3)       |
+| ``randomk``, ``qsgd``, ``fp16``, ...      | the caller's        | adam 1e-3 beat server momentum |
+|                                           | (adam 1e-3)         | 0.9 at lr 0.01; at lr 0.02     |
+|                                           |                     | momentum diverges              |
 
 Top-k under adam trains best at a higher rate than the uncompressed model's: each coordinate
 gets rare, large (accumulated) updates that adam divides by a second moment built from them,
 so ``topk:0.01`` is 1.3 points under ``none`` at adam 1e-3 and 0.6 under at 3e-3 (``none``'s
-own best rate there). DGC at 99.5 % sparsity (``dgc:0.005:compact``) matches ``none``.
+own best rate there); per-layer ``powersgd:2`` is 1.1 under at 1e-3, 0.95 at 3e-3. DGC at
+99.5 % sparsity (``dgc``'s default, ``topk:0.005:compact``) matches ``none``.
 
 The papers train PowerSGD and EF-SignSGD with momentum SGD; with 4 asynchronous workers the
 staleness adds its own momentum, and server momentum 0.9 at lr 0.01 lost 19 points with
@@ -33,7 +36,9 @@ Example::
 
     >>> recipe_for("dgc")
     Recipe(rule='sgd', lr=0.05, momentum=None)
-    >>> recipe_for("powersgd:2") is None
+    >>> recipe_for("powersgd:2")
+    Recipe(rule='adam', lr=0.003, momentum=None)
+    >>> recipe_for("fp16") is None
     True
 """
 
@@ -63,15 +68,26 @@ class Recipe:
 
 DGC_RECIPE = Recipe("sgd", 0.05)
 SIGN_RECIPE = Recipe("sgd", 0.15)
+#: Top-k (without worker momentum) and PowerSGD under adam: a higher rate than ``none``'s.
+SPARSE_ADAM_RECIPE = Recipe("adam", 3e-3)
+#: Codec names (without their parameters) that train under ``SPARSE_ADAM_RECIPE``.
+SPARSE_ADAM_CODECS = ("topk", "powersgd")
 
 
 def recipe_for(policy: CompressionPolicy | str) -> Recipe | None:
-    """The recipe the policy's default rule needs, or ``None`` when the caller's rule is fine."""
+    """The recipe the policy's default rule trains with, or ``None`` when the caller's rule
+    (the example's adam 1e-3) is fine: sgd 0.05 for DGC, sgd 0.15 for scaled sign with error
+    feedback, adam 3e-3 for top-k and PowerSGD with error feedback."""
     if isinstance(policy, str):
         policy = CompressionPolicy.parse(policy)
-    if policy.default.momentum:
+    rule = policy.default
+    if rule.momentum:
         return DGC_RECIPE
-    return SIGN_RECIPE if _is_sign(policy.default) else None
+    if _is_sign(rule):
+        return SIGN_RECIPE
+    if rule.error_feedback and rule.codec.split(":", 1)[0] in SPARSE_ADAM_CODECS:
+        return SPARSE_ADAM_RECIPE
+    return None
 
 
 def _is_sign(rule: TableRule) -> bool:

@@ -22,7 +22,7 @@ import zmq
 from hogshard.proto.config import ClientSettings
 from hogshard.worker.client import PSClient
 from hogshard.worker.compression import Compressor
-from hogshard.worker.compression_policy import CompressionPolicy
+from hogshard.worker.compression_policy import CompressionPolicy, TableRule
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = str(REPO / "examples" / "fashion_mnist.py")
@@ -120,9 +120,11 @@ def test_powersgd_sends_each_layer_at_its_own_rank(procs, tmp_path: Path) -> Non
 @pytest.mark.timeout(240, method="signal")
 def test_dgc_trains_with_its_recipe_and_refuses_a_server_momentum(procs, tmp_path: Path) -> None:
     """Without --rule/--lr the example takes DGC's recipe (plain sgd on the servers, lr 0.05);
-    the warm-up sends 25 %, then 6.25 % ... of the gradient, then 0.1 %. With --rule momentum
-    every worker stops with DGC's ConfigError before training."""
+    the warm-up, 4 % of the run's steps (taken from the shard's length, not the fixed 20 of an
+    unknown run), sends 25 %, then 6.25 % ... of the gradient, then 0.5 % in the compact
+    layout. With --rule momentum every worker stops with DGC's ConfigError before training."""
     from hogshard.datasets import FASHION_MNIST
+    from hogshard.proto.codecs import make_codec
 
     digits = not (FASHION_MNIST / "train-images-idx3-ubyte.gz").is_file()
     report_path = tmp_path / "report.json"
@@ -135,15 +137,15 @@ def test_dgc_trains_with_its_recipe_and_refuses_a_server_momentum(procs, tmp_pat
     assert code == 0, f"hogshard launch exited with {code}\n{proc.tail(80)}"
     report = json.loads(report_path.read_text())
     assert (report["rule"], report["lr"]) == ("sgd", 0.05), report
-    assert report["codec"] == "topk:0.001,momentum=0.9,clip=2.0,warmup=20", report
-    full = 4 * report["parameters"]
-    steps = report["steps"]  # 20 warm-up steps, the rest at 0.1 %
-    warm = sum(8 * np.ceil(d * report["parameters"]) for d in (0.25, 0.0625, 0.015625, 0.00390625))
-    expected = (5 * warm + (steps - 20) * 8 * np.ceil(0.001 * report["parameters"])) / steps
-    assert report["bytes_pushed_per_step"] == pytest.approx(expected, rel=0.01), (report, expected)
-    assert report["bytes_pushed_per_step"] < full / 10
-    # 63 steps a worker at 0.1 % after the warm-up learn slowly (measured 0.41 on
-    # fashion-mnist; chance is 0.1)
+    assert report["codec"] == "topk:0.005:compact,momentum=0.9,clip=2.0,warmup=4%", report
+    rule, steps, size = TableRule.parse(report["codec"]), report["steps"], report["parameters"]
+    assert rule.warmup_steps(steps) < rule.warmup_steps(None)  # derived from the run
+    expected = sum(make_codec(rule.codec_at(step, steps)).nbytes_for(size)
+                   for step in range(steps)) / steps
+    # two chunks: each rounds its k up and adds its scale
+    assert report["bytes_pushed_per_step"] == pytest.approx(expected, rel=0.02), (report, expected)
+    assert report["bytes_pushed_per_step"] < 4 * size / 50
+    # 63 steps a worker learn slowly (chance is 0.1)
     assert report["test_accuracy"] >= 0.3, report
 
     refused = procs.hogshard("launch-dgc-momentum", "launch", "--servers", "1", "--workers", "1",
