@@ -40,7 +40,6 @@ import numpy as np
 from hogshard.proto.codecs import make_codec
 from hogshard.worker.compression import Compressor
 from hogshard.worker.compression_policy import AUTO, TableRule
-from hogshard.worker.futures import Future
 from hogshard.worker.recipes import ADAPTIVE_RULES, check_pairing
 
 log = logging.getLogger(__name__)
@@ -112,11 +111,12 @@ def measure_link(client: Any, table: Any, probes: int = PROBES) -> Link:
     scratch = np.empty(table.size, dtype=np.float32)
     for _ in range(probes):
         started = time.perf_counter()
-        Future.gather([client._request(rank, "ping", {}) for rank in ranks], client._pump).result(timeout)
+        pinged = [client.channel.request(rank, "ping", {}) for rank in ranks]
+        client.channel.gather(pinged).result(timeout)
         pings.append(time.perf_counter() - started)
         started = time.perf_counter()
         pulled = [client.pull(table, scratch, versions={}) for _ in range(PULLS_IN_FLIGHT)]
-        Future.gather(pulled, client._pump).result(timeout)
+        client.channel.gather(pulled).result(timeout)
         pulls.append(time.perf_counter() - started)
     # minima: on a loaded machine the scheduler's delays dominate medians, not the link
     latency, moved = min(pings), 4 * table.size * PULLS_IN_FLIGHT
