@@ -29,13 +29,14 @@ import numpy as np
 from hogshard.proto.codecs import Codec
 from hogshard.proto.codecs.pull import encode_weights, pull_codec
 from hogshard.proto.errors import ConflictError, HogshardError, ProtocolError, TooLargeError
+from hogshard.proto.service import Replies
 from hogshard.proto.transport import COPY_BELOW
 from hogshard.proto.wire import Message
 from hogshard.ps.applier import UpdateApplier
 from hogshard.ps.decoding import PayloadDecoder
 from hogshard.ps.dense import DenseChunk, DenseStore, DenseTable
 from hogshard.ps.executor import UpdateExecutor
-from hogshard.ps.primary import Primary, Replies
+from hogshard.ps.primary import Primary
 from hogshard.ps.replication import Replicator
 from hogshard.ps.rules import UpdateRule
 from hogshard.ps.shm_plane import ShmPlane
@@ -53,7 +54,7 @@ MAX_DEFERRED = 4096
 Reply = tuple[dict[str, Any], list[np.ndarray]]
 
 
-class Heartbeats(Protocol):
+class HeartbeatTrigger(Protocol):
     """What the dense ops ask of the scheduler link: learn the map or the workers sooner."""
 
     def hurry(self) -> None: ...
@@ -79,7 +80,7 @@ class DenseOps:
     def __init__(self, store: DenseStore, applier: UpdateApplier, view: WorkerView,
                  schedule: PolicySchedule, updates: UpdateExecutor, primary: Primary,
                  replicas: Replicator, stats: ServerStats, replies: Replies,
-                 heartbeats: Heartbeats, job: JobReplication, node_id: str, rank: int,
+                 heartbeats: HeartbeatTrigger, job: JobReplication, node_id: str, rank: int,
                  shm: ShmPlane | None = None) -> None:
         self._store = store
         self._applier = applier

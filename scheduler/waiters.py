@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from hogshard.proto.errors import HogshardError, TooLargeError
+from hogshard.proto.service import Replies
 
 #: Requests that wait: per peer and in all.
 MAX_WAITERS_PER_PEER = 64
@@ -25,15 +26,6 @@ MAX_WAITERS = 4096
 #: A reply's fields, and a held request's ``ready()``: its reply once it can be answered.
 Reply = dict[str, Any]
 Ready = Callable[[], Reply | None]
-
-
-class Replies(Protocol):
-    """How a held request is answered (what :class:`ServiceCore` offers)."""
-
-    def reply(self, identity: bytes, request_id: int, fields: dict[str, Any] | None = None
-              ) -> Any: ...
-
-    def fail(self, identity: bytes, request_id: int, err: HogshardError) -> None: ...
 
 
 @dataclass
