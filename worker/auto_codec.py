@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from hogshard.proto.codecs import make_codec
+from hogshard.proto.codecs import CodecInfo, CodecState, make_codec
 from hogshard.worker.compression import Compressor
 from hogshard.worker.compression_policy import AUTO, TableRule
 from hogshard.worker.recipes import ADAPTIVE_RULES, check_pairing
@@ -94,11 +94,11 @@ def codec_seconds(spec: str, size: int, repeats: int = 3) -> float:
     """Median seconds to encode and decode ``size`` floats of normal noise with ``spec``."""
     codec = make_codec(spec)
     grad = np.random.default_rng(0).standard_normal(size, dtype=np.float32)
-    state: dict[str, Any] = {}
+    state = CodecState()
     times = []
     for _ in range(repeats + 1):  # the first round warms up
         started = time.perf_counter()
-        codec.decode(codec.encode(grad, state, 1), size)
+        codec.decode(codec.encode(grad, CodecInfo(seed=1), state), size)
         times.append(time.perf_counter() - started)
     return statistics.median(times[1:])
 
