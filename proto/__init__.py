@@ -5,7 +5,7 @@
 ``transport.py``      ``bind_router``, ``connect_dealer``, ``send``, ``reply_ok``/``reply_error``
 ``service.py``        :class:`ServiceCore`: the request loop of every long-running service
 ``ops.py``            :class:`OpSpec`, :class:`Field`, ``check_header``, ``check_role``: op tables
-``dispatch.py``       ``run_handler``, ``guarded``, ``as_error``: a handler's failure, typed
+``dispatch.py``       ``guarded``, ``as_error``: a handler's failure, typed
 ``roles.py``          :class:`Role`, ``roles_of``: who a connection is
 ``security.py``       :class:`Security`, ``generate_keys``, ``load_security``: CURVE and ZAP
 ``handshakes.py``     :class:`HandshakeMonitor`, :class:`DenialLog`: refused handshakes, logged
