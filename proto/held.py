@@ -37,7 +37,7 @@ class _Entry(Generic[T]):
 
 class HeldRequests(Generic[T]):
     """Requests of type ``T`` held by the connection (``identity``) they came on, in arrival
-    order, at most ``per_peer`` of one connection and ``total`` in all (None: no per-peer
+    order, at most ``per_peer`` of one connection and ``total`` in all (None: no such
     bound).
 
     Example::
@@ -49,7 +49,8 @@ class HeldRequests(Generic[T]):
         0
     """
 
-    def __init__(self, per_peer: int | None = MAX_HELD_PER_PEER, total: int = MAX_HELD) -> None:
+    def __init__(self, per_peer: int | None = MAX_HELD_PER_PEER,
+                 total: int | None = MAX_HELD) -> None:
         self.per_peer = per_peer
         self.total = total
         self._entries: list[_Entry[T]] = []
@@ -66,7 +67,7 @@ class HeldRequests(Generic[T]):
 
     def full(self, identity: bytes) -> bool:
         """Whether one more request of ``identity`` would pass a bound."""
-        if len(self._entries) >= self.total:
+        if self.total is not None and len(self._entries) >= self.total:
             return True
         return self.per_peer is not None and self.count(identity) >= self.per_peer
 
