@@ -94,3 +94,9 @@ class HeldRequests(Generic[T]):
         for entry in waiting:
             if not settle(entry.request):
                 self._entries.append(entry)
+
+    def release_first(self, ready: Callable[[T], bool], settle: Callable[[T], None]) -> None:
+        """While ``ready`` says the first held request may go, let it go and ``settle`` it
+        (it has left the queue by then): in arrival order, no request overtaking another."""
+        while self._entries and ready(self._entries[0].request):
+            settle(self._entries.pop(0).request)
