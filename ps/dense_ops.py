@@ -28,7 +28,8 @@ import numpy as np
 
 from hogshard.proto.codecs import Codec
 from hogshard.proto.codecs.pull import encode_weights, pull_codec
-from hogshard.proto.errors import ConflictError, HogshardError, ProtocolError, TooLargeError
+from hogshard.proto.errors import ConflictError, HogshardError, ProtocolError
+from hogshard.proto.held import MAX_HELD, MAX_HELD_PER_PEER, HeldRequests
 from hogshard.proto.service import Replies
 from hogshard.proto.transport import COPY_BELOW
 from hogshard.proto.wire import Message
@@ -48,8 +49,8 @@ from hogshard.ps.workers import PolicySchedule, WorkerView
 log = logging.getLogger(__name__)
 
 #: Pulls the policy holds back: per connection and in all (more are refused with TOO_LARGE).
-MAX_DEFERRED_PER_PEER = 64
-MAX_DEFERRED = 4096
+MAX_DEFERRED_PER_PEER = MAX_HELD_PER_PEER
+MAX_DEFERRED = MAX_HELD
 
 Reply = tuple[dict[str, Any], list[np.ndarray]]
 
@@ -99,7 +100,7 @@ class DenseOps:
         self.shm = shm or ShmPlane()
         #: Partial pushes held until their step's closing push.
         self.staging = StagedPushes()
-        self._deferred: list[_DeferredPull] = []
+        self._deferred = HeldRequests[_DeferredPull](MAX_DEFERRED_PER_PEER, MAX_DEFERRED)
 
     @property
     def pending_pulls(self) -> int:
@@ -296,14 +297,11 @@ class DenseOps:
         if clock is not None and self._view.pulled(sender, clock):
             self.release_deferred()
         if not self._may_pull(msg):
-            mine = sum(1 for d in self._deferred if d.identity == identity)
-            if mine >= MAX_DEFERRED_PER_PEER or len(self._deferred) >= MAX_DEFERRED:
-                raise TooLargeError(
-                    f"{mine} pulls of this connection ({len(self._deferred)} in all) already "
-                    f"wait; expected at most {MAX_DEFERRED_PER_PEER} per peer, {MAX_DEFERRED} "
-                    "in all")
+            refused = self._deferred.refusal(identity, "pulls of this connection")
+            if refused is not None:
+                raise refused
             self._stats.deferred_pulls += 1
-            self._deferred.append(_DeferredPull(identity, msg))
+            self._deferred.hold(identity, _DeferredPull(identity, msg))
             return
         self._send_pull(identity, msg, table, chunks, codec)
 
@@ -361,19 +359,18 @@ class DenseOps:
     def release_deferred(self) -> None:
         """Answer the held pulls the policy now allows (their tables are looked up again:
         they may have been replaced while the pulls waited)."""
-        if not self._deferred:
-            return
-        waiting, self._deferred = self._deferred, []
-        for pull in waiting:
-            if not self._may_pull(pull.message):
-                self._deferred.append(pull)
-                continue
-            msg = pull.message
-            try:
-                table, chunks = self._store.resolve(msg.get("table"), msg.get("chunks"))
-                self._send_pull(pull.identity, msg, table, chunks, pull_codec(msg.get("codec")))
-            except HogshardError as err:
-                self._replies.fail(pull.identity, msg.request_id, err)
+        self._deferred.release(self._answer_held)
+
+    def _answer_held(self, pull: _DeferredPull) -> bool:
+        if not self._may_pull(pull.message):
+            return False
+        msg = pull.message
+        try:
+            table, chunks = self._store.resolve(msg.get("table"), msg.get("chunks"))
+            self._send_pull(pull.identity, msg, table, chunks, pull_codec(msg.get("codec")))
+        except HogshardError as err:
+            self._replies.fail(pull.identity, msg.request_id, err)
+        return True
 
     # ---- membership ---------------------------------------------------------------------------
 
