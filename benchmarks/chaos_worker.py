@@ -52,13 +52,13 @@ def write_json(path: Path, data: Any) -> None:
 
 def server_versions(client: PSClient) -> dict[str, Any]:
     """Each live server's chunk versions of the table, and each chunk's primary and backup."""
-    status = client._control.call("status", timeout=10.0).header
+    status = client.channel.control.call("status", timeout=10.0).header
     chunks = status["tables"][TABLE]["chunks"]
     servers: dict[str, dict[str, int]] = {}
     for member in status["members"]:
         if member["role"] != "server" or member["state"] != "alive":
             continue
-        channel = RpcChannel(client._control_context, member["address"], sender="chaos")
+        channel = RpcChannel(client.channel.control_context, member["address"], sender="chaos")
         try:
             view = channel.call("stats", timeout=10.0).get("tables")[TABLE]
         finally:

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hogshard.proto.codecs import make_codec
+from hogshard.proto.codecs import CodecInfo, CodecState, make_codec
 from hogshard.worker.compression import TableRule
 from hogshard.worker.recipes import recipe_for
 
@@ -86,12 +86,12 @@ def throughput(spec: str, elems: int, repeats: int) -> dict[str, float]:
     """Encode / decode GB/s of the rule's push codec (its final one) on ``elems`` floats."""
     codec = make_codec(TableRule.parse(spec).codec)
     grad = np.random.default_rng(0).standard_normal(elems, dtype=np.float32)
-    state: dict = {}
-    encoded = codec.encode(grad, state, 1)  # warm up (PowerSGD's state, page faults)
+    state = CodecState()
+    encoded = codec.encode(grad, CodecInfo(seed=1), state)  # warm up (PowerSGD's state, page faults)
     codec.decode(encoded, elems)
     enc, dec = [], []
     for _ in range(repeats):
-        enc.append(timed(lambda: codec.encode(grad, state, 1)))
+        enc.append(timed(lambda: codec.encode(grad, CodecInfo(seed=1), state)))
         dec.append(timed(lambda: codec.decode(encoded, elems)))
     return {"encode_gbps": grad.nbytes / statistics.median(enc) / GB,
             "decode_gbps": grad.nbytes / statistics.median(dec) / GB,

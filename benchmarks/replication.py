@@ -111,11 +111,11 @@ def measure_failover(workdir: Path, nbytes: int, seconds: float) -> dict:
             killed_at = time.monotonic()
     after = [t for t in done if t > killed_at]
     stall = after[0] - killed_at if after else float("nan")
-    channel = RpcChannel(client._context, address, sender="bench")
+    channel = RpcChannel(client.channel.context, address, sender="bench")
     status = channel.call("status", timeout=5.0).header
     server = next(m for m in status["members"] if m["role"] == "server" and m["state"] == "alive")
     channel.close()
-    stats = RpcChannel(client._context, server["address"], sender="bench")
+    stats = RpcChannel(client.channel.context, server["address"], sender="bench")
     versions = stats.call("stats", timeout=5.0).get("tables")["bench"]["versions"]
     stats.close()
     acked = client.updates_acked

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import zmq
@@ -39,6 +39,17 @@ from hogshard.proto.wire import DEFAULT_LIMITS, Limits, Message, decode
 
 Invoke = Callable[[OpSpec, bytes, Message], Any]
 USER_ID = "User-Id"  # the ZAP handler's name for the connection (its key's role)
+
+
+class Replies(Protocol):
+    """How a part answers a request it did not answer at once (what :class:`ServiceCore`
+    offers to the parts of a server or of the scheduler)."""
+
+    def reply(self, identity: bytes, request_id: int, fields: dict[str, Any] | None = None,
+              arrays: Sequence[np.ndarray] = (), track: bool = False
+              ) -> zmq.MessageTracker | None: ...
+
+    def fail(self, identity: bytes, request_id: int, err: HogshardError) -> None: ...
 
 
 class ServiceCore:

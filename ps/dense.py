@@ -7,10 +7,9 @@ Example::
     >>> import numpy as np
     >>> store = DenseStore()
     >>> store.init("model", {"rule": "sgd", "lr": 0.5}, [(0, 0, 3)], [np.ones(3, "<f4")])
-    >>> store.push("model", [0], [np.ones(3, "<f4")], pulled_versions=[0])
-    [0]
-    >>> store.table("model").chunks[0].weights.tolist(), store.table("model").chunks[0].version
-    ([0.5, 0.5, 0.5], 1)
+    >>> table, chunks = store.validate_push("model", [0], [np.ones(3, "<f4")], [0])
+    >>> [c.chunk_id for c in chunks], chunks[0].version   # ps/applier.py applies it
+    ([0], 0)
 """
 
 from __future__ import annotations
@@ -241,25 +240,6 @@ class DenseStore:
             )
         return table, chunks
 
-    def push(
-        self,
-        name: Any,
-        chunk_ids: Any,
-        grads: Sequence[np.ndarray],
-        pulled_versions: Any,
-        lr_scale: float = 1.0,
-    ) -> list[int]:
-        """Apply one gradient per chunk at once; returns the staleness of each (version at
-        apply time minus the version the worker had pulled)."""
-        table, chunks = self.validate_push(name, chunk_ids, grads, pulled_versions)
-        staleness = []
-        for chunk, grad, pulled in zip(chunks, grads, pulled_versions, strict=True):
-            staleness.append(max(0, chunk.version - pulled))
-            table.rules.registered_for(chunk.offset).apply(chunk.writable(), grad, chunk.state,
-                                                           lr_scale)
-            chunk.version += 1
-            chunk.gradients += 1
-        return staleness
 
 
 def encoded_weights(codec: Codec, chunks: Sequence[DenseChunk],

@@ -29,7 +29,9 @@ import numpy as np
 
 from hogshard.proto.codecs import Codec
 from hogshard.proto.codecs.pull import pull_codec
-from hogshard.proto.errors import ConflictError, HogshardError, ProtocolError, TooLargeError
+from hogshard.proto.errors import ConflictError, HogshardError, ProtocolError
+from hogshard.proto.held import MAX_HELD, MAX_HELD_PER_PEER, HeldRequests
+from hogshard.proto.service import Replies
 from hogshard.proto.transport import COPY_BELOW
 from hogshard.proto.wire import Message
 from hogshard.ps.applier import UpdateApplier
@@ -37,7 +39,7 @@ from hogshard.ps.decoding import PayloadDecoder
 from hogshard.ps.dense import DenseChunk, DenseStore, DenseTable, encoded_weights
 from hogshard.ps.executor import UpdateExecutor
 from hogshard.ps.group_replies import Contribution
-from hogshard.ps.primary import Primary, Replies
+from hogshard.ps.primary import Primary
 from hogshard.ps.replication import Replicator
 from hogshard.ps.rules import UpdateRule
 from hogshard.ps.shm_plane import ShmPlane
@@ -49,13 +51,13 @@ from hogshard.ps.workers import PolicySchedule, WorkerView
 log = logging.getLogger(__name__)
 
 #: Pulls the policy holds back: per connection and in all (more are refused with TOO_LARGE).
-MAX_DEFERRED_PER_PEER = 64
-MAX_DEFERRED = 4096
+MAX_DEFERRED_PER_PEER = MAX_HELD_PER_PEER
+MAX_DEFERRED = MAX_HELD
 
 Reply = tuple[dict[str, Any], list[np.ndarray]]
 
 
-class Heartbeats(Protocol):
+class HeartbeatTrigger(Protocol):
     """What the dense ops ask of the scheduler link: learn the map or the workers sooner."""
 
     def hurry(self) -> None: ...
@@ -81,7 +83,7 @@ class DenseOps:
     def __init__(self, store: DenseStore, applier: UpdateApplier, view: WorkerView,
                  schedule: PolicySchedule, updates: UpdateExecutor, primary: Primary,
                  replicas: Replicator, stats: ServerStats, replies: Replies,
-                 heartbeats: Heartbeats, job: JobReplication, node_id: str, rank: int,
+                 heartbeats: HeartbeatTrigger, job: JobReplication, node_id: str, rank: int,
                  shm: ShmPlane | None = None) -> None:
         self._store = store
         self._applier = applier
@@ -100,7 +102,7 @@ class DenseOps:
         self.shm = shm or ShmPlane()
         #: Partial pushes held until their step's closing push.
         self.staging = StagedPushes()
-        self._deferred: list[_DeferredPull] = []
+        self._deferred = HeldRequests[_DeferredPull](MAX_DEFERRED_PER_PEER, MAX_DEFERRED)
         #: Pulls whose sender was admitted at a higher clock: (identity, request id) -> clock.
         self._admitted: dict[tuple[bytes, int], int] = {}
 
@@ -280,14 +282,11 @@ class DenseOps:
         if clock is not None and self._clocked_pull(identity, msg, sender, clock):
             self.release_deferred()
         if not self._may_pull(msg):
-            mine = sum(1 for d in self._deferred if d.identity == identity)
-            if mine >= MAX_DEFERRED_PER_PEER or len(self._deferred) >= MAX_DEFERRED:
-                raise TooLargeError(
-                    f"{mine} pulls of this connection ({len(self._deferred)} in all) already "
-                    f"wait; expected at most {MAX_DEFERRED_PER_PEER} per peer, {MAX_DEFERRED} "
-                    "in all")
+            refused = self._deferred.refusal(identity, "pulls of this connection")
+            if refused is not None:
+                raise refused
             self._stats.deferred_pulls += 1
-            self._deferred.append(_DeferredPull(identity, msg))
+            self._deferred.hold(identity, _DeferredPull(identity, msg))
             return
         self._send_pull(identity, msg, table, chunks, codec)
 
@@ -359,19 +358,18 @@ class DenseOps:
     def release_deferred(self) -> None:
         """Answer the held pulls the policy now allows (their tables are looked up again:
         they may have been replaced while the pulls waited)."""
-        if not self._deferred:
-            return
-        waiting, self._deferred = self._deferred, []
-        for pull in waiting:
-            if not self._may_pull(pull.message):
-                self._deferred.append(pull)
-                continue
-            msg = pull.message
-            try:
-                table, chunks = self._store.resolve(msg.get("table"), msg.get("chunks"))
-                self._send_pull(pull.identity, msg, table, chunks, pull_codec(msg.get("codec")))
-            except HogshardError as err:
-                self._replies.fail(pull.identity, msg.request_id, err)
+        self._deferred.release(self._answer_held)
+
+    def _answer_held(self, pull: _DeferredPull) -> bool:
+        if not self._may_pull(pull.message):
+            return False
+        msg = pull.message
+        try:
+            table, chunks = self._store.resolve(msg.get("table"), msg.get("chunks"))
+            self._send_pull(pull.identity, msg, table, chunks, pull_codec(msg.get("codec")))
+        except HogshardError as err:
+            self._replies.fail(pull.identity, msg.request_id, err)
+        return True
 
     # ---- membership ---------------------------------------------------------------------------
 

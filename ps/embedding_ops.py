@@ -26,10 +26,11 @@ from hogshard.proto.codecs.pull import decode_weights, encode_weights, pull_code
 from hogshard.proto.errors import HogshardError, NotOwnerError, ProtocolError
 from hogshard.proto.ops import Field
 from hogshard.proto.packed_rows import counts_of, pack, split_ids, split_rows
+from hogshard.proto.service import Replies
 from hogshard.proto.tables import EMBEDDING_MAP, EmbeddingSpec
 from hogshard.proto.wire import Message
 from hogshard.ps.embedding_store import EmbeddingStore
-from hogshard.ps.primary import Primary, Replies
+from hogshard.ps.primary import Primary
 from hogshard.ps.replication import Replicator
 from hogshard.ps.row_gate import RowGate
 from hogshard.ps.stats import ServerStats

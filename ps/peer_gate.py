@@ -20,12 +20,12 @@ Example (what ``BackupOps.replicate`` does)::
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from hogshard.proto.errors import ForbiddenError, NotOwnerError, NotReadyError
+from hogshard.proto.held import HeldRequests
 from hogshard.proto.tables import EMBEDDING_MAP
 from hogshard.proto.wire import Message
 from hogshard.ps.replication import Replicator
@@ -62,7 +62,7 @@ class PeerGate:
         self.replication = replication
         self.slots = 0  # the job's embedding slots: their rows move between servers
         self._wake = wake
-        self.held: deque[_Held] = deque()
+        self.held = HeldRequests[_Held](per_peer=None, total=None)  # MAX_HELD, below
         self._deciding = False  # a held message is being decided: no holding again
 
     def admit(self, identity: bytes, msg: Message, replicas: Replicator, rank: int,
@@ -74,7 +74,7 @@ class PeerGate:
             raise ForbiddenError(f"{msg.op!r} refused: this job is not replicated "
                                  "(--replication 1), so no server may send it")
         primary = sender_rank(msg)
-        if not self._deciding and any(h.identity == identity for h in self.held):
+        if not self._deciding and self.held.count(identity):
             return self._hold(identity, msg)  # keep the connection's order
         roles = replicas.roles.get(table, {})
         for chunk_id in ids:
@@ -100,7 +100,7 @@ class PeerGate:
         if len(self.held) >= MAX_HELD:
             raise ForbiddenError(f"{len(self.held)} server-to-server messages already wait "
                                  f"for the shard map; expected at most {MAX_HELD}")
-        self.held.append(_Held(identity, msg, time.monotonic()))
+        self.held.hold(identity, _Held(identity, msg, time.monotonic()))
         self._wake()
         return False
 
@@ -110,9 +110,11 @@ class PeerGate:
         ``map_heard_at``) whose reply was taken last: ``redo(identity, message, None)``
         runs the op again (now admitted or refused), ``redo(..., error)`` refuses it."""
         now = time.monotonic()
-        while self.held and (self.held[0].arrived_at <= map_heard_at
-                             or now - self.held[0].arrived_at > MAX_WAIT_S):
-            held = self.held.popleft()
+
+        def due(held: _Held) -> bool:
+            return held.arrived_at <= map_heard_at or now - held.arrived_at > MAX_WAIT_S
+
+        def decide(held: _Held) -> None:
             late = None if held.arrived_at <= map_heard_at else NotReadyError(
                 f"{held.message.op!r}: no shard map from the scheduler within {MAX_WAIT_S} s")
             self._deciding = True
@@ -120,3 +122,5 @@ class PeerGate:
                 redo(held.identity, held.message, late)
             finally:
                 self._deciding = False
+
+        self.held.release_first(due, decide)

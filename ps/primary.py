@@ -17,12 +17,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
-import numpy as np
 import zmq
 
-from hogshard.proto.errors import HogshardError
+from hogshard.proto.service import Replies
 from hogshard.proto.tables import EMBEDDING_MAP
 from hogshard.proto.wire import Message
 from hogshard.ps.applier import UpdateApplier
@@ -34,16 +33,6 @@ from hogshard.ps.stats import ServerStats
 from hogshard.ps.update_pool import AppliedUpdate, Ticket
 
 log = logging.getLogger(__name__)
-
-
-class Replies(Protocol):
-    """How a part answers a request it did not answer at once (proto.service.ServiceCore)."""
-
-    def reply(self, identity: bytes, request_id: int, fields: dict[str, Any] | None = None,
-              arrays: Sequence[np.ndarray] = (), track: bool = False
-              ) -> zmq.MessageTracker | None: ...
-
-    def fail(self, identity: bytes, request_id: int, err: HogshardError) -> None: ...
 
 
 #: Apply a push's chunks at these indexes, their grouped gradients tagged with the

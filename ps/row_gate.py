@@ -25,11 +25,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from hogshard.proto.errors import TooLargeError
+from hogshard.proto.held import MAX_HELD, MAX_HELD_PER_PEER, HeldRequests
 from hogshard.proto.policy import SSPPolicy
 from hogshard.proto.wire import Message
-from hogshard.ps.dense_ops import MAX_DEFERRED as MAX_HELD
-from hogshard.ps.dense_ops import MAX_DEFERRED_PER_PEER as MAX_HELD_PER_PEER
 from hogshard.ps.workers import MAX_LEFT, WorkerView
 
 
@@ -46,7 +44,7 @@ class RowGate:
     def __init__(self, view: WorkerView) -> None:
         self._view = view
         self._pushed: dict[str, int] = {}  # 1 + the clock of each worker's latest row push
-        self.held: list[HeldPull] = []
+        self.held = HeldRequests[HeldPull](MAX_HELD_PER_PEER, MAX_HELD)
 
     def pushed(self, sender: str, clock: int) -> None:
         """``sender``'s row push of step ``clock`` is applied here."""
@@ -65,22 +63,19 @@ class RowGate:
     def hold(self, identity: bytes, message: Message, bound: int) -> None:
         """Keep a pull until :meth:`release` finds it allowed; TooLargeError beyond the caps
         (those of the dense pulls a policy holds back)."""
-        mine = sum(1 for h in self.held if h.identity == identity)
-        if mine >= MAX_HELD_PER_PEER or len(self.held) >= MAX_HELD:
-            raise TooLargeError(
-                f"{mine} embedding pulls of this connection ({len(self.held)} in all) already "
-                f"wait for slower workers; expected at most {MAX_HELD_PER_PEER} per peer, "
-                f"{MAX_HELD} in all")
-        self.held.append(HeldPull(identity, message, bound))
+        refused = self.held.refusal(identity, "embedding pulls of this connection",
+                                    " for slower workers")
+        if refused is not None:
+            raise refused
+        self.held.hold(identity, HeldPull(identity, message, bound))
 
     def release(self, serve: Callable[[bytes, Message], None]) -> None:
         """``serve`` every held pull the clocks now allow, in the order they came."""
-        if not self.held:
-            return
-        waiting, self.held = self.held, []
-        for pull in waiting:
-            clock = pull.message.get("clock")
-            if self.may_pull(pull.bound, str(pull.message.get("from")), clock):
-                serve(pull.identity, pull.message)
-            else:
-                self.held.append(pull)
+        def settle(pull: HeldPull) -> bool:
+            if not self.may_pull(pull.bound, str(pull.message.get("from")),
+                                 pull.message.get("clock")):
+                return False
+            serve(pull.identity, pull.message)
+            return True
+
+        self.held.release(settle)

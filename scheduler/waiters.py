@@ -14,26 +14,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
-from hogshard.proto.errors import HogshardError, TooLargeError
-
-#: Requests that wait: per peer and in all.
-MAX_WAITERS_PER_PEER = 64
-MAX_WAITERS = 4096
+from hogshard.proto.errors import HogshardError
+from hogshard.proto.held import MAX_HELD, MAX_HELD_PER_PEER, HeldRequests
+from hogshard.proto.service import Replies
 
 #: A reply's fields, and a held request's ``ready()``: its reply once it can be answered.
 Reply = dict[str, Any]
 Ready = Callable[[], Reply | None]
-
-
-class Replies(Protocol):
-    """How a held request is answered (what :class:`ServiceCore` offers)."""
-
-    def reply(self, identity: bytes, request_id: int, fields: dict[str, Any] | None = None
-              ) -> Any: ...
-
-    def fail(self, identity: bytes, request_id: int, err: HogshardError) -> None: ...
 
 
 @dataclass
@@ -46,12 +35,10 @@ class _Waiter:
 class Waiters:
     """The held requests, answered through ``replies``."""
 
-    def __init__(self, replies: Replies, per_peer: int = MAX_WAITERS_PER_PEER,
-                 total: int = MAX_WAITERS) -> None:
+    def __init__(self, replies: Replies, per_peer: int = MAX_HELD_PER_PEER,
+                 total: int = MAX_HELD) -> None:
         self._replies = replies
-        self._per_peer = per_peer
-        self._total = total
-        self._held: list[_Waiter] = []
+        self._held = HeldRequests[_Waiter](per_peer, total)
 
     def __len__(self) -> int:
         return len(self._held)
@@ -59,25 +46,23 @@ class Waiters:
     def hold(self, identity: bytes, request_id: int, ready: Ready) -> None:
         """Hold a request until ``ready()`` returns its fields; refused (``TOO_LARGE``) past
         the bounds."""
-        mine = sum(1 for w in self._held if w.identity == identity)
-        if mine >= self._per_peer or len(self._held) >= self._total:
-            self._replies.fail(identity, request_id, TooLargeError(
-                f"{mine} requests of this peer ({len(self._held)} in all) already wait; "
-                f"expected at most {self._per_peer} per peer, {self._total} in all"))
+        refused = self._held.refusal(identity, "requests of this peer")
+        if refused is not None:
+            self._replies.fail(identity, request_id, refused)
         else:
-            self._held.append(_Waiter(identity, request_id, ready))
+            self._held.hold(identity, _Waiter(identity, request_id, ready))
 
     def release(self) -> None:
         """Answer every held request that is ready (or failed)."""
-        pending = []
-        for waiter in self._held:
-            try:
-                result = waiter.ready()
-            except HogshardError as err:
-                self._replies.fail(waiter.identity, waiter.request_id, err)
-                continue
-            if result is None:
-                pending.append(waiter)
-            else:
-                self._replies.reply(waiter.identity, waiter.request_id, result)
-        self._held = pending
+        self._held.release(self._settle)
+
+    def _settle(self, waiter: _Waiter) -> bool:
+        try:
+            result = waiter.ready()
+        except HogshardError as err:
+            self._replies.fail(waiter.identity, waiter.request_id, err)
+            return True
+        if result is None:
+            return False
+        self._replies.reply(waiter.identity, waiter.request_id, result)
+        return True

@@ -3,10 +3,11 @@
 ============================  ==================================================================
 file                          classes
 ============================  ==================================================================
-client.py                     PSClient: the sockets, requests in flight, membership, control
+client.py                     PSClient: tables, push and pull, membership, the public API
+channel.py                    Channel: sockets, requests in flight, request, pump
 dense.py                      push, pull: dense tables' requests and the landing of replies
 sparse.py                     EmbeddingHandle; create_table, pull_rows, push_rows (rows by id)
-tables.py                     DenseTable: chunks, owners, pulled versions (open_dense_table)
+tables.py                     DenseHandle: chunks, owners, pulled versions (open_dense_table)
 control.py                    call_across_restarts, reregister, leave: scheduler restarts
 heartbeat.py                  Heartbeat: the thread sending clock and progress
 futures.py                    Future, PendingRequest, RequestBook: requests in flight

@@ -37,10 +37,9 @@ from typing import Any
 
 import numpy as np
 
-from hogshard.proto.codecs import make_codec
+from hogshard.proto.codecs import CodecInfo, CodecState, make_codec
 from hogshard.worker.compression import Compressor
 from hogshard.worker.compression_policy import AUTO, TableRule
-from hogshard.worker.futures import Future
 from hogshard.worker.recipes import ADAPTIVE_RULES, check_pairing
 
 log = logging.getLogger(__name__)
@@ -95,11 +94,11 @@ def codec_seconds(spec: str, size: int, repeats: int = 3) -> float:
     """Median seconds to encode and decode ``size`` floats of normal noise with ``spec``."""
     codec = make_codec(spec)
     grad = np.random.default_rng(0).standard_normal(size, dtype=np.float32)
-    state: dict[str, Any] = {}
+    state = CodecState()
     times = []
     for _ in range(repeats + 1):  # the first round warms up
         started = time.perf_counter()
-        codec.decode(codec.encode(grad, state, 1), size)
+        codec.decode(codec.encode(grad, CodecInfo(seed=1), state), size)
         times.append(time.perf_counter() - started)
     return statistics.median(times[1:])
 
@@ -112,11 +111,12 @@ def measure_link(client: Any, table: Any, probes: int = PROBES) -> Link:
     scratch = np.empty(table.size, dtype=np.float32)
     for _ in range(probes):
         started = time.perf_counter()
-        Future.gather([client._request(rank, "ping", {}) for rank in ranks], client._pump).result(timeout)
+        pinged = [client.channel.request(rank, "ping", {}) for rank in ranks]
+        client.channel.gather(pinged).result(timeout)
         pings.append(time.perf_counter() - started)
         started = time.perf_counter()
         pulled = [client.pull(table, scratch, versions={}) for _ in range(PULLS_IN_FLIGHT)]
-        Future.gather(pulled, client._pump).result(timeout)
+        client.channel.gather(pulled).result(timeout)
         pulls.append(time.perf_counter() - started)
     # minima: on a loaded machine the scheduler's delays dominate medians, not the link
     latency, moved = min(pings), 4 * table.size * PULLS_IN_FLIGHT

@@ -30,7 +30,15 @@ from typing import Any
 
 import numpy as np
 
-from hogshard.proto.codecs import Codec, Encoded, RandomKCodec, TopKCodec
+from hogshard.proto.codecs import (
+    NO_INFO,
+    Codec,
+    CodecInfo,
+    CodecState,
+    Encoded,
+    RandomKCodec,
+    TopKCodec,
+)
 from hogshard.proto.codecs.base import check_grad, check_seed
 from hogshard.proto.codecs.lowrank import Layers, PowerSGDCodec, slice_layers
 from hogshard.proto.errors import ConfigError, ProtocolError, ShapeError
@@ -87,23 +95,24 @@ class ErrorFeedback:
         self.feedback = feedback
         self.clip_norm = clip_norm
         self._residuals: dict[Hashable, np.ndarray] = {}
-        self._states: dict[Hashable, tuple[str, dict[str, Any]]] = {}
+        self._states: dict[Hashable, tuple[str, CodecState]] = {}
 
-    def compress(self, key: Hashable, grad: np.ndarray, codec: Codec, seed: int = 0,
-                 layers: Layers | None = None) -> Encoded:
+    def compress(self, key: Hashable, grad: np.ndarray, codec: Codec,
+                 info: CodecInfo = NO_INFO) -> Encoded:
         """Encode ``grad`` (plus ``key``'s residual) with ``codec``; update the residual.
-        ``layers``: the slice's ``(rows, cols)`` layers, for codecs that compress per layer."""
-        grad, seed = _clip(check_grad(grad), self.clip_norm), check_seed(seed)  # before any change
+        ``info``: the slice's seed and, for codecs that compress per layer, its layers."""
+        grad = _clip(check_grad(grad), self.clip_norm)
+        check_seed(info.seed)  # before any change
         if not codec.lossless:
             _check_finite(key, grad)
         residual = self._take(self._residuals, key, grad.size, "residual")
-        state = self._state(key, codec, layers)
+        state = self._state(key, codec)
         if residual is not None:
             residual += grad
         if codec.lossless or not self.feedback:
-            return codec.encode(grad if residual is None else residual, state, seed)
+            return codec.encode(grad if residual is None else residual, info, state)
         corrected = grad.copy() if residual is None else residual
-        encoded = codec.encode(corrected, state, seed)
+        encoded = codec.encode(corrected, info, state)
         self._residuals[key] = self._leftover(codec, encoded, corrected)
         return encoded
 
@@ -129,14 +138,12 @@ class ErrorFeedback:
             )
         return kept
 
-    def _state(self, key: Hashable, codec: Codec, layers: Layers | None = None) -> dict[str, Any]:
+    def _state(self, key: Hashable, codec: Codec) -> CodecState:
         spec = codec.spec()
         kept = self._states.get(key)
         if kept is None or kept[0] != spec:
-            kept = (spec, {})
+            kept = (spec, CodecState())
             self._states[key] = kept
-        if layers is not None and isinstance(codec, PowerSGDCodec):
-            kept[1]["layers"] = layers
         return kept[1]
 
     def residual(self, key: Hashable) -> np.ndarray | None:
@@ -195,9 +202,10 @@ class DGC(ErrorFeedback):
         self.momentum = float(momentum)
         self._momenta: dict[Hashable, np.ndarray] = {}
 
-    def compress(self, key: Hashable, grad: np.ndarray, codec: Codec, seed: int = 0,
-                 layers: Layers | None = None) -> Encoded:
-        grad, seed = _clip(check_grad(grad), self.clip_norm), check_seed(seed)
+    def compress(self, key: Hashable, grad: np.ndarray, codec: Codec,
+                 info: CodecInfo = NO_INFO) -> Encoded:
+        grad = _clip(check_grad(grad), self.clip_norm)
+        check_seed(info.seed)
         _check_finite(key, grad)
         velocity = self._take(self._residuals, key, grad.size, "accumulated gradient")
         momentum = self._take(self._momenta, key, grad.size, "momentum")
@@ -211,7 +219,7 @@ class DGC(ErrorFeedback):
             velocity = momentum.copy()
         else:
             velocity += momentum
-        encoded = codec.encode(velocity, self._state(key, codec, layers), seed)
+        encoded = codec.encode(velocity, info, self._state(key, codec))
         if codec.lossless:
             return encoded
         if isinstance(codec, TopKCodec):
@@ -270,7 +278,7 @@ class Compressor:
         self._feedback: dict[str, ErrorFeedback] = {}
         self._steps: dict[Hashable, int] = {}
         self._layers: dict[str, list[tuple[int, int]]] = {}
-        self._slices: dict[tuple[str, int, int], list[tuple[int, int]]] = {}
+        self._slices: dict[tuple[str, int, int], tuple[tuple[int, int], ...]] = {}
         #: The run's steps (pushes of each slice), for a warm-up given as a percentage.
         self.total_steps: int | None = None
 
@@ -280,14 +288,15 @@ class Compressor:
         self._layers[table] = [(int(r), int(c)) for r, c in layers]
         self._slices = {k: v for k, v in self._slices.items() if k[0] != table}
 
-    def _layers_of(self, table: str, offset: int | None, size: int) -> list[tuple[int, int]] | None:
+    def _layers_of(self, table: str, offset: int | None,
+                   size: int) -> tuple[tuple[int, int], ...] | None:
         layers = self._layers.get(table)
         if layers is None or offset is None:
             return None
         key = (table, offset, size)
         cut = self._slices.get(key)
         if cut is None:
-            cut = self._slices[key] = slice_layers(layers, offset, size)
+            cut = self._slices[key] = tuple(slice_layers(layers, offset, size))
         return cut
 
     def resolve(self, table: str, rule: TableRule) -> None:
@@ -315,7 +324,8 @@ class Compressor:
         step = self._steps.get(key, 0)
         codec = self.policy.codec_for(table, grad.size, step, self.total_steps)
         layers = self._layers_of(table, offset, grad.size) if isinstance(codec, PowerSGDCodec) else None
-        encoded = self.feedback_for(table).compress(key, grad, codec, seed, layers)
+        encoded = self.feedback_for(table).compress(key, grad, codec,
+                                                    CodecInfo(table, layers, seed, step))
         self._steps[key] = step + 1
         return codec, encoded
 

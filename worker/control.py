@@ -36,7 +36,6 @@ from hogshard.proto.errors import (
 )
 from hogshard.proto.transport import ERROR, RpcChannel, raise_if_error
 from hogshard.proto.wire import Message
-from hogshard.worker.futures import Future
 from hogshard.worker.heartbeat import Heartbeat
 
 if TYPE_CHECKING:
@@ -78,16 +77,16 @@ def join(client: PSClient, at_exit: Callable[[Any], None]) -> Message:
     log.info("registering with the scheduler at %s (waiting up to %.0f s)", settings.scheduler,
              timeout)
     try:
-        reply = client._control.call(
+        reply = client.channel.control.call(
             "register", {"role": "worker", "rank_hint": settings.rank, "host": client.shm.host},
             timeout=timeout)
     except RequestTimeoutError:
         raise connect_error(settings, "register") from None
-    client._adopt_registration(reply.header)
+    _adopt_registration(client, reply.header)
     client.policy = reply.get("policy")
-    client._heartbeat = Heartbeat(client, client._control_context,
-                                  reply.get("heartbeat_interval"))
-    client._heartbeat.start()
+    client.heartbeat = Heartbeat(client, client.channel.control_context,
+                                 reply.get("heartbeat_interval"))
+    client.heartbeat.start()
     # a script that ends on an exception never closes its client; collecting a context whose
     # sockets are still open (the heartbeat thread's) would hang the exit
     atexit.register(at_exit, weakref.ref(client))
@@ -96,9 +95,18 @@ def join(client: PSClient, at_exit: Callable[[Any], None]) -> Message:
         log.info("%s registered; %d of %d servers up%s", client.node_id, live, expected,
                  "" if live >= expected else ", waiting for the rest")
     try:
-        return client._control.call("wait_servers", timeout=timeout)
+        return client.channel.control.call("wait_servers", timeout=timeout)
     except RequestTimeoutError:
-        raise connect_error(settings, "wait_servers", servers_up(client._control)) from None
+        raise connect_error(settings, "wait_servers",
+                            servers_up(client.channel.control)) from None
+
+
+def _adopt_registration(client: PSClient, fields: dict[str, Any]) -> None:
+    client.channel.identify(fields["node_id"])
+    client.rank = fields["rank"]
+    client.clock = max(client.clock, int(fields.get("clock", 0)))
+    client.job_places_embeddings = int(fields.get("replication") or 1) > 1 \
+        or bool(fields.get("embedding_slots"))
 
 
 def servers_up(channel: RpcChannel) -> str | None:
@@ -149,9 +157,8 @@ def reregister(client: PSClient, channel: RpcChannel) -> None:
     except HogshardError as err:
         log.warning("re-registration failed: %s", err.message)
         return
-    client.node_id = reply.get("node_id")
+    client.channel.identify(reply.get("node_id"))
     client.rank = reply.get("rank")
-    client._control.sender = client.node_id
     client.generation += 1
 
 
@@ -160,15 +167,16 @@ def leave(client: PSClient) -> None:
     ``client`` leaves, so that no policy waits for it; failures are logged, not raised."""
     try:
         try:
-            client._control.call("leave", {"clock": client.clock}, timeout=5.0)
+            client.channel.control.call("leave", {"clock": client.clock}, timeout=5.0)
         except UnknownMemberError:  # a restarted scheduler: rejoin to leave cleanly
-            reregister(client, client._control)
-            client._control.call("leave", {"clock": client.clock}, timeout=5.0)
+            reregister(client, client.channel.control)
+            client.channel.control.call("leave", {"clock": client.clock}, timeout=5.0)
     except HogshardError as err:
         log.warning("leave failed: %s", err.message)
     try:  # so that no server waits for this worker until its next heartbeat
-        leaves = [client._request(rank, "leave", {}) for rank in client._servers]
-        Future.gather(leaves, client._pump).result(2.0)
+        channel = client.channel
+        leaves = [channel.request(rank, "leave", {}) for rank in channel.ranks]
+        channel.gather(leaves).result(2.0)
     except HogshardError as err:
         log.debug("telling the servers of the leave: %s", err.message)
     except JobStopped:

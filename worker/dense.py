@@ -27,7 +27,7 @@ from hogshard.proto.tables import Chunk
 from hogshard.worker.compression import Compressor, message_seed
 from hogshard.worker.futures import Future
 from hogshard.worker.rerouting import Route
-from hogshard.worker.tables import FLOAT32, DenseTable, by_server
+from hogshard.worker.tables import FLOAT32, DenseHandle, by_server
 
 if TYPE_CHECKING:
     from hogshard.worker.client import PSClient
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 _PULL_DECODERS = {name: make_codec(name) for name in PULL_CODECS}  # stateless decoders
 
 
-def push(client: PSClient, table: DenseTable, grads: np.ndarray, clock: int | None = None,
+def push(client: PSClient, table: DenseHandle, grads: np.ndarray, clock: int | None = None,
          compressor: Compressor | None = None, chunks: Sequence[Chunk] | None = None,
          partial: bool = False, hyper: list[dict[str, Any]] | None = None,
          close: Collection[int] = ()) -> Future:
@@ -58,7 +58,7 @@ def push(client: PSClient, table: DenseTable, grads: np.ndarray, clock: int | No
         parts: dict[int, tuple[int, Any, list[np.ndarray]]] = {}
         spans: dict[int, list[int] | None] = {}
         staging = compressor is None and table.replication == 1 \
-            and client.shm.colocated(client._hosts.get(rank))
+            and client.shm.colocated(client.channel.hosts.get(rank))
         for chunk in chunks:
             piece = grads[chunk.offset:chunk.offset + chunk.length]
             version = table.pulled_versions[chunk.chunk_id]
@@ -86,22 +86,22 @@ def push(client: PSClient, table: DenseTable, grads: np.ndarray, clock: int | No
                 fields["codecs"] = [codec for _, codec, _ in mine]
             arrays = [a for _, _, arrays in mine for a in arrays]
             staged = [spans.get(c.chunk_id) for c in chunks]
-            if any(staged) and client.shm.colocated(client._hosts.get(chunks[0].server)):
+            if any(staged) and client.shm.colocated(client.channel.hosts.get(chunks[0].server)):
                 fields["shm"] = client.shm.push_field(table, staged)
                 arrays = [a for a, span in zip(arrays, staged, strict=True) if span is None]
             return fields, arrays, functools.partial(count_acked, client, base["table"],
                                                      fields["chunks"])
 
         fields, arrays, on_reply = build(chunks)
-        future = client._request(rank, "push", fields, arrays, on_reply,
+        future = client.channel.request(rank, "push", fields, arrays, on_reply,
                                  route=_route(table, chunks, build))
         if "shm" in fields:
             client.shm.claim("push", table, [c.chunk_id for c in chunks], future.requests[0])
         futures.append(future)
-    return Future.gather(futures, client._pump)
+    return client.channel.gather(futures)
 
 
-def pull(client: PSClient, table: DenseTable, out: np.ndarray, clock: int | None = None,
+def pull(client: PSClient, table: DenseHandle, out: np.ndarray, clock: int | None = None,
          chunks: Sequence[Chunk] | None = None,
          versions: dict[int, int] | None = None, codec: str = "none") -> Future:
     """Fetch ``table``'s chunks into ``out`` (see :meth:`PSClient.pull`)."""
@@ -120,7 +120,7 @@ def pull(client: PSClient, table: DenseTable, out: np.ndarray, clock: int | None
         if codec != "none":
             fields["codec"] = codec
         elif client.shm.reaches(chunks) and \
-                client.shm.colocated(client._hosts.get(chunks[0].server)) and \
+                client.shm.colocated(client.channel.hosts.get(chunks[0].server)) and \
                 not client.shm.busy("pull", table, [c.chunk_id for c in chunks]):
             fields["shm"] = client.shm.min_bytes
 
@@ -149,12 +149,12 @@ def pull(client: PSClient, table: DenseTable, out: np.ndarray, clock: int | None
     futures = []
     for rank, chunks in by_server(table, chunks).items():  # noqa: B020 (computed first)
         fields, _, land = build(chunks)
-        future = client._request(rank, "pull", fields, on_reply=land,
+        future = client.channel.request(rank, "pull", fields, on_reply=land,
                                  route=_route(table, chunks, build))
         if "shm" in fields:
             client.shm.claim("pull", table, [c.chunk_id for c in chunks], future.requests[0])
         futures.append(future)
-    return Future.gather(futures, client._pump)
+    return client.channel.gather(futures)
 
 
 def count_acked(client: PSClient, table: str, chunk_ids: list[int], message: Any) -> None:
@@ -172,13 +172,13 @@ def count_acked(client: PSClient, table: str, chunk_ids: list[int], message: Any
         client.acked_by_chunk[(table, chunk_id)] += 1
 
 
-def _route(table: DenseTable, chunks: list[Chunk], build: Any) -> Route:
+def _route(table: DenseHandle, chunks: list[Chunk], build: Any) -> Route:
     """How to send a request again if its chunks move (a backup promoted) or their
     server is replaced by a new process (restored from a checkpoint)."""
     return Route(table, [c.chunk_id for c in chunks], build)
 
 
-def check_flat(table: DenseTable, array: np.ndarray, what: str) -> np.ndarray:
+def check_flat(table: DenseHandle, array: np.ndarray, what: str) -> np.ndarray:
     """``array`` if it is a contiguous 1-D float32 array of ``table``'s size (ConfigError if not)."""
     if not isinstance(array, np.ndarray) or array.dtype != FLOAT32 or array.ndim != 1:
         raise ConfigError(f"{what} must be a 1-D float32 numpy array")

@@ -106,7 +106,7 @@ class _Fetched:
 
 
 @dataclass(slots=True)
-class _StepState:
+class BagStep:
     """A bag's state from one step to the next."""
 
     prefetched: _Fetched | None = None  # rows pulled for the next forward
@@ -238,7 +238,8 @@ class RemoteEmbeddingBag(nn.Module):
                               f"older than policy {policy!r} allows; use ssp:S (S >= 1) or "
                               "async")
         self.pipeline = pipeline
-        self._step = _StepState()  # plain attributes: nn.Module's __setattr__ costs per step
+        #: This step's prefetch and push (plain attributes: nn.Module's __setattr__ costs).
+        self.in_flight = BagStep()
         self.client = client
         self.mode = mode
         self.embedding_dim = embedding_dim
@@ -281,7 +282,7 @@ class RemoteEmbeddingBag(nn.Module):
         offsets: torch.Tensor | None = None,
         per_sample_weights: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        fetched, self._step.prefetched = self._step.prefetched, None
+        fetched, self.in_flight.prefetched = self.in_flight.prefetched, None
         if fetched is None or fetched.key is not indices or fetched.behind_push:
             fetched = self.fetch(indices)  # not announced, or announced but no push came
         assert fetched.landing is not None
@@ -290,7 +291,7 @@ class RemoteEmbeddingBag(nn.Module):
         weight = to_device(fetched.rows_tensor, device)
         if torch.is_grad_enabled():
             weight.requires_grad_(True)
-            self._step.touched.append((fetched.ids, weight))
+            self.in_flight.touched.append((fetched.ids, weight))
         inverse = to_device(fetched.inverse, device)
         if offsets is None and per_sample_weights is None and inverse.dim() == 2 \
                 and inverse.shape[1] == 1:  # bags of one id: the pooled row is the row itself
@@ -304,7 +305,7 @@ class RemoteEmbeddingBag(nn.Module):
 
     def row_gradients(self) -> tuple[np.ndarray, np.ndarray] | None:
         """The (ids, summed row gradients) of every forward since the last call, or None."""
-        touched, self._step.touched = self._step.touched, []
+        touched, self.in_flight.touched = self.in_flight.touched, []
         with_grads = [(ids, w.grad) for ids, w in touched if w.grad is not None]
         if not with_grads:
             return None
@@ -330,7 +331,7 @@ def prefetch(pairs: Sequence[tuple[RemoteEmbeddingBag, torch.Tensor]]) -> Future
     future = _pull([bag for bag, _ in pairs], fetched)
     for (bag, _), f in zip(pairs, fetched, strict=True):
         f.future = future
-        bag._step.prefetched = f
+        bag.in_flight.prefetched = f
     return future
 
 
@@ -347,7 +348,7 @@ def prefetch_next(pairs: Sequence[tuple[RemoteEmbeddingBag, torch.Tensor]]) -> F
     now: list[tuple[RemoteEmbeddingBag, _Fetched]] = []
     for bag, indices in pairs:
         f = _Fetched(indices, bag.embedding_dim, bag.device, bag.cache is not None)
-        bag._step.prefetched = f
+        bag.in_flight.prefetched = f
         if bag.pipeline == "exact":
             f.behind_push = True
         else:
@@ -394,7 +395,7 @@ def push_gradients(
     if not any(bag.pipeline for bag in pushers):
         return future
     for bag in pushers:
-        bag._step.pushing = future
+        bag.in_flight.pushing = future
     return None
 
 
@@ -402,7 +403,7 @@ def _pull_announced(bags: Sequence[RemoteEmbeddingBag]) -> None:
     """Pull the rows that ``"exact"`` bags announced for the next step, in one request per
     server: sent after this step's row push on the same connections, they read its update."""
     pairs = [(bag, f) for bag in bags
-             if (f := bag._step.prefetched) is not None and f.behind_push]
+             if (f := bag.in_flight.prefetched) is not None and f.behind_push]
     if not pairs:
         return
     fetched = [f for _, f in pairs]
@@ -417,6 +418,6 @@ def flush(client: PSClient, bags: Sequence[RemoteEmbeddingBag]) -> None:
     pipeline's); call it before other workers rely on this one's updates (a barrier)."""
     timeout = client.settings.request_timeout
     for bag in bags:
-        pushing, bag._step.pushing = bag._step.pushing, None
+        pushing, bag.in_flight.pushing = bag.in_flight.pushing, None
         if pushing is not None:
             pushing.result(timeout)

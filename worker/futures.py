@@ -7,7 +7,7 @@ Example::
 
     push = client.push(table, grads, clock=3)
     pull = client.pull(table, out=weights, clock=4)
-    Future.gather([push, pull], client._pump).result(timeout=30)
+    Future.gather([push, pull], client.channel.pump).result(timeout=30)
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class PendingRequest:
     parent: PendingRequest | None = field(default=None, repr=False)
     children: int = 0  # sent again as this many requests, not all done yet
     attempts: int = 0
-    link: int = 0  # which socket to ``server`` it went out on (PSClient._links)
+    link: int = 0  # which socket to ``server`` it went out on (Channel.links)
 
     def settle(self, message: Message) -> None:
         """Land a reply. Raises :class:`ShmUnavailableError` (the request is not done) when

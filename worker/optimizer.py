@@ -33,7 +33,7 @@ from hogshard.proto.errors import ConfigError
 from hogshard.proto.policy import promises_fresh_reads
 from hogshard.proto.tables import DEFAULT_CHUNK_ELEMS
 from hogshard.worker.auto_codec import prepare_compression
-from hogshard.worker.client import DenseTable, PSClient
+from hogshard.worker.client import DenseHandle, PSClient
 from hogshard.worker.compression import CompressionPolicy, Compressor
 from hogshard.worker.device import HostBuffer, make_mirror
 from hogshard.worker.embedding import RemoteEmbeddingBag, push_gradients
@@ -145,7 +145,7 @@ class PSOptimizer(torch.optim.Optimizer):
         self._mirror = make_mirror(self.params)
         self._weights = self._mirror.weights.array
         self._grads = self._mirror.grads.array
-        self.table: DenseTable = client.dense_table(
+        self.table: DenseHandle = client.dense_table(
             table, self._weights.size, self._hyper.table_rule(),
             init=self._weights if client.rank == 0 else None, chunk_elems=chunk_elems,
         )
@@ -239,7 +239,7 @@ class PSOptimizer(torch.optim.Optimizer):
                 log.info("the gradients changed between backward and step (clipping, a "
                          "GradScaler, a second backward): their buckets are pushed at the "
                          "step, exactly as step finds them, until a step finds them unchanged")
-            push = Future.gather(futures, client._pump)
+            push = client.channel.gather(futures)
         else:
             self._gather_grads()
             if self.compressor is not None and self.compressor.total_steps is None:
@@ -325,7 +325,7 @@ class PSOptimizer(torch.optim.Optimizer):
                 {int(k): v for k, v in mine["pulled_versions"].items()})
 
 
-def early_pushes(overlap: bool | None, table: DenseTable, compressor: Compressor | None,
+def early_pushes(overlap: bool | None, table: DenseHandle, compressor: Compressor | None,
                  bucket_bytes: int) -> bool:
     """Whether gradient buckets leave during backward: asked for (by default, where the table
     fills several buckets), and possible (unreplicated: a backup would not hold the staged

@@ -28,8 +28,8 @@ from hogshard.proto.tables import Chunk
 from hogshard.worker.futures import PendingRequest
 
 if TYPE_CHECKING:
-    from hogshard.worker.client import PSClient
-    from hogshard.worker.tables import DenseTable
+    from hogshard.worker.channel import Channel
+    from hogshard.worker.tables import DenseHandle
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ class Route:
     """How to send a request again: its table, chunk ids and a builder of the request for
     any subset of them (header fields, arrays, reply handler)."""
 
-    table: DenseTable
+    table: DenseHandle
     chunk_ids: list[int]
     build: Build
     #: Send it again to the new owners as soon as the map moves. False where the old owner
@@ -59,16 +59,16 @@ class Route:
 class Rerouter:
     """The replicated tables of one client and the requests to send again."""
 
-    def __init__(self, client: PSClient) -> None:
-        self._client = client
-        self.tables: dict[str, DenseTable] = {}
+    def __init__(self, channel: Channel) -> None:
+        self._channel = channel
+        self.tables: dict[str, DenseHandle] = {}
         self.map_epoch: Any = None
         self.announced: Any = None  # set by the heartbeat thread from the scheduler's replies
         self._stale = False
         self._refreshed_at = 0.0
         self._retrying: list[tuple[float, PendingRequest]] = []
 
-    def track(self, table: DenseTable, map_epoch: Any) -> None:
+    def track(self, table: DenseHandle, map_epoch: Any) -> None:
         self.tables[table.name] = table
         self.map_epoch = map_epoch
 
@@ -112,47 +112,47 @@ class Rerouter:
 
     def _refresh(self, now: float) -> None:
         self._refreshed_at = now
-        client = self._client
+        channel = self._channel
         servers: list[dict[str, Any]] = []
         try:
             for name, table in self.tables.items():
-                reply = client._control.call("get_table", {"table": name},
-                                             timeout=client.settings.connect_timeout)
+                reply = channel.control.call("get_table", {"table": name},
+                                             timeout=channel.settings.connect_timeout)
                 chunks = [Chunk.from_wire(c) for c in reply.get("chunks")]
                 if {c.chunk_id for c in chunks} != set(table.by_id):
                     # A restarted scheduler rebuilds the map as servers re-register: until
                     # every chunk is placed again, the old placement is the better guess.
                     log.info("%s: the map of %s places %d of its %d chunks yet; keeping the "
-                             "old one", client.node_id, name, len(chunks), len(table.by_id))
+                             "old one", channel.node_id, name, len(chunks), len(table.by_id))
                     return
                 table.update(chunks)
                 servers, epoch = reply.get("servers") or [], reply.get("map_epoch")
         except HogshardError as err:
-            log.info("%s: cannot fetch the shard map yet (%s)", client.node_id, err.message)
+            log.info("%s: cannot fetch the shard map yet (%s)", channel.node_id, err.message)
             return
-        client._connect_servers(servers)
+        channel.connect(servers)
         self._stale = False
         if epoch != self.map_epoch:
-            log.info("%s: shard map epoch %s -> %s", client.node_id, self.map_epoch, epoch)
+            log.info("%s: shard map epoch %s -> %s", channel.node_id, self.map_epoch, epoch)
         self.map_epoch = epoch
 
     def _reroute_waiting(self) -> None:
         """Send again, to the new owners, the requests waiting on a server that no longer
         owns (all) their chunks."""
-        client = self._client
-        for pending in client._book.waiting():
+        channel = self._channel
+        for pending in channel.book.waiting():
             route = pending.route
             if route is None:
                 continue
             # the socket it went on is closed (its server gone, or a new process under its
             # rank): no reply can come on it, so even a request that follows no map moves
-            relinked = pending.server not in client._servers \
-                or client._links.get(pending.server) != pending.link
+            relinked = not channel.reaches(pending.server) \
+                or channel.links.get(pending.server) != pending.link
             if not route.follow and not relinked:
                 continue
             owners = {route.table.by_id[c].server for c in route.chunk_ids}
             if owners != {pending.server} or relinked:
-                client._book.pop(pending.request_id)
+                channel.book.pop(pending.request_id)
                 self.resend(pending)
 
     def resend(self, pending: PendingRequest) -> None:
@@ -162,16 +162,16 @@ class Rerouter:
         for chunk_id in route.chunk_ids:
             chunk = route.table.by_id[chunk_id]
             groups.setdefault(chunk.server, []).append(chunk)
-        if any(rank not in self._client._servers for rank in groups):
+        if not all(self._channel.reaches(rank) for rank in groups):
             self.retry_later(pending)  # an owner this client cannot reach yet
             return
         pending.children += len(groups)
         for rank, chunks in groups.items():
             fields, arrays, on_reply = route.build(chunks)
-            child = self._client._send_request(
+            child = self._channel.send(
                 rank, pending.op, fields, arrays, on_reply,
                 Route(route.table, [c.chunk_id for c in chunks], route.build, route.follow),
                 wait_for_room=False)  # it replaces a request already counted
             child.parent, child.attempts = pending, pending.attempts
-        log.debug("%s: %s#%d sent again to servers %s", self._client.node_id, pending.op,
+        log.debug("%s: %s#%d sent again to servers %s", self._channel.node_id, pending.op,
                   pending.request_id, sorted(groups))

@@ -31,7 +31,7 @@ from hogshard.proto.errors import ProtocolError
 from hogshard.proto.shm import CopyThreads, PeerSegments, PublishedSlot, Segment, parse_ref
 from hogshard.proto.tables import Chunk
 from hogshard.worker.futures import PendingRequest
-from hogshard.worker.tables import DenseTable
+from hogshard.worker.tables import DenseHandle
 
 log = logging.getLogger(__name__)
 
@@ -68,14 +68,14 @@ class ShmLink:
         """Whether any of ``chunks`` (float32) is large enough to travel through a segment."""
         return any(4 * c.length >= self.settings.shm_min_bytes for c in chunks)
 
-    def takes_pushes(self, table: DenseTable, hosts: Mapping[int, Any]) -> bool:
+    def takes_pushes(self, table: DenseHandle, hosts: Mapping[int, Any]) -> bool:
         """Whether uncompressed pushes of ``table`` write some chunk into its segment: the
         table is unreplicated and a chunk large enough has its server on this host (``hosts``:
         server rank -> the host identity it reported)."""
         return table.replication == 1 and any(
             self.reaches([c]) and self.colocated(hosts.get(c.server)) for c in table.chunks)
 
-    def segment(self, table: DenseTable) -> Segment:
+    def segment(self, table: DenseHandle) -> Segment:
         """The table's push segment (a float32 slot for every element, at its offset)."""
         segment = self._segments.get(table.name)
         if segment is None or segment.size != max(4 * table.size, 1):
@@ -83,12 +83,12 @@ class ShmLink:
                                                                   4 * table.size)
         return segment
 
-    def gradient_buffer(self, table: DenseTable) -> np.ndarray:
+    def gradient_buffer(self, table: DenseHandle) -> np.ndarray:
         """A flat float32 array in the table's push segment: gradients written there are
         pushed to co-located servers with no copy."""
         return self.segment(table).floats(0, table.size)
 
-    def stage(self, table: DenseTable, chunk: Chunk, piece: np.ndarray) -> list[int] | None:
+    def stage(self, table: DenseHandle, chunk: Chunk, piece: np.ndarray) -> list[int] | None:
         """Put a chunk's gradient in its span of the segment; None: send it in frames (small,
         or the span's previous push has no reply yet)."""
         if piece.nbytes < self.min_bytes:
@@ -100,7 +100,7 @@ class ShmLink:
             segment.floats(offset, chunk.length)[:] = piece
         return [offset, piece.nbytes]
 
-    def busy(self, op: str, table: DenseTable, chunk_ids: Sequence[int]) -> bool:
+    def busy(self, op: str, table: DenseHandle, chunk_ids: Sequence[int]) -> bool:
         """Whether a ``push`` or ``pull`` of one of these chunks through shared memory still
         waits for its reply."""
         for chunk_id in chunk_ids:
@@ -109,13 +109,13 @@ class ShmLink:
                 return True
         return False
 
-    def claim(self, op: str, table: DenseTable, chunk_ids: Sequence[int],
+    def claim(self, op: str, table: DenseHandle, chunk_ids: Sequence[int],
               pending: PendingRequest) -> None:
         """These chunks' ``op`` goes through shared memory until ``pending`` is done."""
         for chunk_id in chunk_ids:
             self._busy[(op, table.name, chunk_id)] = pending
 
-    def push_field(self, table: DenseTable, spans: Sequence[list[int] | None]) -> list[Any]:
+    def push_field(self, table: DenseHandle, spans: Sequence[list[int] | None]) -> list[Any]:
         """A push's ``shm`` field: ``[pid, fd, spans, token]``."""
         segment = self.segment(table)
         return [*segment.ref, list(spans), segment.token]

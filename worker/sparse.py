@@ -37,7 +37,7 @@ from hogshard.proto.rule_specs import ROW_RULES, check_rule_spec
 from hogshard.proto.tables import EMBEDDING_MAP, EmbeddingSpec
 from hogshard.worker.futures import Future
 from hogshard.worker.rerouting import Route
-from hogshard.worker.tables import DenseTable, follow_map
+from hogshard.worker.tables import DenseHandle, follow_map
 
 if TYPE_CHECKING:
     from hogshard.worker.client import PSClient
@@ -67,8 +67,8 @@ def create_table(client: PSClient, spec: EmbeddingSpec) -> EmbeddingHandle:
     check_rule_spec(spec.rule, ROW_RULES)  # refuse a bad rule here, before anything is sent
     _find_embedding_map(client)
     fields = spec.to_wire()
-    futures = [client._request(rank, "emb_create", fields) for rank in sorted(client._servers)]
-    Future.gather(futures, client._pump).result(client.settings.request_timeout)
+    futures = [client.channel.request(rank, "emb_create", fields) for rank in client.channel.ranks]
+    client.channel.gather(futures).result(client.settings.request_timeout)
     return EmbeddingHandle(spec)
 
 
@@ -78,11 +78,11 @@ def _find_embedding_map(client: PSClient) -> None:
     if client.embedding_map is not None or not client.job_places_embeddings:
         return
     try:
-        reply = client._control.call("get_table", {"table": EMBEDDING_MAP},
+        reply = client.channel.control.call("get_table", {"table": EMBEDDING_MAP},
                                      timeout=client.settings.connect_timeout)
     except UnknownTableError:
         return  # no replication: rows hashed over the servers the client joined with
-    table = DenseTable.from_reply(reply.header)
+    table = DenseHandle.from_reply(reply.header)
     if table.replication > 1 or table.slots:
         client.embedding_map = table
         follow_map(client, table, reply.header)
@@ -210,7 +210,7 @@ def _send(client: PSClient, op: str, where: Destination, build: Build) -> Future
         if not held.size:  # an empty request still follows one of its server's slots
             held = np.flatnonzero(client.embedding_map.owner_of == rank)[:1]
         route = Route(client.embedding_map, held.tolist(), subset, follow=False)
-    return client._request(rank, op, fields, arrays, on_reply=on_reply, route=route)
+    return client.channel.request(rank, op, fields, arrays, on_reply=on_reply, route=route)
 
 
 def pull_rows(
@@ -253,7 +253,7 @@ def pull_rows(
             return fields, [pack([t[p] for t, p in zip(checked, positions, strict=True)])], land
 
         futures.append(_send(client, "emb_pull", where, build))
-    return Future.gather(futures, client._pump)
+    return client.channel.gather(futures)
 
 
 def push_rows(
@@ -295,7 +295,7 @@ def push_rows(
                             rows if encoder is None else encode_weights(encoder, [rows])[0]], None
 
         futures.append(_send(client, "emb_push", where, build))
-    return Future.gather(futures, client._pump)
+    return client.channel.gather(futures)
 
 
 def _row_codec(codec: str) -> Codec | None:
@@ -309,6 +309,6 @@ def embedding_stats(client: PSClient) -> dict[int, dict[str, Any]]:
     placement names (fetched afresh), so a server drained out of the embedding slots and
     stopped is not asked."""
     ranks = placement_ranks(client)
-    futures = [client._request(rank, "emb_stats", {}) for rank in ranks]
-    replies = Future.gather(futures, client._pump).result(client.settings.request_timeout)
+    futures = [client.channel.request(rank, "emb_stats", {}) for rank in ranks]
+    replies = client.channel.gather(futures).result(client.settings.request_timeout)
     return {rank: dict(reply.header) for rank, reply in zip(ranks, replies, strict=True)}

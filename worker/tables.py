@@ -2,7 +2,7 @@
 
 Example::
 
-    table = DenseTable.from_reply(reply.header)          # a declare_table/get_table reply
+    table = DenseHandle.from_reply(reply.header)          # a declare_table/get_table reply
     for rank, chunks in by_server(table, None).items():  # the requests to send, by server
         ...
 """
@@ -17,7 +17,6 @@ import numpy as np
 from hogshard.proto.errors import ConfigError
 from hogshard.proto.rule_groups import check_table_rule
 from hogshard.proto.tables import Chunk, DenseTableSpec
-from hogshard.worker.futures import Future
 
 if TYPE_CHECKING:
     from hogshard.worker.client import PSClient
@@ -25,7 +24,7 @@ if TYPE_CHECKING:
 FLOAT32 = np.dtype("<f4")
 
 
-class DenseTable:
+class DenseHandle:
     """A worker's handle on a dense table: its chunks grouped by server, and the version of
     each chunk this worker last pulled (sent back with pushes to measure staleness)."""
 
@@ -53,12 +52,12 @@ class DenseTable:
             self.owner_of[chunk.chunk_id] = chunk.server
 
     @classmethod
-    def from_reply(cls, fields: dict[str, Any]) -> DenseTable:
+    def from_reply(cls, fields: dict[str, Any]) -> DenseHandle:
         return cls(DenseTableSpec(**fields["table"]), [Chunk.from_wire(c) for c in fields["chunks"]],
                    int(fields.get("replication") or 1), int(fields.get("slots") or 0))
 
 
-def by_server(table: DenseTable, chunks: Sequence[Chunk] | None) -> dict[int, list[Chunk]]:
+def by_server(table: DenseHandle, chunks: Sequence[Chunk] | None) -> dict[int, list[Chunk]]:
     """``chunks`` (all of the table's by default) grouped by the server that holds them."""
     if chunks is None:
         return table.by_server
@@ -69,16 +68,16 @@ def by_server(table: DenseTable, chunks: Sequence[Chunk] | None) -> dict[int, li
     return grouped
 
 def open_dense_table(client: PSClient, name: str, size: int, rule: dict[str, Any],
-                     init: np.ndarray | None, chunk_elems: int) -> DenseTable:
+                     init: np.ndarray | None, chunk_elems: int) -> DenseHandle:
     """What :meth:`PSClient.dense_table` does: with ``init``, declare the table, fill every
     server's chunks and flag it ready; without, wait until it is ready and check its spec."""
     check_table_rule(rule, size)  # refuse a bad rule here, before anything is declared
     spec = DenseTableSpec(name, int(size), int(chunk_elems), dict(rule))
     if init is None:
-        reply = client._control.call(
+        reply = client.channel.control.call(
             "get_table", {"table": name, "wait": True}, timeout=client.settings.connect_timeout
         )
-        table = DenseTable.from_reply(reply.header)
+        table = DenseHandle.from_reply(reply.header)
         if (table.spec.size, table.spec.rule) != (spec.size, spec.rule):
             raise ConfigError(
                 f"table {name!r} was declared as {table.spec.to_wire()}; this worker "
@@ -91,9 +90,9 @@ def open_dense_table(client: PSClient, name: str, size: int, rule: dict[str, Any
         raise ConfigError(f"init has {init.size} elements; table {name!r} has {size}")
     request = {"table": name, "size": spec.size, "chunk_elems": spec.chunk_elems,
                "rule": spec.rule}
-    reply = client._control.call("declare_table", request,
+    reply = client.channel.control.call("declare_table", request,
                                  timeout=client.settings.connect_timeout)
-    table = DenseTable.from_reply(reply.header)
+    table = DenseHandle.from_reply(reply.header)
     futures = []
     for rank, chunks in table.by_server.items():
         fields = {
@@ -104,14 +103,14 @@ def open_dense_table(client: PSClient, name: str, size: int, rule: dict[str, Any
         if table.replication > 1:
             fields["replication"] = table.replication
         arrays = [init[c.offset:c.offset + c.length] for c in chunks]
-        futures.append(client._request(rank, "init", fields, arrays))
-    Future.gather(futures, client._pump).result(client.settings.request_timeout)
-    client._control.call("table_ready", {"table": name}, timeout=client.settings.request_timeout)
+        futures.append(client.channel.request(rank, "init", fields, arrays))
+    client.channel.gather(futures).result(client.settings.request_timeout)
+    client.channel.control.call("table_ready", {"table": name}, timeout=client.settings.request_timeout)
     follow_map(client, table, reply.header)
     return table
 
 
-def follow_map(client: PSClient, table: DenseTable, view: dict[str, Any]) -> None:
+def follow_map(client: PSClient, table: DenseHandle, view: dict[str, Any]) -> None:
     """Follow a table's placement as backups are promoted, and its servers as they are
     replaced by new processes (worker/rerouting.py)."""
     client.rerouter.track(table, view.get("map_epoch"))

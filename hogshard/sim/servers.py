@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from hogshard.proto.errors import HogshardError
+from hogshard.proto.held import HeldRequests
 from hogshard.proto.policy import ConsistencyPolicy
 from hogshard.proto.tables import Chunk
 from hogshard.ps.applier import UpdateApplier
@@ -102,7 +103,7 @@ class VirtualServer:
         self._turns: deque[str] = deque()
         self._queued = 0
         self._busy = False
-        self._deferred: list[tuple[str, int, Reply]] = []
+        self._deferred = HeldRequests[tuple[str, int, Reply]](per_peer=None, total=None)
 
     # ---- the queue ----------------------------------------------------------------------------
 
@@ -202,7 +203,7 @@ class VirtualServer:
             self._answer(reply)
         else:
             self.stats.deferred_pulls += 1
-            self._deferred.append((learner, clock, reply))
+            self._deferred.hold(learner.encode(), (learner, clock, reply))
 
     def _answer(self, reply: Reply) -> None:
         """Copy the weights into a reply: the copying takes server time (a job at the front of
@@ -219,13 +220,16 @@ class VirtualServer:
 
     def _release(self) -> None:
         """Answer the held pulls the policy now allows, in the order they came."""
-        waiting, self._deferred = self._deferred, []
-        allowed = []
-        for learner, clock, reply in waiting:
-            if self._allowed(learner, clock):
-                allowed.append(reply)
-            else:
-                self._deferred.append((learner, clock, reply))
+        allowed: list[Reply] = []
+
+        def settle(pull: tuple[str, int, Reply]) -> bool:
+            learner, clock, reply = pull
+            if not self._allowed(learner, clock):
+                return False
+            allowed.append(reply)
+            return True
+
+        self._deferred.release(settle)
         for reply in reversed(allowed):  # each goes to the front: the first ends up first
             self._answer(reply)
 

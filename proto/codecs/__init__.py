@@ -1,7 +1,7 @@
 """Gradient compression codecs: a worker encodes a float32 slice, a server decodes it back.
 
 ===============  =================================================================================
-``base.py``      :class:`Codec`, :class:`Encoded`: the codec interface, shared validators
+``base.py``      :class:`Codec`, :class:`Encoded`, :class:`CodecInfo`, :class:`CodecState`: the interface
 ``simple.py``    :class:`NoneCodec`, :class:`FP16Codec`, :class:`BF16Codec`, :class:`SignCodec`
 ``half.py``      ``to_half``, ``to_float``: float32 <-> half precision on the fastest kernel
 ``sparse.py``    :class:`TopKCodec`, :class:`RandomKCodec`, :class:`QSGDCodec`: sparsify, quantise
@@ -13,16 +13,16 @@
 Example::
 
     >>> import numpy as np
-    >>> from hogshard.proto.codecs import make_codec
+    >>> from hogshard.proto.codecs import CodecInfo, make_codec
     >>> codec = make_codec("qsgd:4")
-    >>> enc = codec.encode(np.array([0.5, -0.5], dtype=np.float32), seed=1)
+    >>> enc = codec.encode(np.array([0.5, -0.5], dtype=np.float32), CodecInfo(seed=1))
     >>> codec.decode(enc, 2).shape, enc.nbytes == codec.nbytes_for(2)
     ((2,), True)
 """
 
 from __future__ import annotations
 
-from hogshard.proto.codecs.base import Codec, Encoded
+from hogshard.proto.codecs.base import NO_INFO, Codec, CodecInfo, CodecState, Encoded
 from hogshard.proto.codecs.lowrank import PowerSGDCodec, matrix_shape
 from hogshard.proto.codecs.registry import CODECS, make_codec
 from hogshard.proto.codecs.simple import BF16Codec, FP16Codec, NoneCodec, SignCodec
@@ -38,7 +38,10 @@ from hogshard.proto.codecs.sparse import (
 __all__ = [
     "CODECS",
     "BF16Codec",
+    "NO_INFO",
     "Codec",
+    "CodecInfo",
+    "CodecState",
     "Encoded",
     "FP16Codec",
     "NoneCodec",

@@ -2,8 +2,9 @@
 
 A codec turns a 1-D float32 gradient slice into an :class:`Encoded` payload (small msgpack-able
 ``meta`` plus raw little-endian ``buffers`` that travel as array frames) and back into a dense
-float32 array. Codecs are stateless objects; per-slice state (PowerSGD's warm-started ``Q``) is
-owned by the caller and passed in as ``state``. ``decode`` treats its input as untrusted network
+float32 array. Codecs are stateless objects: what the caller knows of a slice (its table, layers,
+seed, step) comes in as a :class:`CodecInfo`, and per-slice state (PowerSGD's warm-started ``Q``)
+is owned by the caller and passed in as a :class:`CodecState`. ``decode`` treats its input as untrusted network
 data: every count, dtype, shape, index and scale is checked and a bad one raises a typed
 :class:`~hogshard.proto.errors.HogshardError` (``ProtocolError``, ``ShapeError``, ``DtypeError``),
 never a bare ``IndexError`` or ``ValueError``.
@@ -60,6 +61,45 @@ class Encoded:
         return sum(int(b.nbytes) for b in self.buffers)
 
 
+@dataclass(frozen=True)
+class CodecInfo:
+    """What the caller tells a codec about the slice it encodes (every field optional):
+    its ``table``, its ``(rows, cols)`` ``layers`` laid end to end (None: one flat slice), the
+    message's ``seed`` (randomised codecs; the receiver regenerates what it needs from
+    ``meta``) and the slice's ``step`` (pushes of it before this one).
+
+    Example::
+
+        >>> CodecInfo("model", layers=((3, 3), (1, 2)), seed=7, step=2).layers
+        ((3, 3), (1, 2))
+    """
+
+    table: str = ""
+    layers: tuple[tuple[int, int], ...] | None = None
+    seed: int = 0
+    step: int = 0
+
+
+#: A slice the caller says nothing about.
+NO_INFO = CodecInfo()
+
+
+@dataclass
+class CodecState:
+    """Caller-owned state of one slice, kept from one encode to the next (PowerSGD's
+    warm-started ``Q`` of a flat slice, or one per layer).
+
+    Example::
+
+        >>> state = CodecState()          # pass the same object for the same slice every step
+        >>> state.q is None and state.qs is None
+        True
+    """
+
+    q: np.ndarray | None = None
+    qs: list[np.ndarray | None] | None = None
+
+
 class Codec(ABC):
     """A gradient compression codec. Subclasses set ``name`` and ``lossless``.
 
@@ -90,12 +130,12 @@ class Codec(ABC):
 
     @abstractmethod
     def encode(
-        self, grad: np.ndarray, state: dict[str, Any] | None = None, seed: int = 0
+        self, grad: np.ndarray, info: CodecInfo = NO_INFO, state: CodecState | None = None
     ) -> Encoded:
         """Encode a 1-D float32 slice (which may be read-only and is never modified).
 
-        ``state`` is caller-owned per-slice state for stateful codecs; ``seed`` is a per-message
-        seed for randomised codecs (the receiver regenerates what it needs from ``meta``).
+        ``info`` says what the caller knows of the slice (its seed for randomised codecs, its
+        layers); ``state`` is caller-owned per-slice state for stateful codecs.
         """
 
     @abstractmethod

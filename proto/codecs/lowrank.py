@@ -1,6 +1,6 @@
 """PowerSGD (Vogels et al. 2019): a rank-r approximation from one warm-started power iteration.
 
-**Per layer** (as in the paper): when ``state["layers"]`` lists the slice's layers as
+**Per layer** (as in the paper): when ``info.layers`` lists the slice's layers as
 ``(rows, cols)`` matrices laid end to end (``sum(rows * cols) == n``; a worker derives them
 from its parameters' shapes, :func:`slice_layers`), each layer M of rank ``r = min(RANK, rows,
 cols)`` is compressed on its own: ``P = orth(M Q)``, ``Q' = M^T P``, sending P
@@ -15,8 +15,8 @@ as above at ``r = min(RANK, rows, cols)``; ``meta`` is ``{"rank": r}`` and decod
 first n entries of ``P Q'^T``. Bytes per element: ``4 r (rows + cols) / n``, about
 ``8 r / sqrt(n)``.
 
-Warm start: pass the same caller-owned ``state`` dict for the same slice on every call; the Q's
-are kept in it and start the next power iteration, so the approximation improves over steps (it
+Warm start: pass the same caller-owned :class:`CodecState` for the same slice on every call; the
+Q's are kept in it and start the next power iteration, so the approximation improves over steps (it
 is exact after one step for a matrix of rank <= r). Without a state, or when a stored Q no
 longer fits, Q starts from ``np.random.default_rng(seed)``.
 
@@ -25,10 +25,10 @@ Example::
     >>> import numpy as np
     >>> codec = PowerSGDCodec(1)
     >>> g = np.outer([1.0, 2.0], [3.0, -1.0]).astype(np.float32).ravel()
-    >>> np.allclose(codec.decode(codec.encode(g, {}), 4), g, atol=1e-6)
+    >>> np.allclose(codec.decode(codec.encode(g, NO_INFO, CodecState()), 4), g, atol=1e-6)
     True
     >>> layered = np.concatenate([np.outer([1.0, 2.0, 3.0], [1.0, -1.0, 2.0]).ravel(), [5.0, 6.0]])
-    >>> enc = codec.encode(layered.astype(np.float32), {"layers": [(3, 3), (1, 2)]})
+    >>> enc = codec.encode(layered.astype(np.float32), CodecInfo(layers=((3, 3), (1, 2))))
     >>> enc.meta, [b.shape for b in enc.buffers]
     ({'rank': 1, 'layers': [[3, 3], [1, 2]]}, [(3, 1), (3, 1), (2,)])
     >>> np.allclose(codec.decode(enc, 11), layered, atol=1e-5)
@@ -45,7 +45,10 @@ import numpy as np
 
 from hogshard.proto.codecs.base import (
     F32,
+    NO_INFO,
     Codec,
+    CodecInfo,
+    CodecState,
     Encoded,
     check_grad,
     check_int,
@@ -149,12 +152,13 @@ class PowerSGDCodec(Codec):
     def _compresses(self, rows: int, cols: int) -> bool:
         return min(self.rank, rows, cols) * (rows + cols) < rows * cols
 
-    def encode(self, grad: np.ndarray, state: dict[str, Any] | None = None, seed: int = 0) -> Encoded:
+    def encode(self, grad: np.ndarray, info: CodecInfo = NO_INFO,
+               state: CodecState | None = None) -> Encoded:
         grad = check_grad(grad)
-        seed = check_seed(seed)
-        layers = state.get("layers") if state is not None else None
-        if state is not None and layers is not None:
-            return self._encode_layers(grad, [(int(r), int(c)) for r, c in layers], state, seed)
+        seed = check_seed(info.seed)
+        if info.layers is not None:
+            return self._encode_layers(grad, [(int(r), int(c)) for r, c in info.layers],
+                                       state if state is not None else CodecState(), seed)
         size = grad.size
         rows, cols = matrix_shape(size)
         if size == rows * cols:
@@ -163,17 +167,17 @@ class PowerSGDCodec(Codec):
             padded = np.zeros(rows * cols, dtype=F32)
             padded[:size] = grad
             matrix = padded.reshape(rows, cols)
-        q = state.get("q") if state is not None else None
+        q = state.q if state is not None else None
         p, q = self._power_step(matrix, q, seed)
         if state is not None:
-            state["q"] = q.copy()
+            state.q = q.copy()
         return Encoded({"rank": p.shape[1]}, [p, q])
 
     def _encode_layers(self, grad: np.ndarray, layers: list[tuple[int, int]],
-                       state: dict[str, Any], seed: int) -> Encoded:
+                       state: CodecState, seed: int) -> Encoded:
         if sum(r * c for r, c in layers) != grad.size or any(min(r, c) < 1 for r, c in layers):
             raise ShapeError(f"{self.name}: layers {layers} do not cover a slice of {grad.size}")
-        kept = state.get("qs")
+        kept = state.qs
         qs: list[np.ndarray | None] = (list(kept) if isinstance(kept, list) and len(kept) == len(layers)
                                        else [None] * len(layers))
         buffers: list[np.ndarray] = []
@@ -187,7 +191,7 @@ class PowerSGDCodec(Codec):
             p, q = self._power_step(piece.reshape(rows, cols), qs[i], seed + i)
             qs[i] = q.copy()
             buffers += [p, q]
-        state["qs"] = qs
+        state.qs = qs
         return Encoded({"rank": self.rank, "layers": [[r, c] for r, c in layers]}, buffers)
 
     def _power_step(self, matrix: np.ndarray, q: Any, seed: int) -> tuple[np.ndarray, np.ndarray]:

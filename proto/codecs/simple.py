@@ -19,14 +19,17 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 
 from hogshard.proto.codecs.base import (
     F32,
     MAX_SLICE,
+    NO_INFO,
     Codec,
+    CodecInfo,
+    CodecState,
     Encoded,
     byte_lookup,
     check_grad,
@@ -59,7 +62,8 @@ class NoneCodec(Codec):
     name: ClassVar[str] = "none"
     lossless: ClassVar[bool] = True
 
-    def encode(self, grad: np.ndarray, state: dict[str, Any] | None = None, seed: int = 0) -> Encoded:
+    def encode(self, grad: np.ndarray, info: CodecInfo = NO_INFO,
+               state: CodecState | None = None) -> Encoded:
         return Encoded({}, [check_grad(grad)])
 
     def decode(self, encoded: Encoded, size: int) -> np.ndarray:
@@ -91,7 +95,8 @@ class FP16Codec(Codec):
     name: ClassVar[str] = "fp16"
     lossless: ClassVar[bool] = False
 
-    def encode(self, grad: np.ndarray, state: dict[str, Any] | None = None, seed: int = 0) -> Encoded:
+    def encode(self, grad: np.ndarray, info: CodecInfo = NO_INFO,
+               state: CodecState | None = None) -> Encoded:
         return Encoded({}, [to_half(check_grad(grad))])
 
     def decode(self, encoded: Encoded, size: int) -> np.ndarray:
@@ -127,7 +132,8 @@ class BF16Codec(Codec):
     name: ClassVar[str] = "bf16"
     lossless: ClassVar[bool] = False
 
-    def encode(self, grad: np.ndarray, state: dict[str, Any] | None = None, seed: int = 0) -> Encoded:
+    def encode(self, grad: np.ndarray, info: CodecInfo = NO_INFO,
+               state: CodecState | None = None) -> Encoded:
         grad = check_grad(grad)
         bits = grad.view(np.uint32)
         rounded = bits >> np.uint32(16)
@@ -194,7 +200,8 @@ class SignCodec(Codec):
     def _blocks(self, size: int) -> int:
         return -(-size // self.block) if self.block else 1
 
-    def encode(self, grad: np.ndarray, state: dict[str, Any] | None = None, seed: int = 0) -> Encoded:
+    def encode(self, grad: np.ndarray, info: CodecInfo = NO_INFO,
+               state: CodecState | None = None) -> Encoded:
         grad = check_grad(grad)
         bits = np.packbits(np.signbit(grad))
         if not self.block:

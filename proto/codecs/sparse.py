@@ -35,7 +35,10 @@ from hogshard.proto.codecs.base import (
     F32,
     MAX_SEED,
     MAX_SLICE,
+    NO_INFO,
     Codec,
+    CodecInfo,
+    CodecState,
     Encoded,
     byte_lookup,
     check_grad,
@@ -199,7 +202,8 @@ class TopKCodec(SparseCodec):
     def sends_exact_values(self) -> bool:
         return not self.compact
 
-    def encode(self, grad: np.ndarray, state: dict[str, Any] | None = None, seed: int = 0) -> Encoded:
+    def encode(self, grad: np.ndarray, info: CodecInfo = NO_INFO,
+               state: CodecState | None = None) -> Encoded:
         grad = check_grad(grad)
         k = self.keep_count(grad.size)
         indices = np.sort(top_k_indices(np.abs(grad), k))
@@ -283,7 +287,7 @@ class RandomKCodec(SparseCodec):
 
         >>> import numpy as np
         >>> codec = RandomKCodec(0.5)
-        >>> enc = codec.encode(np.ones(4, dtype=np.float32), seed=7)
+        >>> enc = codec.encode(np.ones(4, dtype=np.float32), CodecInfo(seed=7))
         >>> enc.meta, codec.decode(enc, 4).sum()
         ({'n': 4, 'k': 2, 'seed': 7}, np.float32(4.0))
     """
@@ -309,9 +313,10 @@ class RandomKCodec(SparseCodec):
     def sends_exact_values(self) -> bool:
         return not self.unbiased
 
-    def encode(self, grad: np.ndarray, state: dict[str, Any] | None = None, seed: int = 0) -> Encoded:
+    def encode(self, grad: np.ndarray, info: CodecInfo = NO_INFO,
+               state: CodecState | None = None) -> Encoded:
         grad = check_grad(grad)
-        seed = check_seed(seed)
+        seed = check_seed(info.seed)
         k = self.keep_count(grad.size)
         values = grad[random_indices(grad.size, k, seed)]
         return Encoded({"n": grad.size, "k": k, "seed": seed}, [values])
@@ -366,9 +371,10 @@ class QSGDCodec(Codec):
         """Elements of the codes buffer (``<u2`` for 16-bit codes, else ``|u1`` bytes)."""
         return -(-size // self._per_byte)
 
-    def encode(self, grad: np.ndarray, state: dict[str, Any] | None = None, seed: int = 0) -> Encoded:
+    def encode(self, grad: np.ndarray, info: CodecInfo = NO_INFO,
+               state: CodecState | None = None) -> Encoded:
         grad = check_grad(grad)
-        seed = check_seed(seed)
+        seed = check_seed(info.seed)
         norm = np.float32(np.linalg.norm(grad)) if grad.size else np.float32(0.0)
         code_dtype = np.uint16 if self.width == 16 else np.uint8
         if not (np.isfinite(norm) and norm > 0):

@@ -21,7 +21,7 @@ CHUNK_ELEMS = 1 << 18
 def main(table_name: str) -> int:
     client = PSClient.from_env()
     try:
-        colocated = client.shm.colocated(client._hosts.get(0))
+        colocated = client.shm.colocated(client.channel.hosts.get(0))
         table = client.dense_table(table_name, SIZE, {"rule": "sgd", "lr": 0.5},
                                    init=np.ones(SIZE, np.float32), chunk_elems=CHUNK_ELEMS)
         out = np.empty(SIZE, np.float32)

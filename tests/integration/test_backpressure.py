@@ -28,7 +28,7 @@ def test_a_flood_of_pushes_is_held_to_max_in_flight(cluster_factory) -> None:
         futures, most = [], 0
         for _ in range(PUSHES):
             futures.append(client.push(table, grads))
-            most = max(most, len(client._book))
+            most = max(most, len(client.channel.book))
         for future in futures:
             future.result(60.0)
         out = np.empty(ELEMS, np.float32)

@@ -14,7 +14,7 @@ import pytest
 import zmq
 
 from hogshard.proto.config import ClientSettings
-from hogshard.worker.client import DenseTable, PSClient
+from hogshard.worker.client import DenseHandle, PSClient
 
 STARTUP_S = 30.0
 
@@ -50,7 +50,7 @@ def _weights(address: str, context: zmq.Context) -> tuple[np.ndarray, list[int]]
     try:
         view = client.status()["tables"]["model"] if "model" in client.status()["tables"] \
             else next(iter(client.status()["tables"].values()))
-        table = DenseTable.from_reply(view)
+        table = DenseHandle.from_reply(view)
         out = np.empty(table.size, np.float32)
         client.pull(table, out).result(20.0)
         return out, [table.pulled_versions[c.chunk_id] for c in table.chunks]

@@ -26,7 +26,7 @@ from hogshard.proto.errors import ConflictError, ServerLostError
 from hogshard.proto.tables import Chunk, DenseTableSpec
 from hogshard.proto.transport import RpcChannel
 from hogshard.scheduler.lost import LOST_GRACE_TIMEOUTS
-from hogshard.worker.client import DenseTable, PSClient
+from hogshard.worker.client import DenseHandle, PSClient
 
 PYTHON = sys.executable
 HERE = Path(__file__).parent
@@ -213,7 +213,7 @@ def test_a_chunk_on_an_unknown_server_rank_is_a_typed_error(
     cluster = cluster_factory(servers=2)
     client = PSClient(ClientSettings(scheduler=cluster.address, connect_timeout=30.0), zmq_ctx)
     try:
-        table = DenseTable(DenseTableSpec("ghost", 4, 4, {"rule": "sgd", "lr": 0.1}),
+        table = DenseHandle(DenseTableSpec("ghost", 4, 4, {"rule": "sgd", "lr": 0.1}),
                            [Chunk(0, 0, 4, 5)])
         with pytest.raises(ServerLostError, match=r"server-5 .* not a live server .*\[0, 1\]"):
             client.pull(table, np.zeros(4, np.float32))

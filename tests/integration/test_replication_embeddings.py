@@ -38,7 +38,7 @@ def test_embedding_rows_survive_two_primary_deaths(procs, tmp_path: Path) -> Non
 
     servers = [server("server0", 0), server("server1", 1)]
     client = PSClient(ClientSettings(scheduler=address, request_timeout=60.0))
-    channel = RpcChannel(client._context, address, sender="test")
+    channel = RpcChannel(client.channel.context, address, sender="test")
 
     def shard_map() -> list[list[int]]:
         return channel.call("status", timeout=5.0).get("tables")[EMBEDDING_MAP]["chunks"]
@@ -72,7 +72,7 @@ def test_embedding_rows_survive_two_primary_deaths(procs, tmp_path: Path) -> Non
             then the primary is the only copy, and a second death would lose rows)."""
             member = next(m for m in channel.call("status", timeout=5.0).get("members")
                           if m["node_id"] == "server-0" and m["state"] == "alive")
-            probe = RpcChannel(client._context, member["address"], sender="test")
+            probe = RpcChannel(client.channel.context, member["address"], sender="test")
             try:
                 stats = probe.call("emb_stats", timeout=5.0).get("tables")
             finally:

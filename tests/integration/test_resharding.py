@@ -48,7 +48,7 @@ class Job:
         self.servers = {rank: self.server(rank) for rank in range(servers)}
         self.client = PSClient(ClientSettings(scheduler=self.address,
                                                     request_timeout=request_timeout))
-        self.channel = RpcChannel(self.client._context, self.address, sender="test")
+        self.channel = RpcChannel(self.client.channel.context, self.address, sender="test")
         self.table = self.client.embedding_table("e", dim=4, rule={"rule": "sgd", "lr": 1.0},
                                                   seed=3)
         assert self.client.embedding_map is not None and self.client.embedding_map.slots
@@ -86,7 +86,7 @@ class Job:
     def emb_stats(self, rank: int) -> dict[str, Any]:
         member = next(m for m in self.status()["members"]
                       if m["node_id"] == f"server-{rank}" and m["state"] == "alive")
-        probe = RpcChannel(self.client._context, member["address"], sender="test")
+        probe = RpcChannel(self.client.channel.context, member["address"], sender="test")
         try:
             return dict(probe.call("emb_stats", timeout=5.0).header)
         finally:

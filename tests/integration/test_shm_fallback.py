@@ -68,7 +68,7 @@ def test_a_server_that_cannot_open_the_push_segment_gets_the_push_again_in_frame
                                      request_timeout=30.0), zmq_ctx,
                       shm=ShmSettings(host_id=HOST_ID))
     try:
-        assert client.shm.colocated(client._hosts.get(0))
+        assert client.shm.colocated(client.channel.hosts.get(0))
         table = client.dense_table("fallback-push", SIZE, {"rule": "sgd", "lr": 0.5},
                                    init=np.ones(SIZE, np.float32), chunk_elems=CHUNK_ELEMS)
         out = np.empty(SIZE, np.float32)

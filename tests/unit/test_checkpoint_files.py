@@ -17,10 +17,21 @@ from hogshard.proto.manifest import (
     resolve_checkpoint,
     write_manifest,
 )
+from hogshard.proto.policy import parse_policy
 from hogshard.proto.tables import EmbeddingSpec
+from hogshard.ps.applier import UpdateApplier
 from hogshard.ps.checkpoint import restore_shard, save_shard
 from hogshard.ps.dense import DenseStore
 from hogshard.ps.embedding_store import EmbeddingStore
+from hogshard.ps.stats import ServerStats
+
+
+def push(store: DenseStore, name: str, chunk_ids: list[int], grads: list[np.ndarray],
+         versions: list[int]) -> None:
+    """Apply a push as a server does: the store validates it, an async applier applies it."""
+    table, chunks = store.validate_push(name, chunk_ids, grads, versions)
+    UpdateApplier(parse_policy("async"), ServerStats()).push(table, chunks, grads, versions,
+                                                             "worker-0", ["worker-0"])
 
 
 def _trained_store(seed: int = 0) -> tuple[DenseStore, EmbeddingStore]:
@@ -31,9 +42,9 @@ def _trained_store(seed: int = 0) -> tuple[DenseStore, EmbeddingStore]:
     store.init("head", {"rule": "momentum", "lr": 0.1, "momentum": 0.9}, [(1, 0, 4)],
                [rng.standard_normal(4).astype("<f4")])
     for _ in range(3):
-        store.push("model", [0, 3], [rng.standard_normal(5).astype("<f4"),
+        push(store, "model", [0, 3], [rng.standard_normal(5).astype("<f4"),
                                      rng.standard_normal(7).astype("<f4")], [0, 0])
-        store.push("head", [1], [rng.standard_normal(4).astype("<f4")], [0])
+        push(store, "head", [1], [rng.standard_normal(4).astype("<f4")], [0])
     emb = EmbeddingStore()
     emb.create(EmbeddingSpec("items", 4, None, {"rule": "rowwise_adagrad", "lr": 0.1}, 0, None,
                              None))
@@ -72,8 +83,8 @@ def test_shard_round_trip_is_bit_identical(tmp_path: Path) -> None:
     assert emb2.pull(["items"], [ids])[0].tobytes() == emb.pull(["items"], [ids])[0].tobytes()
     # the restored store keeps training exactly like the original
     grad = [np.full(5, 0.5, "<f4"), np.full(7, -0.25, "<f4")]
-    store.push("model", [0, 3], grad, [0, 0])
-    store2.push("model", [0, 3], grad, [0, 0])
+    push(store, "model", [0, 3], grad, [0, 0])
+    push(store2, "model", [0, 3], grad, [0, 0])
     assert store2.tables["model"].chunks[3].weights.tobytes() == \
         store.tables["model"].chunks[3].weights.tobytes()
 

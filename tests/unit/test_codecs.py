@@ -18,8 +18,11 @@ from hypothesis.extra import numpy as hnp
 from hogshard.proto import wire
 from hogshard.proto.codecs import (
     CODECS,
+    NO_INFO,
     BF16Codec,
     Codec,
+    CodecInfo,
+    CodecState,
     Encoded,
     PowerSGDCodec,
     QSGDCodec,
@@ -134,7 +137,7 @@ def test_every_codec_round_trips_shape_bytes_and_wire(grad: np.ndarray, seed: in
     codec = make_codec(spec)
     before = grad.copy()
     grad.flags.writeable = False
-    enc = codec.encode(grad, {}, seed)
+    enc = codec.encode(grad, CodecInfo(seed=seed), CodecState())
     np.testing.assert_array_equal(grad, before)  # input untouched
     msgpack.unpackb(msgpack.packb(enc.meta), strict_map_key=True)
     assert all(isinstance(k, str) for k in enc.meta)
@@ -162,8 +165,8 @@ def test_encode_accepts_strided_and_big_endian_slices(spec: str) -> None:
     codec = make_codec(spec)
     base = rand(200)
     for grad in (base[::2], base[:100].astype(">f4")):
-        expected = codec.decode(codec.encode(np.ascontiguousarray(grad, dtype=np.float32), {}, 3), 100)
-        np.testing.assert_array_equal(codec.decode(codec.encode(grad, {}, 3), 100), expected)
+        expected = codec.decode(codec.encode(np.ascontiguousarray(grad, dtype=np.float32), CodecInfo(seed=3), CodecState()), 100)
+        np.testing.assert_array_equal(codec.decode(codec.encode(grad, CodecInfo(seed=3), CodecState()), 100), expected)
 
 
 @pytest.mark.parametrize(("grad", "error"), [
@@ -179,7 +182,7 @@ def test_encode_rejects_what_is_not_a_float32_slice(grad: Any, error: type[Excep
 @pytest.mark.parametrize("seed", [-1, 2**64, 1.5, True])
 def test_bad_seed_is_a_config_error(seed: Any) -> None:
     with pytest.raises(ConfigError):
-        make_codec("randomk:0.5").encode(rand(10), seed=seed)
+        make_codec("randomk:0.5").encode(rand(10), CodecInfo(seed=seed))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -364,20 +367,20 @@ def test_randomk_sends_values_only_and_the_server_finds_them() -> None:
     grad = rand(1000)
     for spec, scale in [("randomk:0.1", 10.0), ("randomk:0.1:biased", 1.0)]:
         codec = make_codec(spec)
-        enc = codec.encode(grad, seed=99)
+        enc = codec.encode(grad, CodecInfo(seed=99))
         assert enc.meta == {"n": 1000, "k": 100, "seed": 99} and len(enc.buffers) == 1 and enc.nbytes == 400
         out = codec.decode(via_wire(codec, enc), 1000)
         idx = random_indices(1000, 100, 99)
         np.testing.assert_allclose(out[idx], grad[idx] * scale, rtol=1e-6)
         assert np.count_nonzero(out) == 100
-    other = make_codec("randomk:0.1").encode(grad, seed=100)
+    other = make_codec("randomk:0.1").encode(grad, CodecInfo(seed=100))
     assert not np.array_equal(other.buffers[0], enc.buffers[0])
 
 
 def mean_and_bound(codec: Codec, grad: np.ndarray, draws: int, var: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     total = np.zeros(grad.size, dtype=np.float64)
     for seed in range(draws):
-        total += codec.decode(codec.encode(grad, seed=seed), grad.size)
+        total += codec.decode(codec.encode(grad, CodecInfo(seed=seed)), grad.size)
     return total / draws, 5 * np.sqrt(var / draws) + 1e-6 * np.abs(grad).max()
 
 
@@ -400,7 +403,7 @@ def test_qsgd_is_unbiased(levels: int) -> None:
 def test_qsgd_values_sit_on_the_levels(levels: int) -> None:
     grad = rand(333, seed=5)
     codec = QSGDCodec(levels)
-    enc = codec.encode(grad, seed=11)
+    enc = codec.encode(grad, CodecInfo(seed=11))
     out = codec.decode(via_wire(codec, enc), 333)
     unit = np.float32(np.linalg.norm(grad)) / np.float32(levels)
     lv = np.abs(out) / unit
@@ -427,11 +430,11 @@ def test_powersgd_is_exact_for_a_rank_r_matrix() -> None:
     grad = lowrank(48, 48, [5.0, 2.0])
     assert matrix_shape(grad.size) == (48, 48)
     codec = make_codec("powersgd:2")
-    state: dict[str, Any] = {}
+    state = CodecState()
     for seed in range(3):
-        out = codec.decode(codec.encode(grad, state, seed), grad.size)
+        out = codec.decode(codec.encode(grad, CodecInfo(seed=seed), state), grad.size)
         assert np.linalg.norm(out - grad) <= 1e-5 * np.linalg.norm(grad)
-    assert state["q"].shape == (48, 2)
+    assert state.q is not None and state.q.shape == (48, 2)
 
 
 def test_powersgd_warm_start_converges_to_the_best_rank_r_error() -> None:
@@ -439,8 +442,8 @@ def test_powersgd_warm_start_converges_to_the_best_rank_r_error() -> None:
     grad = lowrank(40, 40, spectrum, seed=2)
     best = math.sqrt(sum(s * s for s in spectrum[2:]))
     codec = make_codec("powersgd:2")
-    state: dict[str, Any] = {}
-    errors = [float(np.linalg.norm(codec.decode(codec.encode(grad, state, 0), 1600) - grad))
+    state = CodecState()
+    errors = [float(np.linalg.norm(codec.decode(codec.encode(grad, NO_INFO, state), 1600) - grad))
               for _ in range(25)]
     assert all(b <= a * (1 + 1e-4) + 1e-6 for a, b in zip(errors, errors[1:], strict=False))
     assert errors[0] > errors[-1] and errors[-1] <= best * 1.01
@@ -452,7 +455,7 @@ def test_powersgd_pads_odd_sizes_and_clamps_the_rank(size: int) -> None:
     assert rows * cols >= size > (rows - 1) * cols and abs(rows - cols) <= 1
     codec = PowerSGDCodec(64)
     grad = rand(size)
-    enc = codec.encode(grad, {}, 1)
+    enc = codec.encode(grad, CodecInfo(seed=1), CodecState())
     assert enc.meta == {"rank": min(rows, cols)}
     # full rank: the projection onto the column space is the matrix itself
     np.testing.assert_allclose(codec.decode(enc, size), grad, atol=1e-4)
@@ -461,7 +464,7 @@ def test_powersgd_pads_odd_sizes_and_clamps_the_rank(size: int) -> None:
 def test_powersgd_restarts_from_a_bad_warm_start() -> None:
     codec, grad = make_codec("powersgd:2"), lowrank(30, 30, [3.0, 1.0])
     for bad in (np.full((30, 2), np.nan, dtype=np.float32), np.zeros((5, 5), dtype=np.float32), "x"):
-        out = codec.decode(codec.encode(grad, {"q": bad}, 0), 900)
+        out = codec.decode(codec.encode(grad, NO_INFO, CodecState(q=bad)), 900)
         assert np.linalg.norm(out - grad) <= 1e-4 * np.linalg.norm(grad)
 
 
@@ -480,7 +483,7 @@ def test_bytes_on_the_wire_match_theory_for_a_million_floats(spec: str, expected
     codec = make_codec(spec)
     assert codec.nbytes_for(1_000_000) == expected
     if spec in ("topk:0.01", "topk:0.01:compact", "sign", "qsgd:4", "powersgd:4"):
-        assert codec.encode(rand(1_000_000), {}, 1).nbytes == expected
+        assert codec.encode(rand(1_000_000), CodecInfo(seed=1), CodecState()).nbytes == expected
 
 
 # ---------------------------------------------------------------------------------------------
@@ -489,7 +492,7 @@ def test_bytes_on_the_wire_match_theory_for_a_million_floats(spec: str, expected
 
 
 def good(spec: str, size: int = 20) -> Encoded:
-    return make_codec(spec).encode(rand(size), {}, 5)
+    return make_codec(spec).encode(rand(size), CodecInfo(seed=5), CodecState())
 
 
 def with_buffer(enc: Encoded, i: int, buf: Any) -> Encoded:

@@ -222,8 +222,14 @@ def test_init_refuses_a_replication_the_job_does_not_run(parts: Parts) -> None:
     assert parts.store.sizes["n"] == (2, 2) and parts.out.now_count == 0
 
 
+def push(parts: Parts, name: str, chunk_ids: list[int], grads: list[np.ndarray]) -> None:
+    """Apply a push as the server does: the store validates it, the applier applies it."""
+    table, chunks = parts.store.validate_push(name, chunk_ids, grads, [0] * len(grads))
+    parts.applier.push(table, chunks, grads, [0] * len(grads), "worker-0", ["worker-0"])
+
+
 def test_stats_reply_lists_versions_per_chunk(parts: Parts) -> None:
-    parts.store.push("m", [1], [np.ones(2, F32)], [0])
+    push(parts, "m", [1], [np.ones(2, F32)])
     fields, arrays = parts.ops.stats(b"", msg("stats", 1, "admin"))
     assert arrays == []
     assert fields["tables"] == {"m": {"chunks": [0, 1], "versions": [0, 1],
@@ -237,7 +243,7 @@ def test_stats_reply_versions_align_with_sorted_chunks(context: zmq.Context) -> 
     try:
         parts.store.init("t", {"rule": "sgd", "lr": 0.1}, [(1, 2, 2), (0, 0, 2)],
                          [np.zeros(2, F32), np.zeros(2, F32)])
-        parts.store.push("t", [1], [np.ones(2, F32)], [0])
+        push(parts, "t", [1], [np.ones(2, F32)])
         fields, _ = parts.ops.stats(b"", msg("stats", 1, "admin"))
         assert fields["tables"]["t"] == {"chunks": [0, 1], "versions": [0, 1],
                                          "gradients": [0, 1]}

@@ -1,10 +1,12 @@
-"""Unit tests of hogshard.ps.dense.DenseStore: init, push, resolve, validation before apply.
+"""Unit tests of hogshard.ps.dense.DenseStore: init, resolve, validation before apply, and pushes
+applied as a server applies them (the store validates, an UpdateApplier applies).
 
 No sockets: the store is what a shard server's ``init``/``push``/``pull`` handlers call.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -20,7 +22,10 @@ from hogshard.proto.errors import (
     UnknownChunkError,
     UnknownTableError,
 )
+from hogshard.proto.policy import parse_policy
+from hogshard.ps.applier import UpdateApplier
 from hogshard.ps.dense import DenseStore
+from hogshard.ps.stats import ServerStats
 
 SGD = {"rule": "sgd", "lr": 0.5}
 F32 = np.dtype("<f4")
@@ -35,6 +40,21 @@ def read_only(array: np.ndarray) -> np.ndarray:
     view = np.frombuffer(array.tobytes(), dtype=array.dtype).reshape(array.shape)
     assert not view.flags.writeable
     return view
+
+
+def push(store: DenseStore, name: Any, chunk_ids: Any, grads: list[np.ndarray],
+         pulled_versions: Any, lr_scale: float = 1.0) -> list[int | None]:
+    """A push as a server applies it: validated whole by the store, then applied by an async
+    :class:`UpdateApplier` (``lr_scale``: the step's factor, as ``+lr=`` sets it); the
+    staleness of each gradient."""
+    table, chunks = store.validate_push(name, chunk_ids, grads, pulled_versions)
+    applier = UpdateApplier(parse_policy("async"), ServerStats())
+    if lr_scale == 1.0:
+        return applier.push(table, chunks, grads, pulled_versions, "worker-0", ["worker-0"])
+    staleness = applier.staleness(chunks, pulled_versions)
+    for chunk, grad in zip(chunks, grads, strict=True):
+        applier.updates.run(table, chunk, grad, lr_scale, None)
+    return staleness
 
 
 @pytest.fixture
@@ -76,10 +96,10 @@ def grads_ok() -> list[np.ndarray]:
 # ---------------------------------------------------------------------------------------------
 
 
-def test_docstring_example() -> None:
+def test_a_push_applies_the_rule_and_moves_the_version() -> None:
     store = DenseStore()
     store.init("model", {"rule": "sgd", "lr": 0.5}, [(0, 0, 3)], [np.ones(3, "<f4")])
-    assert store.push("model", [0], [np.ones(3, "<f4")], pulled_versions=[0]) == [0]
+    assert push(store, "model", [0], [np.ones(3, "<f4")], pulled_versions=[0]) == [0]
     chunk = store.table("model").chunks[0]
     assert (chunk.weights.tolist(), chunk.version) == ([0.5, 0.5, 0.5], 1)
 
@@ -115,7 +135,7 @@ def test_init_gives_each_chunk_fresh_rule_state() -> None:
 
 
 def test_init_is_idempotent_first_wins(store: DenseStore) -> None:
-    store.push("model", [0], [f32(1, 1, 1)], [0])
+    push(store, "model", [0], [f32(1, 1, 1)], [0])
     before = snapshot(store)
     store.init("model", SGD, [(0, 0, 3), (1, 3, 2), (2, 5, 1)],
                [f32(7, 7, 7), f32(7, 7), f32(7)])
@@ -194,7 +214,7 @@ def test_init_bad_array_creates_nothing(array: np.ndarray, error: type[Exception
 def test_init_empty_chunk() -> None:
     store = DenseStore()
     store.init("t", SGD, [(0, 0, 0)], [np.zeros(0, F32)])
-    assert store.push("t", [0], [np.zeros(0, F32)], [0]) == [0]
+    assert push(store, "t", [0], [np.zeros(0, F32)], [0]) == [0]
     assert store.table("t").chunks[0].version == 1
 
 
@@ -247,7 +267,7 @@ def test_chunks_must_be_a_list(store: DenseStore, chunk_ids: Any) -> None:
 
 
 def test_push_applies_rule_and_counts_versions(store: DenseStore) -> None:
-    assert store.push("model", [0, 1, 2], [read_only(g) for g in grads_ok()], [0, 0, 0]) == [0, 0, 0]
+    assert push(store, "model", [0, 1, 2], [read_only(g) for g in grads_ok()], [0, 0, 0]) == [0, 0, 0]
     chunks = store.table("model").chunks
     assert chunks[0].weights.tolist() == [0.5, 0.5, 0.5]
     assert chunks[1].weights.tolist() == [1.5, 1.5]
@@ -256,7 +276,7 @@ def test_push_applies_rule_and_counts_versions(store: DenseStore) -> None:
 
 
 def test_push_subset_touches_only_those_chunks(store: DenseStore) -> None:
-    store.push("model", [1], [f32(2, 4)], [0])
+    push(store, "model", [1], [f32(2, 4)], [0])
     chunks = store.table("model").chunks
     assert chunks[1].weights.tolist() == [1.0, 0.0]
     assert (chunks[0].version, chunks[1].version, chunks[2].version) == (0, 1, 0)
@@ -266,22 +286,22 @@ def test_push_subset_touches_only_those_chunks(store: DenseStore) -> None:
 def test_staleness_is_version_at_apply_minus_pulled(store: DenseStore) -> None:
     """Worker A pulled version 0; three updates land; A's gradient is 3 versions stale."""
     for _ in range(3):
-        store.push("model", [0], [f32(0, 0, 0)], [store.table("model").chunks[0].version])
+        push(store, "model", [0], [f32(0, 0, 0)], [store.table("model").chunks[0].version])
     assert store.table("model").chunks[0].version == 3
-    assert store.push("model", [0, 1], [f32(0, 0, 0), f32(0, 0)], [0, 0]) == [3, 0]
-    assert store.push("model", [0], [f32(0, 0, 0)], [2]) == [2]
+    assert push(store, "model", [0, 1], [f32(0, 0, 0), f32(0, 0)], [0, 0]) == [3, 0]
+    assert push(store, "model", [0], [f32(0, 0, 0)], [2]) == [2]
     assert store.table("model").chunks[0].version == 5
 
 
 def test_staleness_of_a_future_version_is_zero(store: DenseStore) -> None:
-    assert store.push("model", [0], [f32(0, 0, 0)], [10]) == [0]
+    assert push(store, "model", [0], [f32(0, 0, 0)], [10]) == [0]
 
 
 def test_same_chunk_twice_in_one_push_is_refused(store: DenseStore) -> None:
     """A chunk listed twice would take two updates from one push: refused, nothing changes."""
     before = store.table("model").chunks[2].weights.copy()
     with pytest.raises(ProtocolError, match="twice"):
-        store.push("model", [2, 2], [f32(1), f32(1)], [0, 0])
+        push(store, "model", [2, 2], [f32(1), f32(1)], [0, 0])
     chunk = store.table("model").chunks[2]
     assert (chunk.weights.tolist(), chunk.version) == (before.tolist(), 0)
 
@@ -290,20 +310,20 @@ def test_same_chunk_twice_in_one_push_is_refused(store: DenseStore) -> None:
 def test_non_finite_gradient_is_refused(store: DenseStore, bad: float) -> None:
     before = store.table("model").chunks[2].weights.copy()
     with pytest.raises(ProtocolError, match="finite"):
-        store.push("model", [2], [f32(bad)], [0])
+        push(store, "model", [2], [f32(bad)], [0])
     assert store.table("model").chunks[2].weights.tolist() == before.tolist()
 
 
 def test_push_never_writes_the_gradient(store: DenseStore) -> None:
     grads = grads_ok()
     frozen = [read_only(g) for g in grads]
-    store.push("model", [0, 1, 2], frozen, [0, 0, 0])
+    push(store, "model", [0, 1, 2], frozen, [0, 0, 0])
     for g, f in zip(grads, frozen, strict=True):
         np.testing.assert_array_equal(f, g)
 
 
 def test_push_lr_scale(store: DenseStore) -> None:
-    store.push("model", [2], [f32(1)], [0], lr_scale=0.5)
+    push(store, "model", [2], [f32(1)], [0], lr_scale=0.5)
     assert store.table("model").chunks[2].weights.tolist() == [2.75]
 
 
@@ -345,9 +365,9 @@ def test_bad_push_changes_nothing_on_any_chunk(
     store: DenseStore, chunk_ids: list[int], arrays: list[np.ndarray], versions: Any,
     error: type[Exception], code: ErrorCode,
 ) -> None:
-    store.push("model", [0, 1, 2], grads_ok(), [0, 0, 0])  # state away from the initial values
+    push(store, "model", [0, 1, 2], grads_ok(), [0, 0, 0])  # state away from the initial values
     before = snapshot(store)
-    for attempt in (store.validate_push, store.push):
+    for attempt in (store.validate_push, functools.partial(push, store)):
         with pytest.raises(error) as info:
             attempt("model", chunk_ids, arrays, versions)
         assert info.value.code is code
@@ -357,16 +377,16 @@ def test_bad_push_changes_nothing_on_any_chunk(
 def test_bad_push_with_stateful_rule_keeps_state() -> None:
     store = DenseStore()
     store.init("t", {"rule": "adam", "lr": 0.1}, [(0, 0, 2), (1, 2, 2)], [f32(1, 1), f32(1, 1)])
-    store.push("t", [0, 1], [f32(1, 2), f32(3, 4)], [0, 0])
+    push(store, "t", [0, 1], [f32(1, 2), f32(3, 4)], [0, 0])
     before = snapshot(store)
     with pytest.raises(ShapeError):
-        store.push("t", [0, 1], [f32(1, 2), f32(3, 4, 5)], [1, 1])
+        push(store, "t", [0, 1], [f32(1, 2), f32(3, 4, 5)], [1, 1])
     assert_unchanged(store, before)
 
 
 def test_push_unknown_table(store: DenseStore) -> None:
     with pytest.raises(UnknownTableError):
-        store.push("nope", [0], [f32(0, 0, 0)], [0])
+        push(store, "nope", [0], [f32(0, 0, 0)], [0])
 
 
 def test_validate_push_returns_table_and_chunks(store: DenseStore) -> None:
@@ -392,7 +412,7 @@ def test_update_copies_weights_still_leaving_in_a_reply(store: DenseStore, sendi
     sent = chunk.weights
     before = sent.copy()
     chunk.in_flight = _Tracker(done=not sending)
-    store.push("model", [0], [f32(*([1.0] * sent.size))], [0])
+    push(store, "model", [0], [f32(*([1.0] * sent.size))], [0])
     assert (chunk.weights is not sent) is sending
     if sending:
         np.testing.assert_array_equal(sent, before)
@@ -403,5 +423,5 @@ def test_update_copies_weights_still_leaving_in_a_reply(store: DenseStore, sendi
 def test_finite_check_can_be_turned_off() -> None:
     store = DenseStore(check_finite=False)
     store.init("t", SGD, [(0, 0, 1)], [f32(1)])
-    store.push("t", [0], [f32(np.nan)], [0])
+    push(store, "t", [0], [f32(np.nan)], [0])
     assert np.isnan(store.table("t").chunks[0].weights[0])

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hogshard.proto.codecs import make_codec
+from hogshard.proto.codecs import CodecInfo, make_codec
 from hogshard.proto.errors import ConfigError, ShapeError
 from hogshard.worker.compression import (
     DGC,
@@ -45,7 +45,7 @@ def test_sent_plus_residual_equals_the_sum_of_gradients(spec: str) -> None:
     sent = np.zeros(400, dtype=np.float64)
     total = np.zeros(400, dtype=np.float64)
     for step, grad in enumerate(gradients(60, 400)):
-        enc = ef.compress("w", grad, codec, seed=step)
+        enc = ef.compress("w", grad, codec, CodecInfo(seed=step))
         sent += codec.decode(enc, 400)
         total += grad
         residual = ef.residual("w")
@@ -59,7 +59,7 @@ def test_residual_stays_bounded(spec: str) -> None:
     norms = []
     grads = gradients(300, 500, seed=1)
     for step, grad in enumerate(grads):
-        ef.compress(("w", 0), grad, codec, seed=step)
+        ef.compress(("w", 0), grad, codec, CodecInfo(seed=step))
         norms.append(float(np.linalg.norm(ef.residual(("w", 0)))))
     biggest = max(float(np.linalg.norm(g)) for g in grads)
     # topk with delta = k/n keeps ||e|| <= sqrt(1 - delta) / (1 - sqrt(1 - delta)) * max ||g|| (~39 here)
@@ -85,7 +85,8 @@ def test_feedback_off_keeps_nothing_but_codec_state() -> None:
     ef.compress("w", grad, make_codec("topk:0.1"))
     assert ef.residual("w") is None and ef.memory_bytes == 0
     ef.compress("p", grad, make_codec("powersgd:2"))
-    assert ef._states["p"][1]["q"].shape == (10, 2)
+    q = ef._states["p"][1].q
+    assert q is not None and q.shape == (10, 2)
 
 
 def test_input_is_never_modified_and_may_be_read_only() -> None:
@@ -124,7 +125,7 @@ def test_powersgd_with_feedback_warm_starts_and_sends_a_low_rank_gradient() -> N
     grad = (rng.standard_normal((30, 1)) @ rng.standard_normal((1, 30))).astype(np.float32).ravel()
     codec, ef = make_codec("powersgd:1"), ErrorFeedback()
     for _ in range(3):
-        out = codec.decode(ef.compress("w", grad, codec, seed=1), grad.size)
+        out = codec.decode(ef.compress("w", grad, codec, CodecInfo(seed=1)), grad.size)
     np.testing.assert_allclose(out, grad, atol=1e-4)
     assert np.abs(ef.residual("w")).max() < 1e-4
 
@@ -271,8 +272,8 @@ def test_message_seed_is_a_stable_64_bit_integer(parts: list[Any]) -> None:
 
 def test_a_bad_seed_changes_nothing() -> None:
     ef, codec = ErrorFeedback(), make_codec("randomk:0.5:biased")
-    ef.compress("w", np.ones(8, dtype=np.float32), codec, seed=1)
+    ef.compress("w", np.ones(8, dtype=np.float32), codec, CodecInfo(seed=1))
     before = ef.residual("w").copy()
     with pytest.raises(ConfigError):
-        ef.compress("w", np.ones(8, dtype=np.float32), codec, seed=-1)
+        ef.compress("w", np.ones(8, dtype=np.float32), codec, CodecInfo(seed=-1))
     np.testing.assert_array_equal(ef.residual("w"), before)

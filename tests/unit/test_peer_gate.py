@@ -87,10 +87,10 @@ def test_a_newer_map_is_awaited_then_decided_in_order(replicas: Replicator) -> N
         except ForbiddenError as err:
             decided.append((err, late))
 
-    g.release(map_heard_at=g.held[0].arrived_at - 1.0, redo=redo)  # a heartbeat from before
+    g.release(map_heard_at=list(g.held)[0].arrived_at - 1.0, redo=redo)  # a heartbeat from before
     assert not decided
     replicas.map_epoch, replicas.roles["new"] = 11, {0: (0, RANK)}
-    g.release(map_heard_at=g.held[-1].arrived_at, redo=redo)
+    g.release(map_heard_at=list(g.held)[-1].arrived_at, redo=redo)
     assert decided == [(True, None), (True, None)] and not g.held
 
 
@@ -104,7 +104,7 @@ def test_a_claim_of_a_newer_map_is_refused_once_the_map_is_known(replicas: Repli
             g.admit(identity, msg, replicas, RANK, "model", [5])
         outcomes.append(late)
 
-    g.release(map_heard_at=g.held[0].arrived_at, redo=redo)
+    g.release(map_heard_at=list(g.held)[0].arrived_at, redo=redo)
     assert outcomes == [None] and not g.held
 
 

@@ -8,7 +8,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from hogshard.proto.codecs import Encoded, PowerSGDCodec, make_codec
+from hogshard.proto.codecs import CodecInfo, CodecState, Encoded, PowerSGDCodec, make_codec
 from hogshard.proto.codecs.lowrank import layer_matrix, slice_layers
 from hogshard.proto.errors import ProtocolError, ShapeError
 from hogshard.worker.compression import Compressor
@@ -47,8 +47,7 @@ def test_each_layer_of_rank_r_is_recovered_and_biases_are_exact() -> None:
     parts = [low_rank(12, 30, 2, 0).ravel(), np.arange(12, dtype=np.float32),
              low_rank(20, 8, 1, 1).ravel(), -np.arange(20, dtype=np.float32)]
     grad = np.concatenate(parts)
-    state: dict[str, Any] = {"layers": layers}
-    encoded = codec.encode(grad, state, seed=3)
+    encoded = codec.encode(grad, CodecInfo(layers=tuple(layers), seed=3), CodecState())
     assert encoded.meta == {"rank": 2, "layers": [[12, 30], [1, 12], [20, 8], [1, 20]]}
     assert [b.shape for b in encoded.buffers] == [(12, 2), (30, 2), (12,), (20, 2), (8, 2), (20,)]
     decoded = codec.decode(encoded, grad.size)
@@ -61,8 +60,8 @@ def test_per_layer_beats_the_flat_matrix_on_layers_of_different_scale() -> None:
     codec = PowerSGDCodec(2)
     big, small = low_rank(40, 50, 2, 0) * 100.0, low_rank(30, 20, 2, 1)
     grad = np.concatenate([big.ravel(), small.ravel()])
-    per_layer = codec.decode(codec.encode(grad, {"layers": [(40, 50), (30, 20)]}), grad.size)
-    flat = codec.decode(codec.encode(grad, {}), grad.size)
+    per_layer = codec.decode(codec.encode(grad, CodecInfo(layers=((40, 50), (30, 20)))), grad.size)
+    flat = codec.decode(codec.encode(grad), grad.size)
     small_part = slice(2000, None)
     assert np.linalg.norm(per_layer[small_part] - grad[small_part]) < 1e-2 * np.linalg.norm(small)
     assert np.linalg.norm(flat[small_part] - grad[small_part]) > 0.1 * np.linalg.norm(small)
@@ -72,14 +71,15 @@ def test_warm_start_is_kept_per_layer() -> None:
     codec = PowerSGDCodec(1)
     rng = np.random.default_rng(0)
     grad = rng.standard_normal(30 * 40 + 5).astype(np.float32)
-    state: dict[str, Any] = {"layers": [(30, 40), (1, 5)]}
-    first = codec.encode(grad, state, seed=1)
-    assert [q.shape for q in state["qs"][:1]] == [(40, 1)] and state["qs"][1] is None
-    again = codec.encode(grad, state, seed=1)
+    info, state = CodecInfo(layers=((30, 40), (1, 5)), seed=1), CodecState()
+    first = codec.encode(grad, info, state)
+    assert state.qs is not None
+    assert [q.shape for q in state.qs[:1] if q is not None] == [(40, 1)] and state.qs[1] is None
+    again = codec.encode(grad, info, state)
     assert not np.array_equal(first.buffers[1], again.buffers[1])  # started from the kept Q
     errors = []
     for _ in range(30):
-        errors.append(np.linalg.norm(codec.decode(codec.encode(grad, state, seed=1), grad.size)
+        errors.append(np.linalg.norm(codec.decode(codec.encode(grad, info, state), grad.size)
                                      - grad))
     best = np.linalg.norm(np.linalg.svd(grad[:1200].reshape(30, 40), compute_uv=False)[1:])
     assert errors[-1] <= best * 1.01
@@ -88,7 +88,7 @@ def test_warm_start_is_kept_per_layer() -> None:
 def test_layered_payload_survives_msgpack() -> None:
     codec = make_codec("powersgd:2")
     grad = np.random.default_rng(2).standard_normal(10 * 9 + 4).astype(np.float32)
-    encoded = codec.encode(grad, {"layers": [(10, 9), (1, 4)]})
+    encoded = codec.encode(grad, CodecInfo(layers=((10, 9), (1, 4))))
     meta = msgpack.unpackb(msgpack.packb(encoded.meta))
     again = codec.decode(Encoded(meta, [b.copy() for b in encoded.buffers]), grad.size)
     np.testing.assert_array_equal(again, codec.decode(encoded, grad.size))
@@ -97,7 +97,7 @@ def test_layered_payload_survives_msgpack() -> None:
 def layered() -> tuple[PowerSGDCodec, Encoded]:
     codec = PowerSGDCodec(2)
     grad = np.ones(10 * 9 + 4, dtype=np.float32)
-    return codec, codec.encode(grad, {"layers": [(10, 9), (1, 4)]})
+    return codec, codec.encode(grad, CodecInfo(layers=((10, 9), (1, 4))))
 
 
 @pytest.mark.parametrize("mangle,error", [
@@ -121,7 +121,7 @@ def test_bad_layered_payloads_raise_typed_errors(mangle: Any, error: type[Except
 
 def test_encode_refuses_layers_that_do_not_cover_the_slice() -> None:
     with pytest.raises(ShapeError):
-        PowerSGDCodec(2).encode(np.ones(10, dtype=np.float32), {"layers": [(3, 3)]})
+        PowerSGDCodec(2).encode(np.ones(10, dtype=np.float32), CodecInfo(layers=((3, 3),)))
 
 
 def test_compressor_sends_each_chunk_per_layer_with_error_feedback() -> None:

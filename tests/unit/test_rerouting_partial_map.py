@@ -9,7 +9,7 @@ from typing import Any
 
 from hogshard.proto.tables import Chunk, DenseTableSpec
 from hogshard.worker.rerouting import REFRESH_EVERY_S, Rerouter
-from hogshard.worker.tables import DenseTable
+from hogshard.worker.tables import DenseHandle
 
 
 class _Scheduler:
@@ -24,18 +24,18 @@ class _Scheduler:
                 "servers": []}
 
 
-def _client(scheduler: _Scheduler) -> Any:
-    return SimpleNamespace(node_id="worker-0", _control=scheduler,
+def _channel(scheduler: _Scheduler) -> Any:
+    return SimpleNamespace(node_id="worker-0", control=scheduler,
                            settings=SimpleNamespace(connect_timeout=1.0),
-                           _connect_servers=lambda servers: None,
-                           _book=SimpleNamespace(waiting=lambda: []))
+                           connect=lambda servers: None,
+                           book=SimpleNamespace(waiting=lambda: []))
 
 
 def test_a_half_built_map_is_not_adopted() -> None:
     placed = [Chunk(0, 0, 10, 0, 1), Chunk(1, 10, 10, 1, 0)]
-    table = DenseTable(DenseTableSpec("model", 20, 10, {"name": "sgd"}), placed, replication=2)
+    table = DenseHandle(DenseTableSpec("model", 20, 10, {"name": "sgd"}), placed, replication=2)
     scheduler = _Scheduler([Chunk(1, 10, 10, 1, 0)], epoch=2)  # server 0 not back yet
-    rerouter = Rerouter(_client(scheduler))
+    rerouter = Rerouter(_channel(scheduler))
     rerouter.track(table, map_epoch=1)
     rerouter.announced = 2
 

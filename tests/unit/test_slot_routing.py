@@ -16,34 +16,45 @@ from hogshard.proto.wire import Message
 from hogshard.worker.futures import Future, PendingRequest
 from hogshard.worker.rerouting import Rerouter
 from hogshard.worker.sparse import EmbeddingHandle, pull_rows, push_rows
-from hogshard.worker.tables import DenseTable
+from hogshard.worker.tables import DenseHandle
 
 SLOTS = 32
 OWNERS = [s % 3 for s in range(SLOTS)]  # servers 0, 1 and 2
 HANDLE = EmbeddingHandle(EmbeddingSpec("e", dim=2, num_embeddings=None, rule={"rule": "sgd"}))
 
 
-def slot_map(owners: list[int]) -> DenseTable:
-    return DenseTable(DenseTableSpec(EMBEDDING_MAP, SLOTS, 1, {}),
+def slot_map(owners: list[int]) -> DenseHandle:
+    return DenseHandle(DenseTableSpec(EMBEDDING_MAP, SLOTS, 1, {}),
                       [Chunk(s, s, 1, r) for s, r in enumerate(owners)], slots=SLOTS)
 
 
-class FakeClient(SimpleNamespace):
+class FakeChannel(SimpleNamespace):
     """Records the requests instead of sending them."""
 
-    def __init__(self, table: DenseTable) -> None:
-        super().__init__(embedding_map=table, bytes_pushed=0, sent=[])
+    def __init__(self) -> None:
+        super().__init__(sent=[])
 
-    def _pump(self, timeout: float) -> None:
+    def pump(self, timeout: float) -> None:
         raise AssertionError("nothing to wait for")
+
+    def request(self, rank: int, op: str, fields: dict[str, Any], arrays: list[np.ndarray],
+                on_reply: Any = None, route: Any = None) -> Future:
+        self.sent.append((rank, op, fields, arrays, on_reply, route))
+        return Future([PendingRequest(len(self.sent), op, rank, on_reply)], self.pump)
+
+    def gather(self, futures: list[Future]) -> Future:
+        return Future.gather(futures, self.pump)
+
+
+class FakeClient(SimpleNamespace):
+    """A client whose channel records the requests."""
+
+    def __init__(self, table: DenseHandle) -> None:
+        channel = FakeChannel()
+        super().__init__(embedding_map=table, bytes_pushed=0, channel=channel, sent=channel.sent)
 
     def new_push_id(self) -> int:
         raise AssertionError("slot requests carry no push id")
-
-    def _request(self, rank: int, op: str, fields: dict[str, Any], arrays: list[np.ndarray],
-                 on_reply: Any = None, route: Any = None) -> Future:
-        self.sent.append((rank, op, fields, arrays, on_reply, route))
-        return Future([PendingRequest(len(self.sent), op, rank, on_reply)], self._pump)
 
 
 def test_each_id_goes_to_the_owner_of_its_slot() -> None:
@@ -98,8 +109,8 @@ def test_the_rerouter_leaves_waiting_slot_requests_with_their_old_owner() -> Non
     pending = PendingRequest(1, "emb_pull", 0, None, route=route)
     book = SimpleNamespace(waiting=lambda: [pending], pop=lambda request_id: pending)
     # server 0 is still the process the request went to (same link)
-    rerouter = Rerouter(SimpleNamespace(_book=book, _servers={0: 0, 1: 1, 2: 2},
-                                        _links={0: pending.link}))  # type: ignore[arg-type]
+    rerouter = Rerouter(SimpleNamespace(book=book, reaches=lambda rank: rank in (0, 1, 2),
+                                        links={0: pending.link}))  # type: ignore[arg-type]
     table.update([Chunk(s, s, 1, 1) for s in range(SLOTS)])  # every slot moved to server 1
     rerouter._reroute_waiting()
     assert pending.children == 0  # not sent again: server 0 answers it (or refuses it)
