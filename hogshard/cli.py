@@ -164,23 +164,25 @@ def scheduler(bind: str, policy: str, servers: int, heartbeat_interval: float,
 @click.option("--check-finite/--no-check-finite", default=True, show_default=True,
               envvar=env_name("check-finite"), show_envvar=True,
               help="refuse pushes whose gradients hold NaN or Inf (one read of each gradient)")
-@option("update-threads", default=0, type=click.IntRange(min=0),
-        help="threads that apply update rules off the socket loop (0: on the loop; see "
-              "docs/TUNING.md)")
+@option("update-threads", default=None, type=click.IntRange(min=0),
+        help="threads that apply update rules off the socket loop (0: on the loop); unset: "
+              "0 below 8 usable cores, else one per 4 cores up to 4 (see docs/TUNING.md)")
 @metrics_options
 @server_restore_option
 @keys_option
 @insecure_option
 def server(scheduler: str, bind: str, advertise: str | None, rank: int | None,
-           max_message_bytes: int, check_finite: bool, update_threads: int,
+           max_message_bytes: int, check_finite: bool, update_threads: int | None,
            metrics_port: int | None, metrics_host: str, restore: str | None, keys: str | None,
            insecure: bool) -> None:
     """Run one parameter-server shard. Exits 0 when the scheduler ends the job."""
-    from hogshard.tuning import tune_server_process
+    from hogshard.tuning import default_update_threads, tune_server_process
 
     tune_server_process()
     from hogshard.ps.server import ShardServer
 
+    if update_threads is None:
+        update_threads = default_update_threads()
     security = process_security(keys, bind, insecure, role="server", rank=rank)
     service = or_exit(lambda: ShardServer(scheduler, bind, advertise, rank,
                                           max_message_bytes=max_message_bytes,

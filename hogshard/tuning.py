@@ -28,8 +28,13 @@ from contextlib import contextmanager
 
 from hogshard.proto.malloc import KEEP_BYTES, MALLOC_ENVIRONMENT, MAX_MMAP_THRESHOLD, tune_malloc
 
-__all__ = ["MALLOC_ENVIRONMENT", "MAX_MMAP_THRESHOLD", "single_threaded_blas",
-           "tune_server_process", "with_malloc_settings"]
+__all__ = ["MALLOC_ENVIRONMENT", "MAX_MMAP_THRESHOLD", "default_update_threads",
+           "single_threaded_blas", "tune_server_process", "with_malloc_settings"]
+
+#: Below this many usable cores a server applies its updates on the socket loop by default.
+UPDATE_THREADS_FROM_CORES = 8
+#: At most this many update threads by default (one per 4 usable cores up to here).
+MAX_DEFAULT_UPDATE_THREADS = 4
 
 
 _BLAS_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS",
@@ -44,6 +49,31 @@ def tune_server_process(blas_threads: int = 1, keep_bytes: int = KEEP_BYTES,
     for variable in _BLAS_THREAD_VARIABLES:
         os.environ.setdefault(variable, str(blas_threads))
     tune_malloc(arena_max=1, keep_bytes=keep_bytes, mmap_above=mmap_above)
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the OS tells it)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def default_update_threads(cores: int | None = None) -> int:
+    """How many update threads ``hogshard server`` runs when ``--update-threads`` is not given:
+    0 (updates on the socket loop, a push acknowledged before its update) on a host with fewer
+    than 8 usable cores, else one per 4 cores, at most 4 (docs/TUNING.md, *Update threads*).
+    ``cores``: default :func:`usable_cores`.
+
+    Example::
+
+        >>> default_update_threads(2), default_update_threads(8), default_update_threads(64)
+        (0, 2, 4)
+    """
+    cores = usable_cores() if cores is None else cores
+    if cores < UPDATE_THREADS_FROM_CORES:
+        return 0
+    return min(MAX_DEFAULT_UPDATE_THREADS, cores // 4)
 
 
 @contextmanager

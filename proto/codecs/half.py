@@ -1,11 +1,12 @@
 """float32 <-> IEEE half precision for the ``fp16`` codec, on the fastest kernel at hand.
 
-numpy converts to and from ``float16`` one element at a time (about 2 ns an element here);
-torch's CPU kernels use the processor's conversion instructions (F16C), tens of times faster.
-``proto`` never imports torch: where the process has imported it already (a worker does), these
-functions convert with it, and elsewhere (servers and the scheduler never import torch) with
-numpy. Both round to nearest even and give the same bits; small arrays stay with numpy, whose
-per-call cost is lower.
+numpy converts to and from ``float16`` one element at a time (about 2 ns an element here, and
+tens of ns for values that round to subnormal halves); torch's CPU kernels use the processor's
+conversion instructions (F16C), tens of times faster. ``proto`` never imports torch: where the
+process has imported it already (a worker does), these functions convert with it, and elsewhere
+(servers and the scheduler never import torch) float32 -> half runs as whole-block numpy
+arithmetic (``half_bits.py``) and half -> float32 as numpy's cast. All round to nearest even and
+give the same bits; small arrays stay with numpy's cast, whose per-call cost is lower.
 
 Example::
 
@@ -25,9 +26,11 @@ from typing import Any
 
 import numpy as np
 
+from hogshard.proto.codecs.half_bits import float_to_half
+
 HALF = np.dtype("<f2")
 FLOAT = np.dtype("<f4")
-#: Below this many elements numpy's conversion is as fast as a call into torch.
+#: Below this many elements numpy's cast is as fast as a call into torch or the block arithmetic.
 TORCH_FROM = 4096
 
 
@@ -38,7 +41,12 @@ def _torch() -> Any:
 
 def _convert(src: np.ndarray, out: np.ndarray) -> np.ndarray:
     torch = _torch()
-    if torch is None or src.size < TORCH_FROM or not hasattr(torch, "from_numpy"):
+    if src.size < TORCH_FROM:
+        np.copyto(out, src, casting="unsafe")
+        return out
+    if torch is None or not hasattr(torch, "from_numpy"):
+        if out.dtype == HALF:
+            return float_to_half(src, out)
         np.copyto(out, src, casting="unsafe")
         return out
     if src.flags.writeable:

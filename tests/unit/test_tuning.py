@@ -15,3 +15,11 @@ def test_a_worker_command_gets_the_malloc_settings() -> None:
 def test_a_user_setting_keeps_glibc_defaults_for_the_rest() -> None:
     env = with_malloc_settings({"MALLOC_ARENA_MAX": "4"})
     assert env == {"MALLOC_ARENA_MAX": "4"}
+
+
+def test_update_threads_by_default_only_where_cores_are_spare() -> None:
+    from hogshard.tuning import default_update_threads, usable_cores
+
+    assert [default_update_threads(c) for c in (1, 2, 4, 7)] == [0, 0, 0, 0]
+    assert [default_update_threads(c) for c in (8, 12, 16, 64)] == [2, 3, 4, 4]
+    assert default_update_threads() == default_update_threads(usable_cores()) >= 0
