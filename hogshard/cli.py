@@ -163,7 +163,8 @@ def scheduler(bind: str, policy: str, servers: int, heartbeat_interval: float,
         "that sends a larger one, with no reply")
 @click.option("--check-finite/--no-check-finite", default=True, show_default=True,
               envvar=env_name("check-finite"), show_envvar=True,
-              help="refuse pushes whose gradients hold NaN or Inf (one read of each gradient)")
+              help="refuse pushes whose gradients hold NaN or Inf (one read of each gradient; "
+                   "of a sparse codec's values only)")
 @option("update-threads", default=None, type=click.IntRange(min=0),
         help="threads that apply update rules off the socket loop (0: on the loop); unset: "
               "0 below 8 usable cores, else one per 4 cores up to 4 (see docs/TUNING.md)")

@@ -22,7 +22,7 @@ applier.py                    UpdateApplier: staleness, groups and modifiers of 
 executor.py                   UpdateExecutor: InlineUpdates, ThreadedUpdates
 update_pool.py                UpdatePool, UpdateJob, Ticket: the update threads
 workers.py                    WorkerView (live workers, clocks, pull gate), PolicySchedule
-decoding.py                   PayloadDecoder: compressed pushes to dense gradients
+decoding.py                   PayloadDecoder: compressed pushes to dense gradients (sparse: checked by values)
 replication.py                Replicator: roles, links to backups, leases, recent push ids
 primary.py                    Primary: replicated pushes, held replies
 group_replies.py              GroupReplies, HeldReply: replies waiting for their groups, backups

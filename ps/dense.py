@@ -203,11 +203,16 @@ class DenseStore:
         return table, chunks
 
     def check_grads_finite(self, table: DenseTable, chunks: Sequence[DenseChunk],
-                           grads: Sequence[np.ndarray]) -> None:
-        """Refuse a gradient holding NaN or Inf (unless ``check_finite`` is off)."""
+                           grads: Sequence[np.ndarray],
+                           passed: Sequence[bool] | None = None) -> None:
+        """Refuse a gradient holding NaN or Inf (unless ``check_finite`` is off). ``passed``:
+        per gradient, True where it is already known to pass (ps/decoding.py: a sparse
+        payload's values were checked), so it is not read again."""
         if not self.check_finite:
             return
-        for chunk, grad in zip(chunks, grads, strict=True):
+        for index, (chunk, grad) in enumerate(zip(chunks, grads, strict=True)):
+            if passed is not None and passed[index]:
+                continue
             # one BLAS pass: NaN or Inf anywhere makes the sum of squares non-finite
             if grad.size and not math.isfinite(np.dot(grad, grad)):
                 raise ProtocolError(
@@ -217,17 +222,17 @@ class DenseStore:
 
     def validate_push(
         self, name: Any, chunk_ids: Any, grads: Sequence[np.ndarray], pulled_versions: Any,
-        check_finite: bool = True,
+        check_finite: bool = True, passed: Sequence[bool] | None = None,
     ) -> tuple[DenseTable, list[DenseChunk]]:
         """Check a whole push (table, chunks, arrays, versions) before anything changes (the
         gradients' values too, unless ``check_finite`` is false: a partial push's are checked
-        when its step ends)."""
+        when its step ends; ``passed``: see :meth:`check_grads_finite`)."""
         table, chunks = self.resolve(name, chunk_ids)
         if len(chunks) > 1 and len(set(chunk_ids)) != len(chunk_ids):
             raise ProtocolError(f"push to {table.name!r} lists a chunk twice: {chunk_ids}")
         check_arrays(table.name, chunks, grads)
         if check_finite:
-            self.check_grads_finite(table, chunks, grads)
+            self.check_grads_finite(table, chunks, grads, passed)
         versions_ok = isinstance(pulled_versions, list) and len(pulled_versions) == len(chunks)
         if versions_ok:
             for version in pulled_versions:

@@ -144,6 +144,7 @@ class DenseOps:
     def push(self, identity: bytes, msg: Message) -> None:
         versions = msg.get("versions")
         grads = msg.arrays
+        passed: list[bool] | None = None  # gradients known finite from their payload
         if msg.get("shm") is not None:  # read in place (ps/shm_plane.py)
             table, _ = self._store.resolve(msg.get("table"), msg.get("chunks"))
             grads = self.shm.push_gradients(msg, self._replicas.replicated(table.name))
@@ -151,11 +152,12 @@ class DenseOps:
                 sum(a.nbytes for a in msg.arrays)
         elif msg.get("codecs") is not None:
             _, resolved = self._store.resolve(msg.get("table"), msg.get("chunks"))
-            grads = self._decoder.decode(msg.get("codecs"), msg.arrays,
-                                         [c.weights.size for c in resolved])
+            grads, passed = self._decoder.decode_checked(msg.get("codecs"), msg.arrays,
+                                                         [c.weights.size for c in resolved])
         partial = msg.get("partial") is True
         table, chunks = self._store.validate_push(msg.get("table"), msg.get("chunks"), grads,
-                                                  versions, check_finite=not partial)
+                                                  versions, check_finite=not partial,
+                                                  passed=passed)
         if partial:
             self._stage(identity, msg, table, chunks, grads, versions)
             return

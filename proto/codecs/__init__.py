@@ -4,6 +4,7 @@
 ``base.py``      :class:`Codec`, :class:`Encoded`, :class:`CodecInfo`, :class:`CodecState`: the interface
 ``simple.py``    :class:`NoneCodec`, :class:`FP16Codec`, :class:`BF16Codec`, :class:`SignCodec`
 ``half.py``      ``to_half``, ``to_float``: float32 <-> half precision on the fastest kernel
+``half_bits.py`` ``float_to_half``: float32 -> half in block arithmetic (no torch), numpy's bits
 ``sparse.py``    :class:`TopKCodec`, :class:`RandomKCodec`, :class:`QSGDCodec`: sparsify, quantise
 ``lowrank.py``   :class:`PowerSGDCodec`, ``matrix_shape``: rank-r approximations (PowerSGD)
 ``registry.py``  ``CODECS``, ``make_codec``: a codec built from its spec string

@@ -154,10 +154,15 @@ class SparseCodec(Codec):
         """The validated (strictly increasing indices, float32 values) the payload stands for."""
 
     def decode(self, encoded: Encoded, size: int) -> np.ndarray:
+        return self.decode_with_values(encoded, size)[0]
+
+    def decode_with_values(self, encoded: Encoded, size: int) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`decode`'s dense array and the values scattered into its zeros (every nonzero
+        of the array is one of them): a check of the values stands for one of the array."""
         indices, values = self.to_sparse(encoded, size)
         out = np.zeros(size, dtype=F32)
         out[indices] = values
-        return out
+        return out, values
 
     def decode_into(self, encoded: Encoded, out: np.ndarray) -> np.ndarray:
         if not isinstance(out, np.ndarray) or out.dtype != np.float32 or out.ndim != 1:
