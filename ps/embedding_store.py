@@ -1,5 +1,8 @@
-"""All embedding tables of one server: requests validated whole, then served table by table
-(the rows a pull creates in many tables are initialised in one pass).
+"""All embedding tables of one server: requests validated whole, then served in one pass per
+row block (ps/row_block.py): the tables of one dim, storage and rule with declared sizes below
+2^56 and no admission share a block, and a request's tables of one block are served together
+(ps/embedding_fused.py); the other tables one by one (the rows a pull creates in many tables
+are initialised in one pass).
 
 Example::
 
@@ -30,7 +33,9 @@ from hogshard.proto.hashing import init_rows_of_tables
 from hogshard.proto.manifest import atomic_write
 from hogshard.proto.tables import EmbeddingSpec
 from hogshard.ps.embedding import FLOAT32, EmbeddingTable, Found
-from hogshard.ps.row_checks import check_grads, check_ids
+from hogshard.ps.embedding_fused import fused_pull, fused_push
+from hogshard.ps.row_block import ID_SPAN, MAX_TABLES, RowBlock
+from hogshard.ps.row_checks import check_finite, check_grads, check_ids
 
 
 def _initial_rows(tables: Sequence[EmbeddingTable], found: Sequence[Found | None]
@@ -50,11 +55,36 @@ def _initial_rows(tables: Sequence[EmbeddingTable], found: Sequence[Found | None
     return out
 
 
+def _by_block(tables: Sequence[EmbeddingTable]) -> list[list[int]]:
+    """The positions of ``tables`` grouped by the block they share (a table alone in its block
+    forms a group of one)."""
+    groups: dict[int, list[int]] = {}
+    for t, table in enumerate(tables):
+        groups.setdefault(id(table.block) if table.index.base else -1 - t, []).append(t)
+    return list(groups.values())
+
+
 class EmbeddingStore:
     """All embedding tables held by one server."""
 
     def __init__(self) -> None:
         self.tables: dict[str, EmbeddingTable] = {}
+        self.blocks: dict[str, list[RowBlock]] = {}  # shared blocks by what their tables share
+
+    def _new_table(self, spec: EmbeddingSpec) -> EmbeddingTable:
+        """A table for ``spec``, in a shared block where it can join one: tables of one dim,
+        storage and rule, with declared sizes up to 2^56 and no admission."""
+        n = spec.num_embeddings
+        if n is None or n > ID_SPAN or (spec.admit_after is not None and spec.admit_after > 1):
+            return EmbeddingTable(spec)
+        table = EmbeddingTable(spec, block=RowBlock(spec.dim, spec.storage, {}, 0))  # checks
+        key = json.dumps([spec.dim, spec.storage, table.rule.spec()], sort_keys=True)
+        blocks = self.blocks.setdefault(key, [])
+        if not blocks or blocks[-1].members >= MAX_TABLES:
+            blocks.append(RowBlock(spec.dim, spec.storage, table.rule.state_layout(spec.dim)))
+        block = blocks[-1]
+        block.members += 1
+        return EmbeddingTable(spec, block=block, number=block.members)
 
     def create(self, spec: EmbeddingSpec) -> bool:
         """Create a table; idempotent for an identical spec (returns False), CONFLICT else."""
@@ -64,7 +94,7 @@ class EmbeddingStore:
                 raise ConflictError(f"embedding table {spec.name!r} exists as "
                                     f"{existing.spec.to_wire()}; got {spec.to_wire()}")
             return False
-        table = EmbeddingTable(spec)  # builds the rule: a bad rule raises before insertion
+        table = self._new_table(spec)  # builds the rule: a bad rule raises before insertion
         self.tables[spec.name] = table
         return True
 
@@ -89,9 +119,23 @@ class EmbeddingStore:
         check_ids(tables, ids, reading=True)
         if len({t.name for t in tables}) < len(tables):  # a table twice: one after the other
             return [t.read(i) for t, i in zip(tables, ids, strict=True)]
-        found = [None if t.sketch else t.missing(i) for t, i in zip(tables, ids, strict=True)]
-        new_rows = _initial_rows(tables, found)
-        return [t.read(i, f, r) for t, i, f, r in zip(tables, ids, found, new_rows, strict=True)]
+        out: list[np.ndarray | None] = [None] * len(tables)
+        single = []
+        for members in _by_block(tables):
+            if len(members) == 1:
+                single.append(members[0])
+                continue
+            parts = fused_pull([tables[t] for t in members], [ids[t] for t in members])
+            for m, rows in zip(members, parts, strict=True):
+                out[m] = rows
+        if single:
+            alone = [tables[t] for t in single]
+            found = [None if a.sketch else a.missing(ids[i])
+                     for i, a in zip(single, alone, strict=True)]
+            new_rows = _initial_rows(alone, found)
+            for i, a, f, r in zip(single, alone, found, new_rows, strict=True):
+                out[i] = a.read(ids[i], f, r)
+        return [rows for rows in out if rows is not None]
 
     def push(self, names: Any, ids: Sequence[np.ndarray], grads: Sequence[np.ndarray]) -> None:
         """Apply row gradients, one (ids, grads) pair per table, all checked first."""
@@ -99,9 +143,25 @@ class EmbeddingStore:
         if len(ids) != len(tables) or len(grads) != len(tables):
             raise ProtocolError(f"{len(tables)} tables but {len(ids)} id and {len(grads)} "
                                 "gradient arrays; expected one of each per table")
-        check_grads(tables, ids, grads)
-        for table, table_ids, table_grads in zip(tables, ids, grads, strict=True):
-            table.apply(table_ids, table_grads)
+        if len({t.name for t in tables}) < len(tables):  # a table twice: one after the other
+            check_grads(tables, ids, grads)
+            for table, table_ids, table_grads in zip(tables, ids, grads, strict=True):
+                table.apply(table_ids, table_grads)
+            return
+        check_grads(tables, ids, grads, finite=False)
+        groups = _by_block(tables)
+        joined = []  # each block's gradients in one array, checked finite in one pass
+        for members in groups:
+            parts = [tables[t] for t in members], [grads[t] for t in members]
+            flat = parts[1][0] if len(members) == 1 else np.concatenate(parts[1])
+            if not np.isfinite(flat).all():
+                check_finite(*parts)
+            joined.append(flat)
+        for members, flat in zip(groups, joined, strict=True):
+            if len(members) == 1:
+                tables[members[0]].apply(ids[members[0]], flat)
+            else:
+                fused_push([tables[t] for t in members], [ids[t] for t in members], flat)
 
     def stats(self) -> dict[str, dict[str, Any]]:
         return {name: t.stats() for name, t in self.tables.items()}
@@ -142,19 +202,19 @@ class EmbeddingStore:
         try:
             with np.load(Path(path)) as data:
                 specs = json.loads(bytes(data["specs"]).decode())
-                tables = {}
+                loaded = EmbeddingStore()
                 for i, fields in enumerate(specs):
-                    table = EmbeddingTable(EmbeddingSpec.from_wire(fields))
+                    spec = EmbeddingSpec.from_wire(fields)
+                    loaded.create(spec)
+                    table = loaded.table(spec.name)
                     ids = data[f"{i}.ids"]
-                    slots = table._allocate(ids.size)
+                    slots = table.block.allocate(ids.size)
                     table.set_rows(slots, data[f"{i}.weights"].astype(FLOAT32))
                     for key in table.state:
                         table.state[key][slots] = data[f"{i}.state.{key}"]
-                    table.slot_ids[slots] = ids
                     table.index.insert(ids, slots)
                     if table.sketch is not None and f"{i}.sketch" in data.files:
                         table.sketch.restore(data[f"{i}.sketch"])
-                    tables[table.name] = table
         except (OSError, KeyError, ValueError) as err:
             raise HogshardError(f"cannot load embedding checkpoint {path}: {err}") from None
-        self.tables = tables
+        self.tables, self.blocks = loaded.tables, loaded.blocks
