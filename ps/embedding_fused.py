@@ -87,9 +87,11 @@ def _slots_for(block: RowBlock, tables: Sequence[EmbeddingTable], keys: np.ndarr
     return slots
 
 
-def fused_pull(tables: Sequence[EmbeddingTable], ids: Sequence[np.ndarray]) -> list[np.ndarray]:
+def fused_pull(tables: Sequence[EmbeddingTable], ids: Sequence[np.ndarray], split: bool = True
+               ) -> list[np.ndarray]:
     """The rows of ``ids[t]`` of each of ``tables`` (distinct, one block, no admission;
-    validated), created on first touch: one float32 array per table."""
+    validated), created on first touch: one float32 array per table (``split`` False: one
+    array of every table's rows, in order)."""
     block = tables[0].block
     keys, counts = _keys(tables, ids)
     slots = _slots_for(block, tables, keys)
@@ -98,7 +100,7 @@ def fused_pull(tables: Sequence[EmbeddingTable], ids: Sequence[np.ndarray]) -> l
     for table, count in zip(tables, counts, strict=True):
         table.counters["pulls"] += 1
         table.counters["ids_pulled"] += count
-    return np.split(rows, np.cumsum(counts[:-1]))
+    return np.split(rows, np.cumsum(counts[:-1])) if split else [rows]
 
 
 def fused_push(tables: Sequence[EmbeddingTable], ids: Sequence[np.ndarray],

@@ -25,7 +25,7 @@ import numpy as np
 from hogshard.proto.codecs.pull import decode_weights, encode_weights, pull_codec
 from hogshard.proto.errors import HogshardError, NotOwnerError, ProtocolError
 from hogshard.proto.ops import Field
-from hogshard.proto.packed_rows import counts_of, pack, split_ids, split_rows
+from hogshard.proto.packed_rows import counts_of, split_ids, split_rows
 from hogshard.proto.service import Replies
 from hogshard.proto.tables import EMBEDDING_MAP, EmbeddingSpec
 from hogshard.proto.wire import Message
@@ -165,9 +165,8 @@ class EmbeddingOps:
     def _serve_pull(self, msg: Message) -> Reply:
         self._shard(msg)
         codec = pull_codec(msg.get("codec"))
-        rows = self._embeddings.pull(msg.get("tables"), pulled_ids(msg))
-        if msg.get("counts") is not None:
-            rows = [pack(rows)]
+        rows = self._embeddings.pull(msg.get("tables"), pulled_ids(msg),
+                                     packed=msg.get("counts") is not None)
         fields: dict[str, Any] = {}
         if codec is not None:  # half-precision rows (proto/codecs/pull.py)
             rows, fields["codec"] = encode_weights(codec, rows), codec.name

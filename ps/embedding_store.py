@@ -31,6 +31,7 @@ import numpy as np
 from hogshard.proto.errors import ConflictError, HogshardError, ProtocolError, UnknownTableError
 from hogshard.proto.hashing import init_rows_of_tables
 from hogshard.proto.manifest import atomic_write
+from hogshard.proto.packed_rows import pack
 from hogshard.proto.tables import EmbeddingSpec
 from hogshard.ps.embedding import FLOAT32, EmbeddingTable, Found
 from hogshard.ps.embedding_fused import fused_pull, fused_push
@@ -110,24 +111,30 @@ class EmbeddingStore:
             raise ProtocolError("field 'tables' must be a non-empty list of table names")
         return [self.table(n) for n in names]
 
-    def pull(self, names: Any, ids: Sequence[np.ndarray]) -> list[np.ndarray]:
-        """Rows for one id array per table; every table and id array is checked first."""
+    def pull(self, names: Any, ids: Sequence[np.ndarray], packed: bool = False
+             ) -> list[np.ndarray]:
+        """Rows for one id array per table; every table and id array is checked first.
+        ``packed``: one flat array of every table's rows, in order (a packed reply)."""
         tables = self.resolve(names)
         if len(ids) != len(tables):
             raise ProtocolError(f"{len(tables)} tables but {len(ids)} id arrays; expected one "
                                 "id array per table")
         check_ids(tables, ids, reading=True)
         if len({t.name for t in tables}) < len(tables):  # a table twice: one after the other
-            return [t.read(i) for t, i in zip(tables, ids, strict=True)]
+            each = [t.read(i) for t, i in zip(tables, ids, strict=True)]
+            return [pack(each)] if packed else each
+        groups = _by_block(tables)
+        if packed and len(groups) == 1 and len(tables) > 1:  # already in order: no copy
+            return [fused_pull(tables, ids, split=False)[0].reshape(-1)]
         out: list[np.ndarray | None] = [None] * len(tables)
         single = []
-        for members in _by_block(tables):
+        for members in groups:
             if len(members) == 1:
                 single.append(members[0])
                 continue
             parts = fused_pull([tables[t] for t in members], [ids[t] for t in members])
-            for m, rows in zip(members, parts, strict=True):
-                out[m] = rows
+            for m, part in zip(members, parts, strict=True):
+                out[m] = part
         if single:
             alone = [tables[t] for t in single]
             found = [None if a.sketch else a.missing(ids[i])
@@ -135,7 +142,8 @@ class EmbeddingStore:
             new_rows = _initial_rows(alone, found)
             for i, a, f, r in zip(single, alone, found, new_rows, strict=True):
                 out[i] = a.read(ids[i], f, r)
-        return [rows for rows in out if rows is not None]
+        rows = [part for part in out if part is not None]
+        return [pack(rows)] if packed else rows
 
     def push(self, names: Any, ids: Sequence[np.ndarray], grads: Sequence[np.ndarray]) -> None:
         """Apply row gradients, one (ids, grads) pair per table, all checked first."""

@@ -159,3 +159,19 @@ def test_checkpoint_snapshot_and_moved_slots_keep_each_table(tmp_path) -> None:
         np.testing.assert_array_equal(ids, want_ids[keep])
         np.testing.assert_array_equal(store.pull([name], [ids])[0],
                                       held.rows_at(want_slots[keep]))
+
+
+def test_packed_pull_and_empty_tables() -> None:
+    """A packed pull is every table's rows in order, without a copy per table; a table may
+    carry no ids."""
+    table_specs = specs({"rule": "rowwise_adagrad", "lr": 0.3}, count=3)
+    store, ref = fused_store(table_specs), Reference(table_specs)
+    names = ["t2", "t0", "t1"]
+    ids = [np.array([5, 1, 5], np.int64), np.empty(0, np.int64), np.array([7], np.int64)]
+    (flat,) = store.pull(names, ids, packed=True)
+    want = ref.pull(names, ids)
+    np.testing.assert_array_equal(flat, np.concatenate([w.reshape(-1) for w in want]))
+    grads = [np.ones((i.size, DIM), np.float32) for i in ids]
+    store.push(names, ids, grads)
+    ref.push(names, ids, grads)
+    assert_same(store, ref)
