@@ -145,8 +145,11 @@ class EmbeddingStore:
         rows = [part for part in out if part is not None]
         return [pack(rows)] if packed else rows
 
-    def push(self, names: Any, ids: Sequence[np.ndarray], grads: Sequence[np.ndarray]) -> None:
-        """Apply row gradients, one (ids, grads) pair per table, all checked first."""
+    def push(self, names: Any, ids: Sequence[np.ndarray], grads: Sequence[np.ndarray],
+             packed: np.ndarray | None = None) -> None:
+        """Apply row gradients, one (ids, grads) pair per table, all checked first.
+        ``packed``: every table's gradient rows in one flat array, in order, of which
+        ``grads`` are the views (a packed push: one block's rows need no joining then)."""
         tables = self.resolve(names)
         if len(ids) != len(tables) or len(grads) != len(tables):
             raise ProtocolError(f"{len(tables)} tables but {len(ids)} id and {len(grads)} "
@@ -159,9 +162,13 @@ class EmbeddingStore:
         check_grads(tables, ids, grads, finite=False)
         groups = _by_block(tables)
         joined = []  # each block's gradients in one array, checked finite in one pass
+        whole = packed is not None and len(groups) == 1 and len(tables) > 1
         for members in groups:
             parts = [tables[t] for t in members], [grads[t] for t in members]
-            flat = parts[1][0] if len(members) == 1 else np.concatenate(parts[1])
+            if whole and packed is not None:
+                flat = packed.reshape(-1, tables[0].spec.dim)
+            else:
+                flat = parts[1][0] if len(members) == 1 else np.concatenate(parts[1])
             if not np.isfinite(flat).all():
                 check_finite(*parts)
             joined.append(flat)

@@ -171,7 +171,9 @@ def test_packed_pull_and_empty_tables() -> None:
     (flat,) = store.pull(names, ids, packed=True)
     want = ref.pull(names, ids)
     np.testing.assert_array_equal(flat, np.concatenate([w.reshape(-1) for w in want]))
-    grads = [np.ones((i.size, DIM), np.float32) for i in ids]
-    store.push(names, ids, grads)
+    flat_grads = np.arange(4 * DIM, dtype=np.float32) / 10
+    grads = [flat_grads[: 3 * DIM].reshape(3, DIM), flat_grads[:0].reshape(0, DIM),
+             flat_grads[3 * DIM:].reshape(1, DIM)]
+    store.push(names, ids, grads, packed=flat_grads)
     ref.push(names, ids, grads)
     assert_same(store, ref)
