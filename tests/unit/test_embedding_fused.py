@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hogshard.proto.errors import ProtocolError
 from hogshard.proto.hashing import shard_of
@@ -176,4 +178,27 @@ def test_packed_pull_and_empty_tables() -> None:
              flat_grads[3 * DIM:].reshape(1, DIM)]
     store.push(names, ids, grads, packed=flat_grads)
     ref.push(names, ids, grads)
+    assert_same(store, ref)
+
+
+@settings(max_examples=40, deadline=None)
+@given(rule=st.sampled_from(RULES), storage=st.sampled_from(["fp32", "bf16"]),
+       bounds=st.sampled_from([{}, {"max_rows": 30}, {"ttl": 3}]),
+       seed=st.integers(0, 2**31 - 1), count=st.integers(2, 6))
+def test_one_pass_equals_table_by_table_on_random_requests(rule: dict, storage: str,
+                                                           bounds: dict, seed: int,
+                                                           count: int) -> None:
+    table_specs = specs(rule, count=count, storage=storage, **bounds)
+    store, ref = fused_store(table_specs), Reference(table_specs)
+    rng = np.random.default_rng(seed)
+    names = [s.name for s in table_specs]
+    for _ in range(8):
+        chosen = list(rng.permutation(names)[: rng.integers(1, count + 1)])
+        ids = [rng.integers(0, 60, rng.integers(0, 25)).astype(np.int64) for _ in chosen]
+        if rng.random() < 0.5:
+            for got, want in zip(store.pull(chosen, ids), ref.pull(chosen, ids), strict=True):
+                np.testing.assert_array_equal(got, want)
+        grads = [rng.normal(0, 0.5, (i.size, DIM)).astype(np.float32) for i in ids]
+        store.push(chosen, ids, grads)
+        ref.push(chosen, ids, grads)
     assert_same(store, ref)
