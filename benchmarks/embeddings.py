@@ -232,7 +232,7 @@ def main() -> int:
                         help="only the table-scaling part: 1, 8, 26 tables, the same ids")
     args = parser.parse_args()
     if args.table_scaling:
-        return scaling_only(args.json, 10 if args.quick else 30)
+        return scaling_only(args.json, 10 if args.quick else 100)
     if args.zipf_exponent <= 0 or args.cache_staleness < 0:
         parser.error("--zipf-exponent must be > 0 and --cache-staleness >= 0")
     ids: dict[str, Any] = {"id_dist": args.id_dist, "zipf_exponent": args.zipf_exponent}

@@ -38,22 +38,22 @@ def table_scaling(address: str, dim: int, total: int, counts: Sequence[int] = (1
             grads = [np.full((per, dim), 1e-3, np.float32) for _ in range(count)]
             client.pull_rows(tables, ids, outs).result()  # warm: every row exists
             client.push_rows(tables, ids, grads).result()
-            setups.append((count, per, tables, ids, outs, grads))
-        times: dict[int, tuple[list[float], list[float]]] = {c: ([], []) for c in counts}
+            setups.append((count, per, tables, ids, outs, grads, _LocalBags(dim, count, per)))
+        times: dict[int, tuple[list[float], ...]] = {c: ([], [], []) for c in counts}
         for _ in range(repeats):  # interleaved: a loaded host slows every count alike
-            for count, _per, tables, ids, outs, grads in setups:
+            for count, _per, tables, ids, outs, grads, local in setups:
                 t = time.perf_counter()
                 client.pull_rows(tables, ids, outs).result()
                 times[count][0].append(time.perf_counter() - t)
                 t = time.perf_counter()
                 client.push_rows(tables, ids, grads).result()
                 times[count][1].append(time.perf_counter() - t)
+                times[count][2].append(local.step())
     finally:
         client.close()
     rows = []
     for count, per, *_ in setups:
-        pull_s, push_s = (float(np.median(t)) for t in times[count])
-        local_s = _local(dim, count, per, repeats)
+        pull_s, push_s, local_s = (float(np.median(t)) for t in times[count])
         rows.append({"dim": dim, "tables": count, "ids": per * count,
                      "pull_ms": 1e3 * pull_s, "push_ms": 1e3 * push_s,
                      "pull_M_ids_per_s": per * count / pull_s / 1e6,
@@ -63,33 +63,39 @@ def table_scaling(address: str, dim: int, total: int, counts: Sequence[int] = (1
     for row in rows:  # each count's time against one table's, the same ids
         row["pull_vs_1_table"] = row["pull_ms"] / rows[0]["pull_ms"]
         row["push_vs_1_table"] = row["push_ms"] / rows[0]["push_ms"]
+        row["pull_vs_local"] = row["pull_M_ids_per_s"] / row["local_M_ids_per_s"]
     return rows
 
 
-def _local(dim: int, count: int, per: int, repeats: int) -> float:
-    """Median seconds of ``nn.EmbeddingBag`` forward + backward over ``count`` tables of
-    ``per`` ids each (one id per bag, sum mode, sparse gradients), one thread."""
-    import torch
-    from torch import nn
+class _LocalBags:
+    """``nn.EmbeddingBag`` forward + backward over ``count`` tables of ``per`` ids each (one
+    id per bag, sum mode, sparse gradients), one thread."""
 
-    torch.set_num_threads(1)
-    bags = [nn.EmbeddingBag(per, dim, mode="sum", sparse=True) for _ in range(count)]
-    inputs = [torch.randperm(per).reshape(-1, 1) for _ in range(count)]
-    times = []
-    for _ in range(repeats):
+    def __init__(self, dim: int, count: int, per: int) -> None:
+        import torch
+        from torch import nn
+
+        torch.set_num_threads(1)
+        self.bags = [nn.EmbeddingBag(per, dim, mode="sum", sparse=True) for _ in range(count)]
+        self.inputs = [torch.randperm(per).reshape(-1, 1) for _ in range(count)]
+
+    def step(self) -> float:
+        """Seconds of one forward + backward over every bag."""
+        import torch
+
         t = time.perf_counter()
-        torch.stack([bag(x) for bag, x in zip(bags, inputs, strict=True)]).sum().backward()
-        for bag in bags:
+        torch.stack([bag(x) for bag, x in zip(self.bags, self.inputs, strict=True)]
+                    ).sum().backward()
+        for bag in self.bags:
             bag.weight.grad = None
-        times.append(time.perf_counter() - t)
-    return float(np.median(times))
+        return time.perf_counter() - t
 
 
 def print_rows(rows: list[dict[str, Any]]) -> None:
     print(f"{'dim':>4} {'tables':>6} {'ids':>7} {'pull ms':>8} {'push ms':>8} {'pull M/s':>9} "
-          f"{'push M/s':>9} {'local M/s':>10} {'pull x1':>8} {'push x1':>8}")
+          f"{'push M/s':>9} {'local M/s':>10} {'pull x1':>8} {'push x1':>8} {'pull/loc':>8}")
     for r in rows:
         print(f"{r['dim']:>4} {r['tables']:>6} {r['ids']:>7} {r['pull_ms']:>8.2f} "
               f"{r['push_ms']:>8.2f} {r['pull_M_ids_per_s']:>9.2f} {r['push_M_ids_per_s']:>9.2f} "
               f"{r['local_M_ids_per_s']:>10.2f} {r['pull_vs_1_table']:>8.2f} "
-              f"{r['push_vs_1_table']:>8.2f}")
+              f"{r['push_vs_1_table']:>8.2f} {r['pull_vs_local']:>8.2f}")

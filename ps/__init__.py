@@ -11,6 +11,8 @@ replica_ops.py                BackupOps: replicate, replica_snapshot, emb_replic
 dense.py                      DenseStore, DenseTable, DenseChunk
 embedding.py                  EmbeddingTable: sparse rows created on first touch, row-wise state
 embedding_store.py            EmbeddingStore: all embedding tables; requests checked whole
+row_block.py                  RowBlock, TableKeys: rows and state shared by same-shaped tables
+embedding_fused.py            fused_pull, fused_push: one pass over a request's tables of a block
 row_checks.py                 check_ids, check_grads: a row request checked before rows change
 row_bounds.py                 CountMinSketch: row admission that bounds a table's memory
 row_gate.py                   RowGate, HeldPull: the pull gate of ssp:S embedding tables

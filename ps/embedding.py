@@ -6,11 +6,12 @@ the rows some request has touched: memory grows with the rows touched, never wit
 are a pure function of (seed, table name, id) (:func:`hogshard.proto.hashing.init_rows`), so a
 replayed or restarted shard creates the same rows.
 
-Rows live in one ``capacity x dim`` block (float32, or half precision with ``storage`` ``fp16``
-or ``bf16``: :meth:`EmbeddingTable.rows_at` reads them as float32, the rule updates them in
-float32 and :meth:`EmbeddingTable.set_rows` rounds them back) that doubles when full (amortised O(1) per
-new row, never a full copy per insert); the id -> slot map is a :class:`SlotIndex`. Every
-request is validated whole before anything changes. With ``max_rows`` set, least recently used
+Rows live in a :class:`RowBlock` (ps/row_block.py): float32, or half precision with ``storage``
+``fp16`` or ``bf16`` (:meth:`EmbeddingTable.rows_at` reads them as float32, the rule updates
+them in float32 and :meth:`EmbeddingTable.set_rows` rounds them back). The tables of one dim,
+storage and rule on a shard can share one block and its (table, id) index, so that a request
+naming many of them is served in one pass (ps/embedding_fused.py); a table alone owns its block.
+Every request is validated whole before anything changes. With ``max_rows`` set, least recently used
 rows are evicted (counted) when a request would exceed it. With ``admit_after`` a row is
 created only once pushes have carried its id that many times (:mod:`hogshard.ps.row_bounds`),
 and with ``ttl`` a row that none of the table's last ``ttl`` pushes touched expires.
@@ -35,45 +36,31 @@ from typing import Any
 
 import numpy as np
 
-from hogshard.proto.codecs.pull import decode_weights, encode_weights, pull_codec
 from hogshard.proto.hashing import init_rows
-from hogshard.proto.slot_index import SlotIndex
 from hogshard.proto.tables import EmbeddingSpec
+from hogshard.ps.row_block import FLOAT32, INT64, RECALLED_PULLS, STORE_DTYPES, RowBlock, TableKeys
 from hogshard.ps.row_bounds import CountMinSketch
 from hogshard.ps.row_rules import RowRule, make_row_rule
 
-INT64, FLOAT32 = np.dtype("<i8"), np.dtype("<f4")
+__all__ = ["FLOAT32", "INT64", "STORE_DTYPES", "EmbeddingTable", "Found"]
+
 _NO_IDS = np.empty(0, INT64)
 #: What :meth:`EmbeddingTable.missing` finds: each id's slot (-1: no row) and the missing ids.
 Found = tuple[np.ndarray, np.ndarray]
-#: Pulls whose slots a push of the same ids reuses (about one per worker pulling the table).
-RECALLED_PULLS = 8
-#: How each half-precision ``storage`` holds a row element (bf16: the upper half of a float32).
-STORE_DTYPES = {"fp16": np.dtype("<f2"), "bf16": np.dtype("<u2")}
 
 
 class EmbeddingTable:
-    """One table's rows on this shard."""
+    """One table's rows on this shard (in ``block`` under table ``number``; its own block if
+    none is given)."""
 
-    def __init__(self, spec: EmbeddingSpec, initial_capacity: int = 64) -> None:
+    def __init__(self, spec: EmbeddingSpec, initial_capacity: int = 64,
+                 block: RowBlock | None = None, number: int = 0) -> None:
         self.spec = spec
         self.rule: RowRule = make_row_rule(spec.rule)
-        self.index = SlotIndex()
-        self.layout = self.rule.state_layout(spec.dim)
-        # half-precision storage: rows kept as the fp16/bf16 pull codec encodes them
-        self.codec = pull_codec(None if spec.storage == "fp32" else spec.storage)
-        self.store_dtype = FLOAT32 if self.codec is None else STORE_DTYPES[spec.storage]
-        self.weights = np.empty((0, spec.dim), self.store_dtype)
-        self.state: dict[str, np.ndarray] = {}
-        self.slot_ids = np.empty(0, INT64)
-        self.last_used = np.empty(0, INT64)
-        self.last_push = np.empty(0, INT64)  # the push clock of each row's last push
-        self._resize(initial_capacity)
-        self.used = 0  # slots handed out (live rows + free slots)
-        self.free = np.empty(0, INT64)
-        self.tick = 0
+        self.block = block if block is not None else RowBlock(
+            spec.dim, spec.storage, self.rule.state_layout(spec.dim), initial_capacity)
+        self.index = TableKeys(self.block, number)
         self.push_clock = 0  # pushes applied to this table
-        self.generation = 0  # bumped when rows are dropped: their slots may hold other ids
         # (ids, slots, generation) of the last pulls: a push of the same ids skips the lookup
         self._pulled: deque[tuple[np.ndarray, np.ndarray, int]] = deque(maxlen=RECALLED_PULLS)
         self.sketch = CountMinSketch() if spec.admit_after and spec.admit_after > 1 else None
@@ -90,71 +77,69 @@ class EmbeddingTable:
         """Rows held (touched and not evicted)."""
         return len(self.index)
 
+    # the block's arrays (shared with the other tables of the block, if any)
+    @property
+    def weights(self) -> np.ndarray:
+        return self.block.weights
+
+    @property
+    def state(self) -> dict[str, np.ndarray]:
+        return self.block.state
+
+    @property
+    def last_used(self) -> np.ndarray:
+        return self.block.last_used
+
+    @property
+    def last_push(self) -> np.ndarray:
+        return self.block.last_push
+
     @property
     def capacity(self) -> int:
-        return int(self.weights.shape[0])
+        """Slots of the block (shared: this table's share by rows)."""
+        return self.block.capacity if not self.index.base else self._share(self.block.capacity)
 
     @property
     def nbytes(self) -> int:
-        return int(self.weights.nbytes + sum(a.nbytes for a in self.state.values())
-                   + self.slot_ids.nbytes + self.last_used.nbytes + self.last_push.nbytes
-                   + self.index.nbytes + (self.sketch.nbytes if self.sketch else 0))
+        if not self.index.base:
+            return int(self.block.nbytes + (self.sketch.nbytes if self.sketch else 0))
+        return self._share(self.block.nbytes) + (self.sketch.nbytes if self.sketch else 0)
 
-    def _resize(self, capacity: int) -> None:
-        def grown(old: np.ndarray, shape: tuple[int, ...], dtype: Any, fill: float | None
-                  ) -> np.ndarray:
-            new = np.empty((capacity, *shape), dtype=dtype)
-            new[: old.shape[0]] = old
-            if fill is not None:
-                new[old.shape[0]:] = fill
-            return new
+    def _share(self, amount: int) -> int:
+        held = len(self.block.index)
+        return amount * self.rows // held if held else 0
 
-        # rows and their state are written when a slot is handed out (slots_for, load)
-        self.weights = grown(self.weights, (self.spec.dim,), self.store_dtype, None)
-        for key, (shape, dtype) in self.layout.items():
-            old = self.state.get(key, np.empty((0, *shape), dtype))
-            self.state[key] = grown(old, shape, dtype, None)
-        self.slot_ids = grown(self.slot_ids, (), INT64, -1)
-        self.last_used = grown(self.last_used, (), INT64, 0)
-        self.last_push = grown(self.last_push, (), INT64, 0)
+    def live(self) -> tuple[np.ndarray, np.ndarray]:
+        """The slots and ids of every row this table holds (in slot order)."""
+        slots = self.index.live()
+        return slots, self.index.ids_at(slots)
 
     # ---- rows -------------------------------------------------------------------------------
 
     def rows_at(self, slots: np.ndarray) -> np.ndarray:
         """The rows in ``slots`` as float32 (a new array)."""
-        rows = self.weights.take(slots, axis=0)
-        return rows if self.codec is None else decode_weights(self.codec, [rows])[0]
+        return self.block.rows_at(slots)
 
     def set_rows(self, slots: np.ndarray, rows: np.ndarray) -> None:
         """Store float32 ``rows`` in ``slots`` (rounded to nearest even in half precision)."""
-        self.weights[slots] = rows if self.codec is None else encode_weights(self.codec,
-                                                                            [rows])[0]
+        self.block.set_rows(slots, rows)
 
-    def _allocate(self, count: int) -> np.ndarray:
-        reuse = self.free[:count]
-        self.free = self.free[count:]
-        fresh = count - reuse.size
-        if self.used + fresh > self.capacity:
-            self._resize(max(2 * self.capacity, self.used + fresh))
-        slots = np.concatenate([reuse, np.arange(self.used, self.used + fresh, dtype=INT64)])
-        self.used += fresh
-        return slots
-
-    def _evict(self, keep: np.ndarray, incoming: int) -> None:
+    def evict_for(self, keep: np.ndarray, incoming: int) -> None:
         """Drop least recently used rows (never those in ``keep``) so that ``incoming`` new rows
-        fit under ``max_rows``; frees down to 90% of the cap at once to amortise the scan."""
+        fit under ``max_rows``; frees down to 90% of the cap at once to amortise the scan.
+        Ties in recency go to the smaller id first."""
         cap = self.spec.max_rows
         if cap is None or self.rows + incoming <= cap:
             return
         target = min(cap - incoming, cap - max(1, cap // 10))
         excess = self.rows - max(0, target)
-        live = np.flatnonzero(self.slot_ids[: self.used] >= 0)
+        live = self.index.live()
         live = live[~np.isin(live, keep)]
         excess = min(excess, live.size)
         if excess <= 0:
             return
-        victims = live[np.argpartition(self.last_used[live], excess - 1)[:excess]]
-        self._drop(victims)
+        order = np.lexsort((self.index.ids_at(live), self.block.last_used[live]))
+        self._drop(live[order[:excess]])
         self.counters["evicted"] += int(excess)
 
     def drop(self, slots: np.ndarray) -> None:
@@ -163,19 +148,16 @@ class EmbeddingTable:
 
     def _drop(self, victims: np.ndarray) -> None:
         """Forget the rows in slots ``victims`` (their slots are reused)."""
-        self.index.remove(self.slot_ids[victims])
-        self.generation += 1
-        self.slot_ids[victims] = -1
-        self.free = np.concatenate([self.free, victims])
+        self.index.drop(victims)
 
-    def _expire(self) -> None:
+    def expire(self) -> None:
         """Drop the rows no push touched in the last ``ttl`` pushes; runs every ``ttl / 8``
         pushes, so a row lives between ``ttl`` and ``1.125 * ttl`` pushes untouched."""
         ttl = self.spec.ttl
         if ttl is None or self.push_clock % max(1, ttl // 8):
             return
-        live = np.flatnonzero(self.slot_ids[: self.used] >= 0)
-        old = live[self.last_push[live] < self.push_clock - ttl]
+        live = self.index.live()
+        old = live[self.block.last_push[live] < self.push_clock - ttl]
         if old.size:
             self._drop(old)
             self.counters["expired"] += int(old.size)
@@ -191,6 +173,18 @@ class EmbeddingTable:
         """The initial values of the rows of ``ids`` (float32, one row per id)."""
         return init_rows(self.spec.seed, self.name, ids, self.spec.dim, self.spec.scale)
 
+    def install(self, ids: np.ndarray, slots: np.ndarray, rows: np.ndarray | None) -> None:
+        """Make ``slots`` (fresh from the block) hold new rows of ``ids`` (unique): ``rows``
+        (float32; None: left for the caller to write), fresh row state, the table's push
+        clock."""
+        if rows is not None:
+            self.block.set_rows(slots, rows)
+        for key, array in self.block.state.items():
+            array[slots] = self.rule.state_fill(key)
+        self.block.last_push[slots] = self.push_clock
+        self.index.insert(ids, slots)
+        self.counters["created"] += int(ids.size)
+
     def slots_for(self, ids: np.ndarray, found: Found | None = None,
                   new_rows: np.ndarray | None = None) -> np.ndarray:
         """The slot of each id (validated), creating missing rows with their initial values.
@@ -199,18 +193,13 @@ class EmbeddingTable:
         slots, new_ids = self.missing(ids) if found is None else found
         if new_ids.size:
             missing = slots < 0
-            self._evict(slots[~missing], new_ids.size)
-            new_slots = self._allocate(new_ids.size)
-            self.set_rows(new_slots, self.initial_rows(new_ids) if new_rows is None else new_rows)
-            for key, array in self.state.items():
-                array[new_slots] = self.rule.state_fill(key)
-            self.slot_ids[new_slots] = new_ids
-            self.last_push[new_slots] = self.push_clock
-            self.index.insert(new_ids, new_slots)
-            self.counters["created"] += int(new_ids.size)
+            self.evict_for(slots[~missing], new_ids.size)
+            new_slots = self.block.allocate(new_ids.size)
+            self.install(new_ids, new_slots,
+                         self.initial_rows(new_ids) if new_rows is None else new_rows)
             slots[missing] = new_slots[np.searchsorted(new_ids, ids[missing])]
-        self.tick += 1
-        self.last_used[slots] = self.tick
+        self.block.tick += 1
+        self.block.last_used[slots] = self.block.tick
         return slots
 
     def read(self, ids: np.ndarray, found: Found | None = None,
@@ -219,9 +208,9 @@ class EmbeddingTable:
         admission an id without a row reads its initial values and creates nothing.
         ``found`` and ``new_rows`` as for :meth:`slots_for` (without admission)."""
         if self.sketch is None:
-            slots = self.slots_for(ids, found, new_rows)  # may grow (replace) self.weights
+            slots = self.slots_for(ids, found, new_rows)  # may grow (replace) the block
             rows = self.rows_at(slots)
-            self._pulled.append((ids.copy(), slots, self.generation))
+            self._pulled.append((ids.copy(), slots, self.block.generation))
         else:
             slots = self.index.lookup(ids)
             held = slots >= 0
@@ -229,8 +218,8 @@ class EmbeddingTable:
             rows[held] = self.rows_at(slots[held])
             if not held.all():
                 rows[~held] = self.initial_rows(ids[~held])
-            self.tick += 1
-            self.last_used[slots[held]] = self.tick
+            self.block.tick += 1
+            self.block.last_used[slots[held]] = self.block.tick
         self.counters["pulls"] += 1
         self.counters["ids_pulled"] += int(ids.size)
         return rows
@@ -247,22 +236,22 @@ class EmbeddingTable:
             ids, grads = self._admitted(ids, grads)
         self.push_clock += 1
         slots = self.slots_for(ids, None if self.sketch is not None else self._recall(ids))
+        state = {key: array[slots] for key, array in self.block.state.items()}
         w = self.rows_at(slots)
-        state = {key: array[slots] for key, array in self.state.items()}
         self.rule.apply(w, grads, state)
         self.set_rows(slots, w)
         for key, array in state.items():
-            self.state[key][slots] = array
-        self.last_push[slots] = self.push_clock
+            self.block.state[key][slots] = array
+        self.block.last_push[slots] = self.push_clock
         self.counters["pushes"] += 1
         self.counters["ids_pushed"] += int(ids.size)
-        self._expire()
+        self.expire()
 
     def _recall(self, ids: np.ndarray) -> Found | None:
         """The slots of ``ids`` as a recent pull of exactly these ids found them, if no row has
         been dropped since (a push that follows its pull need not look its ids up again)."""
         for pulled, slots, generation in self._pulled:
-            if pulled.size == ids.size and generation == self.generation \
+            if pulled.size == ids.size and generation == self.block.generation \
                     and (pulled == ids).all():
                 return slots, _NO_IDS
         return None
@@ -285,4 +274,5 @@ class EmbeddingTable:
         return {"dim": self.spec.dim, "storage": self.spec.storage, "policy": self.spec.policy,
                 "rows": self.rows,
                 "capacity": self.capacity, "bytes": self.nbytes,
-                "row_bytes": int(self.weights.nbytes), **self.counters}
+                "row_bytes": int(self.weights.nbytes) if not self.index.base
+                else self._share(int(self.weights.nbytes)), **self.counters}

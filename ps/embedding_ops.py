@@ -25,7 +25,7 @@ import numpy as np
 from hogshard.proto.codecs.pull import decode_weights, encode_weights, pull_codec
 from hogshard.proto.errors import HogshardError, NotOwnerError, ProtocolError
 from hogshard.proto.ops import Field
-from hogshard.proto.packed_rows import counts_of, pack, split_ids, split_rows
+from hogshard.proto.packed_rows import counts_of, split_ids, split_rows
 from hogshard.proto.service import Replies
 from hogshard.proto.tables import EMBEDDING_MAP, EmbeddingSpec
 from hogshard.proto.wire import Message
@@ -51,13 +51,13 @@ def pulled_ids(msg: Message) -> list[np.ndarray]:
 
 
 def pushed_rows(embeddings: EmbeddingStore, msg: Message
-                ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+                ) -> tuple[list[np.ndarray], list[np.ndarray], np.ndarray | None]:
     """An ``emb_push``'s (ids, float32 gradient rows) per table, decoded, split from the two
-    arrays of a packed push."""
+    arrays of a packed push; and a packed push's flat gradient rows (None: not packed)."""
     arrays, codec, counts = msg.arrays, pull_codec(msg.get("codec")), msg.get("counts")
     if counts is None:
         return arrays[0::2], arrays[1::2] if codec is None else decode_weights(codec,
-                                                                              arrays[1::2])
+                                                                              arrays[1::2]), None
     names = msg.get("tables")
     counts = counts_of(counts, len(names))
     if len(arrays) != 2:
@@ -65,13 +65,13 @@ def pushed_rows(embeddings: EmbeddingStore, msg: Message
                             f"{len(arrays)} arrays")
     dims = [table.spec.dim for table in embeddings.resolve(names)]
     flat = arrays[1] if codec is None else decode_weights(codec, arrays[1:])[0]
-    return split_ids(arrays[0], counts), split_rows(flat, counts, dims, "gradients")
+    return split_ids(arrays[0], counts), split_rows(flat, counts, dims, "gradients"), flat
 
 
 def apply_rows(embeddings: EmbeddingStore, stats: ServerStats, msg: Message) -> dict[str, Any]:
     """Apply an ``emb_push`` (or a forwarded one) and count it; its reply fields."""
-    ids, grads = pushed_rows(embeddings, msg)
-    embeddings.push(msg.get("tables"), ids, grads)
+    ids, grads, packed = pushed_rows(embeddings, msg)
+    embeddings.push(msg.get("tables"), ids, grads, packed)
     stats.pushes += 1
     stats.updates += len(ids)
     stats.bytes_in += sum(a.nbytes for a in msg.arrays)
@@ -165,9 +165,8 @@ class EmbeddingOps:
     def _serve_pull(self, msg: Message) -> Reply:
         self._shard(msg)
         codec = pull_codec(msg.get("codec"))
-        rows = self._embeddings.pull(msg.get("tables"), pulled_ids(msg))
-        if msg.get("counts") is not None:
-            rows = [pack(rows)]
+        rows = self._embeddings.pull(msg.get("tables"), pulled_ids(msg),
+                                     packed=msg.get("counts") is not None)
         fields: dict[str, Any] = {}
         if codec is not None:  # half-precision rows (proto/codecs/pull.py)
             rows, fields["codec"] = encode_weights(codec, rows), codec.name

@@ -29,8 +29,7 @@ def shard_rows(table: EmbeddingTable, shard: int | Sequence[int], shards: int
                ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
     """The ids, rows and row state of the rows ``table`` holds for ``shard`` of ``shards``
     (or for every shard in a list of them)."""
-    live = np.flatnonzero(table.slot_ids[: table.used] >= 0)
-    ids = table.slot_ids[live]
+    live, ids = table.live()
     keep = np.isin(shard_of(ids, shards), np.asarray(shard, dtype=np.int64))
     slots = live[keep]
     return ids[keep], table.rows_at(slots), {k: a[slots] for k, a in table.state.items()}

@@ -150,8 +150,8 @@ class SlotRoles:
         """Forget every row of ``slots`` (handed off); returns the rows dropped."""
         dropped = 0
         for table in embeddings.tables.values():
-            live = np.flatnonzero(table.slot_ids[: table.used] >= 0)
-            gone = live[np.isin(shard_of(table.slot_ids[live], self.count), slots)]
+            live, ids = table.live()
+            gone = live[np.isin(shard_of(ids, self.count), slots)]
             table.drop(gone)
             dropped += int(gone.size)
         self.moved["slots_out"] += int(slots.size)

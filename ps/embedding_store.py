@@ -1,5 +1,8 @@
-"""All embedding tables of one server: requests validated whole, then served table by table
-(the rows a pull creates in many tables are initialised in one pass).
+"""All embedding tables of one server: requests validated whole, then served in one pass per
+row block (ps/row_block.py): the tables of one dim, storage and rule with declared sizes below
+2^56 and no admission share a block, and a request's tables of one block are served together
+(ps/embedding_fused.py); the other tables one by one (the rows a pull creates in many tables
+are initialised in one pass).
 
 Example::
 
@@ -28,9 +31,12 @@ import numpy as np
 from hogshard.proto.errors import ConflictError, HogshardError, ProtocolError, UnknownTableError
 from hogshard.proto.hashing import init_rows_of_tables
 from hogshard.proto.manifest import atomic_write
+from hogshard.proto.packed_rows import pack
 from hogshard.proto.tables import EmbeddingSpec
 from hogshard.ps.embedding import FLOAT32, EmbeddingTable, Found
-from hogshard.ps.row_checks import check_grads, check_ids
+from hogshard.ps.embedding_fused import fused_pull, fused_push
+from hogshard.ps.row_block import ID_SPAN, MAX_TABLES, RowBlock
+from hogshard.ps.row_checks import check_finite, check_grads, check_ids
 
 
 def _initial_rows(tables: Sequence[EmbeddingTable], found: Sequence[Found | None]
@@ -50,11 +56,36 @@ def _initial_rows(tables: Sequence[EmbeddingTable], found: Sequence[Found | None
     return out
 
 
+def _by_block(tables: Sequence[EmbeddingTable]) -> list[list[int]]:
+    """The positions of ``tables`` grouped by the block they share (a table alone in its block
+    forms a group of one)."""
+    groups: dict[int, list[int]] = {}
+    for t, table in enumerate(tables):
+        groups.setdefault(id(table.block) if table.index.base else -1 - t, []).append(t)
+    return list(groups.values())
+
+
 class EmbeddingStore:
     """All embedding tables held by one server."""
 
     def __init__(self) -> None:
         self.tables: dict[str, EmbeddingTable] = {}
+        self.blocks: dict[str, list[RowBlock]] = {}  # shared blocks by what their tables share
+
+    def _new_table(self, spec: EmbeddingSpec) -> EmbeddingTable:
+        """A table for ``spec``, in a shared block where it can join one: tables of one dim,
+        storage and rule, with declared sizes up to 2^56 and no admission."""
+        n = spec.num_embeddings
+        if n is None or n > ID_SPAN or (spec.admit_after is not None and spec.admit_after > 1):
+            return EmbeddingTable(spec)
+        table = EmbeddingTable(spec, block=RowBlock(spec.dim, spec.storage, {}, 0))  # checks
+        key = json.dumps([spec.dim, spec.storage, table.rule.spec()], sort_keys=True)
+        blocks = self.blocks.setdefault(key, [])
+        if not blocks or blocks[-1].members >= MAX_TABLES:
+            blocks.append(RowBlock(spec.dim, spec.storage, table.rule.state_layout(spec.dim)))
+        block = blocks[-1]
+        block.members += 1
+        return EmbeddingTable(spec, block=block, number=block.members)
 
     def create(self, spec: EmbeddingSpec) -> bool:
         """Create a table; idempotent for an identical spec (returns False), CONFLICT else."""
@@ -64,7 +95,7 @@ class EmbeddingStore:
                 raise ConflictError(f"embedding table {spec.name!r} exists as "
                                     f"{existing.spec.to_wire()}; got {spec.to_wire()}")
             return False
-        table = EmbeddingTable(spec)  # builds the rule: a bad rule raises before insertion
+        table = self._new_table(spec)  # builds the rule: a bad rule raises before insertion
         self.tables[spec.name] = table
         return True
 
@@ -80,28 +111,72 @@ class EmbeddingStore:
             raise ProtocolError("field 'tables' must be a non-empty list of table names")
         return [self.table(n) for n in names]
 
-    def pull(self, names: Any, ids: Sequence[np.ndarray]) -> list[np.ndarray]:
-        """Rows for one id array per table; every table and id array is checked first."""
+    def pull(self, names: Any, ids: Sequence[np.ndarray], packed: bool = False
+             ) -> list[np.ndarray]:
+        """Rows for one id array per table; every table and id array is checked first.
+        ``packed``: one flat array of every table's rows, in order (a packed reply)."""
         tables = self.resolve(names)
         if len(ids) != len(tables):
             raise ProtocolError(f"{len(tables)} tables but {len(ids)} id arrays; expected one "
                                 "id array per table")
         check_ids(tables, ids, reading=True)
         if len({t.name for t in tables}) < len(tables):  # a table twice: one after the other
-            return [t.read(i) for t, i in zip(tables, ids, strict=True)]
-        found = [None if t.sketch else t.missing(i) for t, i in zip(tables, ids, strict=True)]
-        new_rows = _initial_rows(tables, found)
-        return [t.read(i, f, r) for t, i, f, r in zip(tables, ids, found, new_rows, strict=True)]
+            each = [t.read(i) for t, i in zip(tables, ids, strict=True)]
+            return [pack(each)] if packed else each
+        groups = _by_block(tables)
+        if packed and len(groups) == 1 and len(tables) > 1:  # already in order: no copy
+            return [fused_pull(tables, ids, split=False)[0].reshape(-1)]
+        out: list[np.ndarray | None] = [None] * len(tables)
+        single = []
+        for members in groups:
+            if len(members) == 1:
+                single.append(members[0])
+                continue
+            parts = fused_pull([tables[t] for t in members], [ids[t] for t in members])
+            for m, part in zip(members, parts, strict=True):
+                out[m] = part
+        if single:
+            alone = [tables[t] for t in single]
+            found = [None if a.sketch else a.missing(ids[i])
+                     for i, a in zip(single, alone, strict=True)]
+            new_rows = _initial_rows(alone, found)
+            for i, a, f, r in zip(single, alone, found, new_rows, strict=True):
+                out[i] = a.read(ids[i], f, r)
+        rows = [part for part in out if part is not None]
+        return [pack(rows)] if packed else rows
 
-    def push(self, names: Any, ids: Sequence[np.ndarray], grads: Sequence[np.ndarray]) -> None:
-        """Apply row gradients, one (ids, grads) pair per table, all checked first."""
+    def push(self, names: Any, ids: Sequence[np.ndarray], grads: Sequence[np.ndarray],
+             packed: np.ndarray | None = None) -> None:
+        """Apply row gradients, one (ids, grads) pair per table, all checked first.
+        ``packed``: every table's gradient rows in one flat array, in order, of which
+        ``grads`` are the views (a packed push: one block's rows need no joining then)."""
         tables = self.resolve(names)
         if len(ids) != len(tables) or len(grads) != len(tables):
             raise ProtocolError(f"{len(tables)} tables but {len(ids)} id and {len(grads)} "
                                 "gradient arrays; expected one of each per table")
-        check_grads(tables, ids, grads)
-        for table, table_ids, table_grads in zip(tables, ids, grads, strict=True):
-            table.apply(table_ids, table_grads)
+        if len({t.name for t in tables}) < len(tables):  # a table twice: one after the other
+            check_grads(tables, ids, grads)
+            for table, table_ids, table_grads in zip(tables, ids, grads, strict=True):
+                table.apply(table_ids, table_grads)
+            return
+        check_grads(tables, ids, grads, finite=False)
+        groups = _by_block(tables)
+        joined = []  # each block's gradients in one array, checked finite in one pass
+        whole = packed is not None and len(groups) == 1 and len(tables) > 1
+        for members in groups:
+            parts = [tables[t] for t in members], [grads[t] for t in members]
+            if whole and packed is not None:
+                flat = packed.reshape(-1, tables[0].spec.dim)
+            else:
+                flat = parts[1][0] if len(members) == 1 else np.concatenate(parts[1])
+            if not np.isfinite(flat).all():
+                check_finite(*parts)
+            joined.append(flat)
+        for members, flat in zip(groups, joined, strict=True):
+            if len(members) == 1:
+                tables[members[0]].apply(ids[members[0]], flat)
+            else:
+                fused_push([tables[t] for t in members], [ids[t] for t in members], flat)
 
     def stats(self) -> dict[str, dict[str, Any]]:
         return {name: t.stats() for name, t in self.tables.items()}
@@ -142,19 +217,19 @@ class EmbeddingStore:
         try:
             with np.load(Path(path)) as data:
                 specs = json.loads(bytes(data["specs"]).decode())
-                tables = {}
+                loaded = EmbeddingStore()
                 for i, fields in enumerate(specs):
-                    table = EmbeddingTable(EmbeddingSpec.from_wire(fields))
+                    spec = EmbeddingSpec.from_wire(fields)
+                    loaded.create(spec)
+                    table = loaded.table(spec.name)
                     ids = data[f"{i}.ids"]
-                    slots = table._allocate(ids.size)
+                    slots = table.block.allocate(ids.size)
                     table.set_rows(slots, data[f"{i}.weights"].astype(FLOAT32))
                     for key in table.state:
                         table.state[key][slots] = data[f"{i}.state.{key}"]
-                    table.slot_ids[slots] = ids
                     table.index.insert(ids, slots)
                     if table.sketch is not None and f"{i}.sketch" in data.files:
                         table.sketch.restore(data[f"{i}.sketch"])
-                    tables[table.name] = table
         except (OSError, KeyError, ValueError) as err:
             raise HogshardError(f"cannot load embedding checkpoint {path}: {err}") from None
-        self.tables = tables
+        self.tables, self.blocks = loaded.tables, loaded.blocks

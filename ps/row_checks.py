@@ -60,9 +60,10 @@ def check_ids(tables: Sequence[EmbeddingTable], ids: Sequence[np.ndarray],
 
 
 def check_grads(tables: Sequence[EmbeddingTable], ids: Sequence[np.ndarray],
-                grads: Sequence[np.ndarray]) -> None:
+                grads: Sequence[np.ndarray], finite: bool = True) -> None:
     """:func:`check_ids`, then every ``grads[t]``: float32 of shape ``(len(ids[t]), dim)``,
-    finite."""
+    finite (unless ``finite`` is False: the caller checks :func:`check_finite` itself, e.g. on
+    the gradients of many tables joined)."""
     check_ids(tables, ids)
     for table, table_ids, table_grads in zip(tables, ids, grads, strict=True):
         if table_grads.dtype != FLOAT32:
@@ -72,6 +73,14 @@ def check_grads(tables: Sequence[EmbeddingTable], ids: Sequence[np.ndarray],
             raise ShapeError(f"table {table.name!r}: gradients have shape "
                              f"{list(table_grads.shape)}; expected [{table_ids.size}, "
                              f"{table.spec.dim}] (one row per id, dim {table.spec.dim})")
-        if not np.isfinite(table_grads).all():  # joined, the copy cost more than it saved
+    if finite:
+        check_finite(tables, grads)
+
+
+def check_finite(tables: Sequence[EmbeddingTable], grads: Sequence[np.ndarray]) -> None:
+    """Raise :class:`ProtocolError` naming the first table whose gradients hold NaN or
+    infinity."""
+    for table, table_grads in zip(tables, grads, strict=True):
+        if not np.isfinite(table_grads).all():
             raise ProtocolError(f"table {table.name!r}: gradients hold NaN or infinity; "
                                 "expected finite values")
