@@ -92,6 +92,8 @@ class Doorbells:
         self.warned = False
         #: Whether a ``doorbell`` request may still wait for its reply.
         self.asking = False
+        #: Requests sent through a doorbell.
+        self.rung = 0
 
     def ask(self, rank: int, ask: Ask) -> None:
         """Ask server ``rank`` for a doorbell (its requests go over ZeroMQ meanwhile)."""
@@ -139,7 +141,10 @@ class Doorbells:
         if bell is None or bell.end is None:
             return False
         try:
-            return bell.end.send(frames, bell.zmq_sent)
+            if bell.end.send(frames, bell.zmq_sent):
+                self.rung += 1
+                return True
+            return False
         except DoorbellClosed as err:
             self.drop(rank, str(err))
             return False
