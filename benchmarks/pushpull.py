@@ -15,12 +15,14 @@ same 4 MiB frames as hogshard (a single 64 MiB frame is slowed by glibc mmap-ing
 buffer per message, which 4 MiB frames avoid).
 
 ``--colocated`` measures the shared-memory fast path (worker and server on one host, chunks
-of 256 KiB and more through memory segments, PROTOCOL.md section 18) at 1-256 MiB, with an
-extra ``memcpy`` column (one ``np.copyto`` of the payload, the bound a one-copy path can
+of 256 KiB and more through memory segments, small requests through the doorbell, PROTOCOL.md
+section 18) at 4 bytes (a tiny round trip: target at most 0.7x raw TCP's time) and 1-256 MiB,
+with an extra ``memcpy`` column (one ``np.copyto`` of the payload, the bound a one-copy path can
 reach); the ratio column stays against raw pyzmq over TCP. Without it the client turns the
 fast path off, so the sweep measures ZeroMQ over loopback TCP. With ``--colocated`` pushes are
 also timed from ``client.gradient_buffer(table)`` (``from buffer``: the gradient already in
-the segment, no copy).
+the segment, no copy). ``--no-doorbell`` keeps shared memory but sends every request over
+ZeroMQ (``HOGSHARD_DOORBELL=0``).
 
 ``--peer pslite PATH`` also runs the ps-lite benchmark binary at PATH (ps-lite's
 ``tests/test_benchmark``, built by you; see ``pslite_peer.py``) for every size and op, right
@@ -75,8 +77,9 @@ from pushpull_measure import KIB, MIB, Budget, fmt_size, hogshard_runners, measu
 from pushpull_raw import dealers, memcpy_runners, raw_runners, raw_server
 
 SIZES = [4 * KIB, 64 * KIB, 1 * MIB, 16 * MIB, 64 * MIB]
-COLOCATED_SIZES = [1 * MIB, 4 * MIB, 16 * MIB, 64 * MIB, 256 * MIB]
+COLOCATED_SIZES = [4, 1 * MIB, 4 * MIB, 16 * MIB, 64 * MIB, 256 * MIB]
 COLOCATED_TARGET = 2.0  # shared memory: >= 2x raw pyzmq over TCP
+TINY_TIME_TARGET = 0.7  # a tiny co-located round trip: at most 0.7x raw TCP's time
 TARGET_RATIO = 0.70  # from the issue: hogshard >= 70% of raw pyzmq from 1 MiB up
 NETNS_TARGET = 0.9  # across a veth pair between two network namespaces
 TARGET_FROM = 1 * MIB
@@ -157,7 +160,8 @@ def run(args: argparse.Namespace) -> list[dict]:
             raw_address = start_raw(workdir, max(sizes), place, io_threads)
             raw_pid = newest().pid
             client = PSClient(ClientSettings(scheduler=scheduler, connect_timeout=60.0),
-                              shm=ShmSettings(shm=1 if args.colocated else 0))
+                              shm=ShmSettings(shm=1 if args.colocated else 0,
+                                              doorbell=0 if args.no_doorbell else 1))
             (raw_sock,) = dealers(ctx, [raw_address])
             for nbytes in sizes:
                 elems = nbytes // 4
@@ -200,7 +204,8 @@ def run(args: argparse.Namespace) -> list[dict]:
                             "raw_zmq_MBps": round(r["MBps"], 2),
                             "ratio": round(h["MBps"] / r["MBps"], 4),
                             "mode": "sequential" if depth == 1 else "pipelined",
-                            "path": "shm" if args.colocated else
+                            "path": ("shm" if not args.no_doorbell else "shm-zmq")
+                                    if args.colocated else
                                     "netns" if args.netns_inner else "tcp",
                             "in_flight": depth,
                             "hogshard_median_ms": round(h["median_ms"], 4),
@@ -273,9 +278,14 @@ HEADER = (f"{'op':<5} {'mode':<6} {'size':>7} {'hogshard MB/s':>14} {'raw MB/s':
 def _line(row: dict) -> str:
     mode = "seq" if row["in_flight"] == 1 else f"pipe{row['in_flight']}"
     flag = ""
-    target = {"shm": COLOCATED_TARGET, "netns": NETNS_TARGET}.get(row["path"], TARGET_RATIO)
+    target = {"shm": COLOCATED_TARGET, "shm-zmq": COLOCATED_TARGET,
+              "netns": NETNS_TARGET}.get(row["path"], TARGET_RATIO)
     if row["size_bytes"] >= TARGET_FROM:
         flag = "  ok" if row["ratio"] >= target else "  MISS"
+    elif row["path"].startswith("shm") and row["size_bytes"] < 1024:
+        time_ratio = row["hogshard_median_ms"] / row["raw_median_ms"]
+        flag = f"  time {time_ratio:.2f}x raw " + ("ok" if time_ratio <= TINY_TIME_TARGET
+                                                    else "MISS")
     if "hogshard_buffer_MBps" in row:
         flag += f"  from buffer {row['hogshard_buffer_MBps']:.0f} ({row['ratio_buffer']:.2f})"
     if "pslite_MBps" in row:

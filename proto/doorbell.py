@@ -97,33 +97,37 @@ class Inbox:
     def feed(self, data: bytes) -> list[tuple[int, list[bytes]]]:
         """The whole messages now buffered, ``(after, frames)`` each (frames are copies).
         Raises :class:`DoorbellError` on bytes that are not a message."""
-        buffer = self._buffer
-        buffer += data
+        if self._buffer:
+            self._buffer += data
+            buffer = bytes(self._buffer)
+            self._buffer.clear()
+        else:
+            buffer = bytes(data)
         out: list[tuple[int, list[bytes]]] = []
-        start = 0
-        while len(buffer) - start >= _HEAD.size:
+        start, total = 0, len(buffer)
+        while total - start >= _HEAD.size:
             rest, after, count = _HEAD.unpack_from(buffer, start)
             if not _HEAD.size - 4 + 4 * count <= rest <= MAX_MESSAGE - 4 or count > MAX_FRAMES:
                 raise DoorbellError(f"doorbell message of {rest + 4} bytes with {count} frames: "
                                     f"expected at most {MAX_MESSAGE} bytes and {MAX_FRAMES} "
                                     "frames")
             end = start + 4 + rest
-            if len(buffer) < end:
+            if total < end:
                 break
             at = start + _HEAD.size
-            sizes = [_LEN.unpack_from(buffer, at + 4 * i)[0] for i in range(count)]
+            sizes = struct.unpack_from(f"<{count}I", buffer, at)
             at += 4 * count
             if at + sum(sizes) != end:
                 raise DoorbellError(f"doorbell message of {rest + 4} bytes names frames of "
                                     f"{sum(sizes)} bytes in all; expected {end - at}")
             frames = []
             for size in sizes:
-                frames.append(bytes(buffer[at:at + size]))
+                frames.append(buffer[at:at + size])
                 at += size
             out.append((after, frames))
             start = end
-        if start:
-            del buffer[:start]
+        if start < total:
+            self._buffer += buffer[start:]
         return out
 
 
