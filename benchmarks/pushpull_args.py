@@ -41,10 +41,7 @@ def parse_args(description: str, argv: list[str] | None = None) -> argparse.Name
     parser.add_argument("--colocated", action="store_true",
                         help="measure the shared-memory path and the doorbell (sizes 4 bytes and "
                              "1m-256m unless --sizes); ratios still against raw pyzmq over TCP, "
-                             "plus a memcpy column")
-    parser.add_argument("--no-doorbell", action="store_true",
-                        help="with --colocated: every request over ZeroMQ "
-                             "(HOGSHARD_DOORBELL=0), shared memory still on")
+                             "plus a memcpy column and a client with the doorbell off")
     parser.add_argument("--peer", nargs=2, metavar=("pslite", "PATH"),
                         help="also run this ps-lite benchmark binary (tests/test_benchmark of "
                              "ps-lite, built beforehand) per size and op; adds its MB/s and ratio")
@@ -94,8 +91,6 @@ def parse_args(description: str, argv: list[str] | None = None) -> argparse.Name
         return args
     if any(k < 1 for k in args.links or ()):
         parser.error("--links: each K must be 1 or more")
-    if args.no_doorbell and not args.colocated:
-        parser.error("--no-doorbell needs --colocated")
     if (args.netns_rate or args.netns_mtu) and not args.netns:
         parser.error("--netns-rate and --netns-mtu need --netns")
     if args.netns and (args.colocated or args.workers or args.servers or args.big):
