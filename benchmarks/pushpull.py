@@ -187,8 +187,9 @@ def run(args: argparse.Namespace) -> list[dict]:
                         for op in raw:
                             raw[op].append(linked[op])
                 if args.colocated:
-                    for op, extra in memcpy_runners(grads, out).items():
-                        raw[op] += extra
+                    if nbytes >= KIB:  # a tiny copy would set ops per repeat for all
+                        for op, extra in memcpy_runners(grads, out).items():
+                            raw[op] += extra
                     buffer = client.gradient_buffer(table)  # the gradient lives in the segment
                     buffer[:] = grads
                     raw["push"].append(hogshard_runners(client, table, buffer, out,

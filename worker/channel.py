@@ -79,9 +79,16 @@ class Channel:
         self.bells = Doorbells(self.poller)
 
     def identify(self, node_id: str) -> None:
-        """Send requests (data and control) as ``node_id`` from now on."""
+        """Send requests (data and control) as ``node_id`` from now on (a doorbell is bound
+        to the name it was asked under: each is asked for again)."""
+        renamed = node_id != self.node_id
         self.node_id = node_id
         self.control.sender = node_id
+        for rank in self.bells.ranks() if renamed else []:
+            asked = self.bells.drop(rank)
+            if asked is not None:
+                self.book.pop(asked.request_id)
+            self.bells.ask(rank, partial(self._ask_bell, rank))
 
     @property
     def ranks(self) -> list[int]:

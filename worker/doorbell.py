@@ -186,6 +186,10 @@ class Doorbells:
         else:
             log.info("no doorbell with server %d (%s): its requests take ZeroMQ", rank, reason)
 
+    def ranks(self) -> list[int]:
+        """The servers with a doorbell, open or asked for."""
+        return list(self._bells)
+
     def is_open(self, rank: int) -> bool:
         bell = self._bells.get(rank)
         return bell is not None and bell.end is not None

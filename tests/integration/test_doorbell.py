@@ -2,7 +2,8 @@
 pushes and pulls give bit-identical weights through it as over TCP; requests that take ZeroMQ
 (too large for a pipe message) and requests through the doorbell keep their order; a doorbell
 fed garbage closes, the server stays up and the worker goes on over ZeroMQ; a request through
-a doorbell cannot speak for another worker; with the doorbell off, none is asked for."""
+a doorbell cannot speak for another worker (a worker renamed asks for a new one); with the
+doorbell off, none is asked for."""
 
 from __future__ import annotations
 
@@ -154,6 +155,12 @@ def test_a_request_through_a_doorbell_cannot_speak_for_another_worker(
         reply = decode(replies[0][1])
         assert reply.op == "error" and reply.get("code") == "FORBIDDEN"
         assert "worker-77" in reply.get("message")
+        rung = client.channel.bells.rung
         client.channel.request(0, "ping", {}).result(10.0)  # its own requests still go
+        assert client.channel.bells.rung == rung + 1
+        client.channel.identify("worker-5")  # renamed: the doorbell is asked for again
+        wait_for_bells(client, [0])
+        client.channel.request(0, "ping", {}).result(10.0)
+        assert client.channel.bells.rung == rung + 2
     finally:
         client.close()
