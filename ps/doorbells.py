@@ -62,6 +62,7 @@ class _Bell:
     end: BellEnd
     zmq_seen: int = 0  # the worker's ZeroMQ requests handled since it was opened
     queue: deque[tuple[int, list[bytes]]] = field(default_factory=deque)
+    ended: bool = False  # the worker closed its end: what is queued still waits its turn
 
 
 class Doorbells:
@@ -79,7 +80,7 @@ class Doorbells:
         self.closed_with_error = 0
 
     def __len__(self) -> int:
-        return len(self._by_fd)
+        return len(self._by_identity)
 
     # ---- the op -------------------------------------------------------------------------------
 
@@ -92,8 +93,8 @@ class Doorbells:
         if len(pipes) != 2 or not token.isalnum() or len(token) > 64:
             raise ProtocolError("'doorbell': field 'pipes' must be [request fd, reply fd] and "
                                 "'token' letters and digits (at most 64)")
-        if identity not in self._by_peer and len(self._by_fd) >= self._limit:
-            raise TooLargeError(f"'doorbell': this server has {len(self._by_fd)} doorbells "
+        if identity not in self._by_peer and len(self._by_identity) >= self._limit:
+            raise TooLargeError(f"'doorbell': this server has {len(self)} doorbells "
                                 "open already; use ZeroMQ")
         requests = open_peer_pipe(msg.get("pid"), pipes[0], write=False)
         try:
@@ -155,11 +156,13 @@ class Doorbells:
             self._release(bell, handle)
 
     def _drain(self, bell: _Bell, handle: Handle) -> None:
+        if bell.ended:
+            return
         try:
             bell.queue.extend(bell.end.receive())
         except DoorbellClosed:
-            self._close(bell)
-            return
+            bell.ended = True  # read no more; close once the queue is handled
+            self._by_fd.pop(bell.end.read_fd, None)
         except DoorbellError as err:
             self._close(bell, err.message)
             return
@@ -173,6 +176,8 @@ class Doorbells:
         if len(queue) > MAX_QUEUED:
             self._close(bell, f"{len(queue)} messages wait for ZeroMQ requests that have not "
                               "come")
+        elif bell.ended and not queue:
+            self._close(bell)
 
     # ---- replies ------------------------------------------------------------------------------
 
@@ -186,7 +191,8 @@ class Doorbells:
             if bell.end.send(frames):
                 return None
         except DoorbellClosed:
-            self._close(bell)
+            if not bell.queue:  # else its queued requests still come, answered over ZeroMQ
+                self._close(bell)
         return bell.peer
 
     # ---- closing ------------------------------------------------------------------------------
@@ -194,7 +200,8 @@ class Doorbells:
     def _close(self, bell: _Bell, error: str | None = None) -> None:
         if self._by_identity.pop(bell.identity, None) is None:
             return
-        self._by_fd.pop(bell.end.read_fd, None)
+        if self._by_fd.get(bell.end.read_fd) is bell:
+            del self._by_fd[bell.end.read_fd]
         if self._by_peer.get(bell.peer) is bell:
             del self._by_peer[bell.peer]
         self._gone[bell.identity] = bell.peer

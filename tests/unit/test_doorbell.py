@@ -176,3 +176,24 @@ def test_a_doorbell_needs_the_token_and_zmq() -> None:
         bells.open(b"dealer-0", worker.message(pipes=[1]))
     assert len(bells) == 0
     worker.close()
+
+
+def test_what_a_closed_doorbell_queued_is_still_handled_in_its_turn() -> None:
+    bells, worker = Doorbells(FakeCore()), Worker()  # type: ignore[arg-type]
+    handled: list[bytes] = []
+
+    def handle(identity: bytes, frames: list[bytes], user_id: str | None, sender: str) -> None:
+        handled.append(frames[0])
+
+    bells.open(b"dealer-0", worker.message())
+    for after, name in [(0, b"b0"), (1, b"b1")]:
+        os.write(worker.requests[1], pack([name], after) or b"")
+    os.close(worker.requests[1])  # the worker is gone after writing them
+    bells.read(dict.fromkeys(bells._by_fd, 1), handle)
+    assert handled == [b"b0"] and len(bells) == 1  # b1 waits for the ZeroMQ request before it
+    bell = bells.before(b"dealer-0", handle)
+    assert bell is not None
+    bells.after(bell, handle)
+    assert handled == [b"b0", b"b1"] and len(bells) == 0
+    for fd in (worker.requests[0], *worker.replies):
+        os.close(fd)
