@@ -2,7 +2,8 @@
 pushes and pulls give bit-identical weights through it as over TCP; requests that take ZeroMQ
 (too large for a pipe message) and requests through the doorbell keep their order; a doorbell
 fed garbage closes, the server stays up and the worker goes on over ZeroMQ; a request through
-a doorbell cannot speak for another worker (a worker renamed asks for a new one); with the
+a doorbell cannot speak for another worker (a worker renamed asks for a new one); under CURVE
+its requests are checked against the key of the connection that asked for it; with the
 doorbell off, none is asked for."""
 
 from __future__ import annotations
@@ -18,12 +19,14 @@ import zmq
 from hogshard import PSClient
 from hogshard.proto.config import ClientSettings, ShmSettings
 from hogshard.proto.doorbell import BellEnd
+from hogshard.proto.errors import ForbiddenError
 from hogshard.proto.transport import RpcChannel, request_header
 from hogshard.proto.wire import decode, encode
 
 pytestmark = pytest.mark.integration
 
-SMALL = 1000  # a table of small chunks: every request and reply fits in a pipe message
+SMALL = 1000  # a table of one small chunk: pulls fit in a pipe message, pushes do not
+TINY = 256  # pushes and pulls fit
 LARGE = 3 * (1 << 18)  # three 1 MiB chunks, through shared memory
 STEPS = 5
 
@@ -164,3 +167,38 @@ def test_a_request_through_a_doorbell_cannot_speak_for_another_worker(
         assert client.channel.bells.rung == rung + 2
     finally:
         client.close()
+
+
+@pytest.mark.timeout(90, method="signal")
+def test_with_keys_a_doorbell_carries_the_key_of_the_connection_that_asked(
+        procs, tmp_path) -> None:
+    """Under CURVE the doorbell is asked for over the authenticated socket, and its requests
+    are checked against that key's role: a worker's key cannot send a server-to-server op
+    through it."""
+    from hogshard.proto.security import generate_keys
+
+    from .test_curve import start_cluster
+
+    keys = tmp_path / "keys"
+    generate_keys(keys)
+    address = start_cluster(procs, tmp_path, keys)
+    ctx = zmq.Context()
+    settings = ClientSettings(scheduler=address, connect_timeout=30.0, request_timeout=30.0,
+                              keys=str(keys))
+    client = PSClient(settings, ctx, shm=ShmSettings())
+    try:
+        table = client.dense_table("keyed", TINY, {"rule": "sgd", "lr": 1.0},
+                                   init=np.zeros(TINY, np.float32))
+        wait_for_bells(client, [0])
+        out = np.empty(TINY, np.float32)
+        rung = client.channel.bells.rung
+        client.push(table, np.ones(TINY, np.float32)).result(30.0)
+        client.pull(table, out).result(30.0)
+        assert np.all(out == -1) and client.channel.bells.rung == rung + 2
+        with pytest.raises(ForbiddenError, match="replicate"):
+            client.channel.request(0, "replicate", {"table": "keyed", "records": []}
+                                   ).result(10.0)
+        assert client.channel.bells.rung == rung + 3  # refused through the doorbell
+    finally:
+        client.close()
+        ctx.term()
