@@ -47,7 +47,7 @@ MAX_MESSAGE = select.PIPE_BUF
 #: At most this many frames in one message.
 MAX_FRAMES = 64
 _HEAD = struct.Struct("<IIB")  # length of the rest, after, frame count
-_LEN = struct.Struct("<I")
+_LENS = [struct.Struct(f"<{count}I") for count in range(MAX_FRAMES + 1)]  # frame lengths
 _READ = 1 << 16
 
 
@@ -75,9 +75,8 @@ def pack(frames: Sequence[Any], after: int = 0) -> bytes | None:
     total = _HEAD.size + 4 * len(frames) + sum(sizes)
     if total > MAX_MESSAGE:
         return None
-    parts: list[Any] = [_HEAD.pack(total - 4, after, len(frames))]
-    parts += [_LEN.pack(size) for size in sizes]
-    parts += frames
+    parts: list[Any] = [_HEAD.pack(total - 4, after, len(frames)),
+                        _LENS[len(frames)].pack(*sizes), *frames]
     return b"".join(parts)
 
 
@@ -115,7 +114,7 @@ class Inbox:
             if total < end:
                 break
             at = start + _HEAD.size
-            sizes = struct.unpack_from(f"<{count}I", buffer, at)
+            sizes = _LENS[count].unpack_from(buffer, at)
             at += 4 * count
             if at + sum(sizes) != end:
                 raise DoorbellError(f"doorbell message of {rest + 4} bytes names frames of "
