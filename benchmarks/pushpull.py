@@ -15,12 +15,14 @@ same 4 MiB frames as hogshard (a single 64 MiB frame is slowed by glibc mmap-ing
 buffer per message, which 4 MiB frames avoid).
 
 ``--colocated`` measures the shared-memory fast path (worker and server on one host, chunks
-of 256 KiB and more through memory segments, PROTOCOL.md section 18) at 1-256 MiB, with an
-extra ``memcpy`` column (one ``np.copyto`` of the payload, the bound a one-copy path can
+of 256 KiB and more through memory segments, small requests through the doorbell, PROTOCOL.md
+section 18) at 4 bytes (a tiny round trip: target at most 0.7x raw TCP's time) and 1-256 MiB,
+with an extra ``memcpy`` column (one ``np.copyto`` of the payload, the bound a one-copy path can
 reach); the ratio column stays against raw pyzmq over TCP. Without it the client turns the
 fast path off, so the sweep measures ZeroMQ over loopback TCP. With ``--colocated`` pushes are
 also timed from ``client.gradient_buffer(table)`` (``from buffer``: the gradient already in
-the segment, no copy).
+the segment, no copy), and a second client with the doorbell off (``zmq``: shared memory, every
+request over ZeroMQ) pushes from its buffer and pulls, in the same interleaved repeats.
 
 ``--peer pslite PATH`` also runs the ps-lite benchmark binary at PATH (ps-lite's
 ``tests/test_benchmark``, built by you; see ``pslite_peer.py``) for every size and op, right
@@ -75,8 +77,9 @@ from pushpull_measure import KIB, MIB, Budget, fmt_size, hogshard_runners, measu
 from pushpull_raw import dealers, memcpy_runners, raw_runners, raw_server
 
 SIZES = [4 * KIB, 64 * KIB, 1 * MIB, 16 * MIB, 64 * MIB]
-COLOCATED_SIZES = [1 * MIB, 4 * MIB, 16 * MIB, 64 * MIB, 256 * MIB]
+COLOCATED_SIZES = [4, 1 * MIB, 4 * MIB, 16 * MIB, 64 * MIB, 256 * MIB]
 COLOCATED_TARGET = 2.0  # shared memory: >= 2x raw pyzmq over TCP
+TINY_TIME_TARGET = 0.7  # a tiny co-located round trip: at most 0.7x raw TCP's time
 TARGET_RATIO = 0.70  # from the issue: hogshard >= 70% of raw pyzmq from 1 MiB up
 NETNS_TARGET = 0.9  # across a veth pair between two network namespaces
 TARGET_FROM = 1 * MIB
@@ -141,7 +144,7 @@ def run(args: argparse.Namespace) -> list[dict]:
         workdir = Path(tmp)
         io_threads = max([1, *(args.links or [])])  # libzmq drives K links on K threads
         ctx = zmq.Context(io_threads=io_threads)
-        client = raw_sock = None
+        client = raw_sock = zmq_client = None
         closers: list[Callable[[], None]] = []
         try:
             server_env = dict(args.server_env or [])
@@ -158,6 +161,9 @@ def run(args: argparse.Namespace) -> list[dict]:
             raw_pid = newest().pid
             client = PSClient(ClientSettings(scheduler=scheduler, connect_timeout=60.0),
                               shm=ShmSettings(shm=1 if args.colocated else 0))
+            if args.colocated:  # the same path with every request over ZeroMQ
+                zmq_client = PSClient(ClientSettings(scheduler=scheduler, connect_timeout=60.0),
+                                      shm=ShmSettings(shm=1, doorbell=0))
             (raw_sock,) = dealers(ctx, [raw_address])
             for nbytes in sizes:
                 elems = nbytes // 4
@@ -181,15 +187,26 @@ def run(args: argparse.Namespace) -> list[dict]:
                         for op in raw:
                             raw[op].append(linked[op])
                 if args.colocated:
-                    for op, extra in memcpy_runners(grads, out).items():
-                        raw[op] += extra
+                    if nbytes >= KIB:  # a tiny copy would set ops per repeat for all
+                        for op, extra in memcpy_runners(grads, out).items():
+                            raw[op] += extra
                     buffer = client.gradient_buffer(table)  # the gradient lives in the segment
                     buffer[:] = grads
                     raw["push"].append(hogshard_runners(client, table, buffer, out,
                                                         "hogshard_buffer")["push"])
+                    if zmq_client is not None:
+                        twin = zmq_client.dense_table(table.name, elems,
+                                                      {"rule": "sgd", "lr": 1e-9})
+                        twin_buffer = zmq_client.gradient_buffer(twin)
+                        twin_buffer[:] = grads
+                        zmq_runners = hogshard_runners(zmq_client, twin, twin_buffer,
+                                                       np.ones(elems, np.float32), "zmq")
+                        for op in raw:
+                            raw[op].append(zmq_runners[op])
                 for runner in [*hog.values(), *(r for rs in raw.values() for r in rs)]:
                     runner.server_pid = (None if runner.name == "memcpy" else hog_pid
-                                         if runner.name.startswith("hogshard") else raw_pid)
+                                         if runner.name.startswith(("hogshard", "zmq"))
+                                         else raw_pid)
                 for op in ("push", "pull"):
                     for depth in modes:
                         res = measure([hog[op], *raw[op]], nbytes, depth, budget)
@@ -220,6 +237,10 @@ def run(args: argparse.Namespace) -> list[dict]:
                             rate = res["hogshard_buffer"]["MBps"]
                             row["hogshard_buffer_MBps"] = round(rate, 2)
                             row["ratio_buffer"] = round(rate / r["MBps"], 4)
+                        if "zmq" in res:
+                            row["zmq_MBps"] = round(res["zmq"]["MBps"], 2)
+                            row["zmq_median_ms"] = round(res["zmq"]["median_ms"], 4)
+                            row["zmq_cpu_ms"] = res["zmq"]["cpu_ms"]
                         if args.peer and depth == 1:
                             from pslite_peer import pslite_rates  # this script's folder
 
@@ -254,8 +275,9 @@ def run(args: argparse.Namespace) -> list[dict]:
                     print(f"--- {log.name} (tail) ---\n{tail}", file=sys.stderr)
             raise
         finally:
-            if client is not None:
-                client.close()
+            for each in (client, zmq_client):
+                if each is not None:
+                    each.close()
             if raw_sock is not None:
                 raw_sock.close(0)
             for close in closers:
@@ -276,8 +298,15 @@ def _line(row: dict) -> str:
     target = {"shm": COLOCATED_TARGET, "netns": NETNS_TARGET}.get(row["path"], TARGET_RATIO)
     if row["size_bytes"] >= TARGET_FROM:
         flag = "  ok" if row["ratio"] >= target else "  MISS"
+    elif row["path"] == "shm" and row["size_bytes"] < 1024:
+        time_ratio = row["hogshard_median_ms"] / row["raw_median_ms"]
+        flag = f"  time {time_ratio:.2f}x raw " + ("ok" if time_ratio <= TINY_TIME_TARGET
+                                                    else "MISS")
     if "hogshard_buffer_MBps" in row:
         flag += f"  from buffer {row['hogshard_buffer_MBps']:.0f} ({row['ratio_buffer']:.2f})"
+    if "zmq_MBps" in row:
+        flag += "  zmq {:.3f} ms cpu {:.2f}/{:.2f}".format(row["zmq_median_ms"],
+                                                           *row["zmq_cpu_ms"])
     if "pslite_MBps" in row:
         flag += f"  ps-lite {row['pslite_MBps']:.0f} ({row['ratio_vs_pslite']:.2f})"
     flag += "  cpu ms c/s hog {:.2f}/{:.2f} raw {:.2f}/{:.2f}".format(

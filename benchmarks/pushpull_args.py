@@ -39,8 +39,9 @@ def parse_args(description: str, argv: list[str] | None = None) -> argparse.Name
     parser.add_argument("--sizes", type=_parse_size, nargs="+", metavar="SIZE",
                         help="payload sizes, e.g. 4k 1m 64m (default: 4k 64k 1m 16m 64m)")
     parser.add_argument("--colocated", action="store_true",
-                        help="measure the shared-memory path (sizes 1m-256m unless --sizes); "
-                             "ratios still against raw pyzmq over TCP, plus a memcpy column")
+                        help="measure the shared-memory path and the doorbell (sizes 4 bytes and "
+                             "1m-256m unless --sizes); ratios still against raw pyzmq over TCP, "
+                             "plus a memcpy column and a client with the doorbell off")
     parser.add_argument("--peer", nargs=2, metavar=("pslite", "PATH"),
                         help="also run this ps-lite benchmark binary (tests/test_benchmark of "
                              "ps-lite, built beforehand) per size and op; adds its MB/s and ratio")

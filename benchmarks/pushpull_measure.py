@@ -139,4 +139,6 @@ def measure(runners: list[Runner], nbytes: int, depth: int, budget: Budget) -> d
 
 
 def fmt_size(nbytes: int) -> str:
+    if nbytes < KIB:
+        return f"{nbytes} B"
     return f"{nbytes // MIB} MiB" if nbytes >= MIB else f"{nbytes // KIB} KiB"

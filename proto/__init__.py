@@ -24,6 +24,7 @@
 ``hashing.py``        ``splitmix64``, ``shard_of``, ``row_keys``: ids to shards and rows
 ``slot_index.py``     :class:`SlotIndex`: a vectorised id -> slot map (embedding rows, row cache)
 ``shm.py``            :class:`Segment`, :class:`PeerSegments`: shared memory on one host
+``doorbell.py``       :class:`BellEnd`, ``pack``: the pipe messages of a co-located doorbell
 ``export_format.py``  ``check_export_manifest``, ``embedding_file``: the export-for-serving format
 ``codecs/``           :class:`Codec` (``base.py``) and its codecs (``simple.py``, ``sparse.py``,
                       ``lowrank.py``; half precision in ``half.py``), ``make_codec``

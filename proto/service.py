@@ -23,7 +23,7 @@ import numpy as np
 import zmq
 
 from hogshard.proto.dispatch import as_error
-from hogshard.proto.errors import HogshardError, UnknownOpError
+from hogshard.proto.errors import ForbiddenError, HogshardError, UnknownOpError
 from hogshard.proto.ops import (
     OpSpec,
     check_claimed_rank,
@@ -34,8 +34,8 @@ from hogshard.proto.ops import (
 )
 from hogshard.proto.peerlog import PeerErrorLog
 from hogshard.proto.roles import Role, rank_of, roles_of
-from hogshard.proto.transport import recv_frames, reply_error, reply_ok, salvage_request_id
-from hogshard.proto.wire import DEFAULT_LIMITS, Limits, Message, decode
+from hogshard.proto.transport import ERROR, OK, recv_frames, salvage_request_id, send_frames
+from hogshard.proto.wire import DEFAULT_LIMITS, PROTOCOL_VERSION, Limits, Message, decode, encode
 
 Invoke = Callable[[OpSpec, bytes, Message], Any]
 USER_ID = "User-Id"  # the ZAP handler's name for the connection (its key's role)
@@ -50,6 +50,20 @@ class Replies(Protocol):
               ) -> zmq.MessageTracker | None: ...
 
     def fail(self, identity: bytes, request_id: int, err: HogshardError) -> None: ...
+
+
+class Routes(Protocol):
+    """Where replies to some identities go instead of the ROUTER (ps/doorbells.py)."""
+
+    def route(self, identity: bytes, frames: list[Any]) -> bytes | None:
+        """None: sent (over a doorbell); else the ROUTER identity to send ``frames`` to."""
+        ...
+
+
+#: Identities of requests that did not come through the ROUTER start with it (ZeroMQ's own
+#: start with a zero byte, and a peer's chosen ones are at most 255 bytes of its choice: the
+#: core routes by the full identity, so a peer naming itself so reaches nothing of another's).
+ROUTED_MARK = b"\xff"
 
 
 class ServiceCore:
@@ -72,13 +86,24 @@ class ServiceCore:
         self.sender_roles: frozenset[Role] | None = None  # of the message being handled
         #: the server rank its key is bound to (``shard-R.key``), None for any other key
         self.sender_rank: int | None = None
+        #: the ZAP user id of the connection the request being handled came on (or None)
+        self.user_id: str | None = None
+        #: where replies to identities starting with :data:`ROUTED_MARK` go
+        self.routes: Routes | None = None
 
     def handle_one(self, invoke: Invoke,
                    before: Callable[[Message], None] | None = None) -> None:
         """Receive one request and answer it (or leave it held). ``before(message)`` runs
         once the request is known good, just before its handler."""
         frames = recv_frames(self.sock)
-        identity, body = frames[0].bytes, frames[1:]
+        self.handle(frames[0].bytes, frames[1:], invoke, before)
+
+    def handle(self, identity: bytes, body: Sequence[Any], invoke: Invoke,
+               before: Callable[[Message], None] | None = None, user_id: str | None = None,
+               sender: str | None = None) -> None:
+        """Answer one request's frames (``body``: without the identity). ``user_id``: the
+        connection's ZAP user id where the frames did not come through the ROUTER (else read
+        from them); ``sender``: the only ``from`` such a request may claim."""
         try:
             message = decode(body, self.limits)
         except HogshardError as err:
@@ -89,8 +114,14 @@ class ServiceCore:
             if spec is None:
                 raise UnknownOpError(f"unknown op {message.op!r} for {self.service}; "
                                      f"expected one of {sorted(self.ops)}")
+            if sender is not None and message.get("from") != sender:
+                raise ForbiddenError(f"{message.op!r} claims to come from "
+                                     f"{message.get('from')!r} on a doorbell of {sender!r}")
             if self.authenticated:
-                self.sender_roles = self._authorise(spec, message, body[0])
+                if user_id is None:
+                    user_id = str(body[0].get(USER_ID))
+                self.user_id = user_id
+                self.sender_roles = self._authorise(spec, message, user_id)
             check_header(spec, message.header)
             if before is not None:
                 before(message)
@@ -99,9 +130,8 @@ class ServiceCore:
             result = as_error(message.op, err)
         self.answer(identity, message.request_id, result)
 
-    def _authorise(self, spec: OpSpec, message: Message, frame: zmq.Frame
+    def _authorise(self, spec: OpSpec, message: Message, user_id: str
                    ) -> frozenset[Role] | None:
-        user_id = str(frame.get(USER_ID))
         roles = roles_of(user_id)
         self.sender_rank = rank_of(user_id)
         check_role(spec, roles, self.service)
@@ -113,13 +143,13 @@ class ServiceCore:
         """Reply with a handler's ``result`` (see the module docstring)."""
         if type(result) is tuple:
             fields, arrays = result
-            reply_ok(self.sock, identity, request_id, fields, arrays)
+            self.reply(identity, request_id, fields, arrays)
         elif result is None:
             return
         elif isinstance(result, HogshardError):
             self.fail(identity, request_id, result)
         elif isinstance(result, dict):
-            reply_ok(self.sock, identity, request_id, result)
+            self.reply(identity, request_id, result)
         elif self.on_other is not None:
             self.on_other(identity, request_id, result)
         else:
@@ -130,10 +160,21 @@ class ServiceCore:
               arrays: Sequence[np.ndarray] = (), track: bool = False
               ) -> zmq.MessageTracker | None:
         """An ``OK`` reply (``track``: see ``proto.transport.send``)."""
-        return reply_ok(self.sock, identity, request_id, fields, arrays, track=track)
+        header = {"v": PROTOCOL_VERSION, "op": OK, "id": request_id, **(fields or {})}
+        return self._send(identity, encode(header, arrays), track)
 
     def fail(self, identity: bytes, request_id: int, err: HogshardError) -> None:
         """An ``ERROR`` reply, counted by code and logged once per peer."""
         self.errors[err.code.value] = self.errors.get(err.code.value, 0) + 1
         self._error_log.record(identity, err.code.value, err.message)
-        reply_error(self.sock, identity, request_id, err)
+        self._send(identity, encode({"v": PROTOCOL_VERSION, "op": ERROR, "id": request_id,
+                                     "code": err.code.value, "message": err.message}))
+
+    def _send(self, identity: bytes, frames: list[Any], track: bool = False
+              ) -> zmq.MessageTracker | None:
+        if identity[:1] == ROUTED_MARK and self.routes is not None:
+            routed = self.routes.route(identity, frames)
+            if routed is None:  # copied into the pipe: nothing left to track
+                return zmq.MessageTracker() if track else None
+            identity = routed
+        return send_frames(self.sock, frames, identity, track=track)

@@ -36,6 +36,7 @@ scheduler_link.py             SchedulerLink, Registration: registration and hear
 checkpoint.py                 ShardCheckpointer, save_shard, restore_shard
 export.py                     export_checkpoint: a checkpoint rewritten in the serving format
 shm_plane.py                  ShmPlane: the server's side of the shared-memory fast path
+doorbells.py                  Doorbells: co-located workers' request pipes, beside the ROUTER
 stats.py, metrics.py          ServerStats; ServerCollector (Prometheus)
 ============================  ==================================================================
 """

@@ -40,10 +40,12 @@ DENSE_FIELDS: dict[str, tuple[Field, ...]] = {
     "stats": (),
     "ping": (),
     "leave": (Field("clock", int),),
+    "doorbell": (Field("pid", int, required=True), Field("pipes", list, required=True),
+                 Field("token", str, required=True)),
 }
 
 _ROLES: dict[str, frozenset[Role]] = {
-    "init": WORKERS, "push": WORKERS, "pull": WORKERS, "leave": WORKERS,
+    "init": WORKERS, "push": WORKERS, "pull": WORKERS, "leave": WORKERS, "doorbell": WORKERS,
     "stats": ANYONE, "ping": ANYONE,
     "emb_create": WORKERS, "emb_pull": WORKERS, "emb_push": WORKERS, "emb_stats": ANYONE,
     "emb_save": WORKERS | ADMINS, "emb_load": WORKERS | ADMINS,

@@ -44,13 +44,14 @@ from hogshard.proto.policy import ConsistencyPolicy
 from hogshard.proto.security import Security
 from hogshard.proto.service import ServiceCore
 from hogshard.proto.shm import host_identity
-from hogshard.proto.transport import ERROR, RpcChannel, bind_router, readable
+from hogshard.proto.transport import ERROR, RpcChannel, bind_router, readable, recv_frames
 from hogshard.proto.wire import DEFAULT_LIMITS, Limits, Message
 from hogshard.ps.applier import UpdateApplier
 from hogshard.ps.checkpoint import ShardCheckpointer
 from hogshard.ps.chunk_moves import ChunkMoves
 from hogshard.ps.dense import DenseStore
 from hogshard.ps.dense_ops import DenseOps
+from hogshard.ps.doorbells import Doorbells
 from hogshard.ps.embedding_ops import EmbeddingOps
 from hogshard.ps.embedding_store import EmbeddingStore
 from hogshard.ps.executor import CONCURRENT_OPS, InlineUpdates, ThreadedUpdates, UpdateExecutor
@@ -101,6 +102,8 @@ class ShardServer:
         self.stats = ServerStats()
         self._core = ServiceCore(self._sock, self.OPS, "a server", self.stats.errors, log, limits,
                                  authenticated=security is not None)
+        #: The pipes co-located workers send small requests through (ps/doorbells.py).
+        self.bells = Doorbells(self._core)
         self.view = WorkerView()
         #: The membership epoch of the worker list last applied (told in heartbeats).
         self._workers_epoch: int | None = None
@@ -184,6 +187,7 @@ class ShardServer:
                     self._send_heartbeat(now)
                 self.primary.watch(poller)
                 self.chunk_moves.watch(poller)
+                self.bells.watch(poller)
                 events = dict(poller.poll(self.link.timeout_ms(now)))
                 if updates is not None and updates in events:
                     self.updates.collect()
@@ -198,13 +202,29 @@ class ShardServer:
                     self.link.now()  # a next owner acknowledged chunks: say so at once
                 if self.replicas.slots.handoffs:
                     self._report_handoffs()
+                if self.bells:
+                    self.bells.read(events, self._handle_routed)
                 if self._sock in events:
                     for _ in range(64):  # drain a burst before the next heartbeat check
-                        self._core.handle_one(self._invoke, self._before)
+                        self._handle_one()
                         if not readable(self._sock):
                             break
         finally:
             self.close()
+
+    def _handle_one(self) -> None:
+        """One request from the ROUTER, after what its sender's doorbell held before it."""
+        frames = recv_frames(self._sock)
+        identity = frames[0].bytes
+        bell = self.bells.before(identity, self._handle_routed) if self.bells else None
+        self._core.handle(identity, frames[1:], self._invoke, self._before)
+        if bell is not None:
+            self.bells.after(bell, self._handle_routed)
+
+    def _handle_routed(self, identity: bytes, frames: list[bytes], user_id: str | None,
+                       sender: str) -> None:
+        """One request from a doorbell (ps/doorbells.py)."""
+        self._core.handle(identity, frames, self._invoke, self._before, user_id, sender)
 
     def stop(self) -> None:
         self._stop.set()
@@ -213,6 +233,7 @@ class ShardServer:
         self.updates.close()
         self.replicas.close()
         self.chunk_moves.close()
+        self.bells.close()
         self._sock.close(0)
         self.dense.shm.close()
         self.link.close()
@@ -272,6 +293,7 @@ class ShardServer:
     OPS: ClassVar[dict[str, OpSpec]] = server_ops({
         "init": on("dense.init"), "push": on("dense.push"), "pull": on("dense.pull"),
         "stats": on("dense.stats"), "leave": on("dense.leave"), "ping": _ping,
+        "doorbell": on("bells.open"),
         "emb_create": on("embedding.create"), "emb_pull": on("embedding.pull"),
         "emb_push": on("embedding.push"), "emb_stats": on("embedding.stats"),
         "emb_save": on("embedding.save"), "emb_load": on("embedding.load"),

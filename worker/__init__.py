@@ -14,6 +14,7 @@ futures.py                    Future, PendingRequest, RequestBook: requests in f
 replies.py                    pump: replies read, requests settled or sent elsewhere
 rerouting.py                  Rerouter, Route: requests follow chunks that moved
 shm.py                        ShmLink: the shared-memory fast path with servers on this host
+doorbell.py                   Doorbells: pipes to the co-located servers, for small requests
 traffic.py                    Traffic: frame bytes sent and received by op
 shard.py                      Shard, ShardSampler: this rank's share of a data set, by epoch
 optimizer.py                  PSOptimizer: a torch.optim.Optimizer whose updates servers apply

@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -29,6 +30,7 @@ from hogshard.proto.security import Security
 from hogshard.proto.transport import RpcChannel, connect_dealer, request_header, send_frames
 from hogshard.proto.wire import encode
 from hogshard.worker import replies
+from hogshard.worker.doorbell import Doorbells
 from hogshard.worker.futures import Future, PendingRequest, RequestBook
 from hogshard.worker.rerouting import Rerouter, Route
 from hogshard.worker.shm import ShmLink
@@ -73,11 +75,20 @@ class Channel:
         #: rank -> how many sockets were opened to it (a request remembers its ``link``).
         self.links: dict[int, int] = {}
         self.poller = zmq.Poller()
+        #: Pipes to the co-located servers, for small requests (worker/doorbell.py).
+        self.bells = Doorbells(self.poller)
 
     def identify(self, node_id: str) -> None:
-        """Send requests (data and control) as ``node_id`` from now on."""
+        """Send requests (data and control) as ``node_id`` from now on (a doorbell is bound
+        to the name it was asked under: each is asked for again)."""
+        renamed = node_id != self.node_id
         self.node_id = node_id
         self.control.sender = node_id
+        for rank in self.bells.ranks() if renamed else []:
+            asked = self.bells.drop(rank)
+            if asked is not None:
+                self.book.pop(asked.request_id)
+            self.bells.ask(rank, partial(self._ask_bell, rank))
 
     @property
     def ranks(self) -> list[int]:
@@ -96,6 +107,9 @@ class Channel:
         self.hosts.update({int(s["rank"]): s.get("host") for s in servers})
         for rank in list(self._sockets):
             if self._addresses.get(rank) != live.get(rank):
+                asked = self.bells.drop(rank)
+                if asked is not None:
+                    self.book.pop(asked.request_id)
                 self.poller.unregister(self._sockets[rank])
                 self._sockets.pop(rank).close(0)
                 self.shm.peers.prune()  # a server gone: unmap its segments
@@ -106,6 +120,11 @@ class Channel:
                 self._addresses[rank] = (address, incarnation)
                 self.links[rank] = self.links.get(rank, 0) + 1
                 self.poller.register(sock, zmq.POLLIN)
+                if self.shm.rings(self.hosts.get(rank)):
+                    self.bells.ask(rank, partial(self._ask_bell, rank))
+
+    def _ask_bell(self, rank: int, fields: dict[str, Any], on_reply: Any) -> PendingRequest:
+        return self.send(rank, "doorbell", fields, (), on_reply, None, wait_for_room=False)
 
     def request(self, rank: int, op: str, fields: dict[str, Any],
                 arrays: Sequence[np.ndarray] = (), on_reply: Any = None,
@@ -134,7 +153,9 @@ class Channel:
             fields = {**fields, "incarnation": incarnation}
         frames = encode(request_header(op, request_id, self.node_id, **fields), arrays)
         self.traffic.count_sent(op, frames)
-        send_frames(sock, frames)
+        if not self.bells.ring(rank, frames):
+            send_frames(sock, frames)
+            self.bells.sent_by_zmq(rank)
         pending = PendingRequest(request_id, op, rank, on_reply, route=route,
                                  link=self.links[rank])
         self.book.add(pending)
@@ -163,6 +184,7 @@ class Channel:
 
     def close(self) -> None:
         """Close every socket (and the contexts this channel made)."""
+        self.bells.close()
         for sock in self._sockets.values():
             sock.close(0)
         self.shm.close()

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from hogshard.proto.errors import ErrorCode, ShmUnavailableError
 from hogshard.proto.transport import ERROR, readable, recv_frames
@@ -35,15 +36,24 @@ def pump(channel: Channel, timeout: float) -> None:
         channel.rerouter.run(now)
         timeout = min(timeout, channel.rerouter.wait_hint(now))
     for sock, _ in channel.poller.poll(int(timeout * 1000)):
+        if type(sock) is int:  # a doorbell's reply pipe (worker/doorbell.py)
+            for frames in channel.bells.replies(sock):
+                _land(channel, frames)
+            continue
         while readable(sock):
-            frames = recv_frames(sock)
-            message = decode(frames)
-            pending = channel.book.pop(message.request_id)
-            if pending is None:
-                log.debug("dropping reply to unknown request %d", message.request_id)
-                continue
-            channel.traffic.count_received(pending.op, frames)
-            _settle(channel, pending, message)
+            _land(channel, recv_frames(sock))
+    if channel.bells.asking:
+        channel.bells.settle_asks()
+
+
+def _land(channel: Channel, frames: Sequence[Any]) -> None:
+    message = decode(frames)
+    pending = channel.book.pop(message.request_id)
+    if pending is None:
+        log.debug("dropping reply to unknown request %d", message.request_id)
+        return
+    channel.traffic.count_received(pending.op, frames)
+    _settle(channel, pending, message)
 
 
 def _settle(channel: Channel, pending: PendingRequest, message: Message) -> None:

@@ -60,6 +60,11 @@ class ShmLink:
             log.warning("shared memory turned off, frames from now on: %s", reason)
             self.turned_off = reason
 
+    def rings(self, server_host: Any) -> bool:
+        """Whether to ask a server that reported ``server_host`` for a doorbell."""
+        return bool(self.settings.shm and self.settings.doorbell and self.host
+                    and server_host == self.host)
+
     @property
     def min_bytes(self) -> int:
         return self.settings.shm_min_bytes
