@@ -304,9 +304,9 @@ def main(argv: list[str] | None = None) -> int:
         record["verdict"] = verdict(record, spread, args.tolerance)
         storms.append(record)
         print_storm(record, spread)
-    if args.json:
-        Path(args.json).write_text(json.dumps({"calm": calm, "spread": spread,
-                                               "storms": storms}, indent=1))
+        if args.json:  # after every seed: a long run stopped early keeps what it measured
+            Path(args.json).write_text(json.dumps({"calm": calm, "spread": spread,
+                                                   "storms": storms}, indent=1))
     return 0 if all(all(r["verdict"].values()) for r in storms) else 1
 
 
