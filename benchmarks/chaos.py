@@ -3,7 +3,9 @@ checkpoints, and the invariants checked once the job has ended.
 
 Undisturbed runs first (``--calm-runs``, the accuracy spread), then one storm per seed: every
 ``--interval`` seconds of a healthy job, a fault from the seed's plan (``hogshard/chaos.py``):
-``kill -9`` or SIGSTOP/SIGCONT of a server, a worker or the scheduler. After ``--duration``
+``kill -9`` or SIGSTOP/SIGCONT of a server, a worker or the scheduler, and with ``--kinds kill stop cut``
+a server cut off from the scheduler (not from the workers) or from the other server (its
+backup) for a while, then healed (``hogshard/chaos_partition.py``). After ``--duration``
 seconds the workers are told to stop (``benchmarks/chaos_worker.py``) and the job ends. Checked:
 
 - the job finished (``launch`` exited 0);
@@ -24,6 +26,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -38,7 +41,18 @@ from typing import Any
 
 import zmq
 
-from hogshard.chaos import JobProcess, Storm, format_table, job_processes, signal_if_same
+from hogshard.chaos import (
+    CUT_WEIGHTS,
+    KINDS,
+    WEIGHTS,
+    JobProcess,
+    ProcessInjector,
+    Storm,
+    format_table,
+    job_processes,
+    signal_if_same,
+)
+from hogshard.chaos_partition import Partitions
 from hogshard.proto.errors import HogshardError
 from hogshard.proto.manifest import LATEST
 from hogshard.proto.transport import RpcChannel
@@ -51,9 +65,9 @@ SERVERS = WORKERS = 2
 
 class Watcher(threading.Thread):
     """Polls ``LATEST`` (each checkpoint it names is checked once, when first seen) and the
-    launcher's process tree (every job process ever seen, for the leak check)."""
+    launcher's process tree, given one (every job process ever seen, for the leak check)."""
 
-    def __init__(self, checkpoints: Path, launcher_pid: int) -> None:
+    def __init__(self, checkpoints: Path, launcher_pid: int | None) -> None:
         super().__init__(daemon=True)
         self.checkpoints, self.launcher_pid = checkpoints, launcher_pid
         self.named: dict[str, str] = {}  # checkpoint -> "ok" or the error
@@ -75,7 +89,8 @@ class Watcher(threading.Thread):
     def run(self) -> None:
         while not self.done.wait(0.2):
             self.check_latest()
-            self.seen.update(job_processes(self.launcher_pid))
+            if self.launcher_pid is not None:
+                self.seen.update(job_processes(self.launcher_pid))
 
 
 def _address(log_file: Path, proc: subprocess.Popen, timeout: float = 120.0) -> str:
@@ -134,6 +149,9 @@ def run_job(seed: int | None, args: argparse.Namespace, root: Path) -> dict[str,
     context = zmq.Context()
     channel: RpcChannel | None = None
     storm: Storm | None = None
+    stack = contextlib.ExitStack()
+    partitions = stack.enter_context(Partitions()) \
+        if "cut" in args.kinds and seed is not None else None
     try:
         channel = RpcChannel(context, _address(log_file, proc), sender="chaos")
 
@@ -153,7 +171,10 @@ def run_job(seed: int | None, args: argparse.Namespace, root: Path) -> dict[str,
             return found
 
         storm = Storm(seed or 0, proc.pid, status, steps, SERVERS, WORKERS, "model",
-                      heartbeat_timeout=args.heartbeat_timeout)
+                      heartbeat_timeout=args.heartbeat_timeout,
+                      weights={k: w for k, w in {**WEIGHTS, **CUT_WEIGHTS}.items()
+                               if k[0] in args.kinds},
+                      injector=ProcessInjector(proc.pid, partitions))
         # the storm's time is training time: it starts once the job is up and training
         if not storm.wait_healthy():
             log.error("the job did not start: %s", storm.unhealthy(status()))
@@ -177,6 +198,7 @@ def run_job(seed: int | None, args: argparse.Namespace, root: Path) -> dict[str,
         os.killpg(proc.pid, signal.SIGTERM)
         code = proc.wait(30.0)
     finally:
+        stack.close()  # every partition healed, the rules removed
         if channel is not None:
             channel.close()
         context.term()
@@ -187,20 +209,26 @@ def run_job(seed: int | None, args: argparse.Namespace, root: Path) -> dict[str,
     for p in leaks:
         signal_if_same(p, signal.SIGKILL)
     watcher.check_latest()
-    accuracies = [json.loads(p.read_text()) for p in sorted(folder.glob("accuracy-*"))]
     record: dict[str, Any] = {
         "seed": seed, "folder": str(folder), "exit_code": code, "seconds": round(elapsed, 1),
-        "storm_seconds": round(trained, 1),
-        "steps": storm.steps() if storm else {}, "leaks": [p.pid for p in leaks],
-        "checkpoints": watcher.named,
+        "storm_seconds": round(trained, 1), "leaks": [p.pid for p in leaks]}
+    return add_outcome(record, folder, storm, watcher, faults=seed is not None)
+
+
+def add_outcome(record: dict[str, Any], folder: Path, storm: Storm | None, watcher: Watcher,
+                faults: bool = True) -> dict[str, Any]:
+    """The job's steps, checkpoints, accuracy, chunks and (a storm's) faults, into ``record``."""
+    accuracies = [json.loads(p.read_text()) for p in sorted(folder.glob("accuracy-*"))]
+    record.update({
+        "steps": storm.steps() if storm else {}, "checkpoints": watcher.named,
         "checkpoints_ok": bool(watcher.named) and all(v == "ok" for v in watcher.named.values()),
         "accuracy": min(accuracies) if len(accuracies) == WORKERS else None,
-    }
+    })
     try:
         record["chunks"] = chunk_check(folder)
     except (OSError, ValueError, KeyError) as err:
         record["chunks"] = {"ok": False, "error": repr(err)}
-    if storm is not None and seed is not None:
+    if storm is not None and faults:
         record["faults"] = storm.record()
         record["summary"] = storm.summary()
     return record
@@ -222,6 +250,18 @@ def verdict(record: dict[str, Any], spread: tuple[float, float] | None,
     return checks
 
 
+def print_storm(record: dict[str, Any], spread: tuple[float, float] | None) -> None:
+    """A storm's table, chunks, checkpoints and verdict, on stdout."""
+    print(f"\nseed {record['seed']}: {record['storm_seconds']:.0f} s of storm "
+          f"({record['seconds']:.0f} s in all), steps {record['steps']}, "
+          f"accuracy {record['accuracy']}, spread {spread}")
+    print(format_table(record.get("summary", [])))
+    print(f"chunks: {record['chunks']}")
+    print(f"checkpoints LATEST named: {len(record['checkpoints'])}, "
+          f"all complete and loading: {record['checkpoints_ok']}")
+    print(f"verdict: {record['verdict']}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
@@ -233,6 +273,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="the undisturbed accuracy spread, measured before (with --calm-runs 0)")
     p.add_argument("--calm-duration", type=float, default=None,
                    help="seconds of each undisturbed run (default: --duration)")
+    p.add_argument("--kinds", nargs="+", choices=KINDS, default=["kill", "stop"],
+                   help="the plan's kinds of fault; cut: a server cut from the scheduler, or "
+                        "from the other server, then healed (root, iptables, cgroup v2)")
     p.add_argument("--heartbeat-timeout", type=float, default=3.0)
     p.add_argument("--checkpoint-every", type=float, default=5.0)
     p.add_argument("--tolerance", type=float, default=0.02,
@@ -260,17 +303,10 @@ def main(argv: list[str] | None = None) -> int:
         record = run_job(seed, args, root)
         record["verdict"] = verdict(record, spread, args.tolerance)
         storms.append(record)
-        print(f"\nseed {seed}: {record['storm_seconds']:.0f} s of storm "
-              f"({record['seconds']:.0f} s in all), steps {record['steps']}, "
-              f"accuracy {record['accuracy']}, spread {spread}")
-        print(format_table(record.get("summary", [])))
-        print(f"chunks: {record['chunks']}")
-        print(f"checkpoints LATEST named: {len(record['checkpoints'])}, "
-              f"all complete and loading: {record['checkpoints_ok']}")
-        print(f"verdict: {record['verdict']}", flush=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps({"calm": calm, "spread": spread,
-                                               "storms": storms}, indent=1))
+        print_storm(record, spread)
+        if args.json:  # after every seed: a long run stopped early keeps what it measured
+            Path(args.json).write_text(json.dumps({"calm": calm, "spread": spread,
+                                                   "storms": storms}, indent=1))
     return 0 if all(all(r["verdict"].values()) for r in storms) else 1
 
 

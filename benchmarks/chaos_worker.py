@@ -10,7 +10,8 @@ Files in ``HOGSHARD_CHAOS_DIR`` (each replaced atomically):
 
 - ``step-R``: the last step rank R finished; a worker started again after a ``kill -9`` goes
   on from there (as a job that checkpoints its data loader would).
-- ``ledger-R-PID.json``: per chunk, the updates this process sent (counted before the push
+- ``host-R``: the host name of rank R's process (under compose, its container).
+- ``ledger-R-HOST-TOKEN.json`` (one per process): per chunk, the updates this process sent (counted before the push
   leaves) and those the servers acknowledged (``final`` once it ended normally). A killed
   process's acknowledged count is a lower bound of what it had acknowledged, its sent count
   an upper bound of what it had applied.
@@ -25,6 +26,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
+import socket
 import sys
 import time
 from collections import Counter
@@ -58,7 +61,8 @@ def server_versions(client: PSClient) -> dict[str, Any]:
     for member in status["members"]:
         if member["role"] != "server" or member["state"] != "alive":
             continue
-        channel = RpcChannel(client.channel.control_context, member["address"], sender="chaos")
+        channel = RpcChannel(client.channel.control_context, member["address"], sender="chaos",
+                             security=client.security)
         try:
             view = channel.call("stats", timeout=10.0).get("tables")[TABLE]
         finally:
@@ -84,7 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     client = PSClient.from_env()
     rank = client.rank
     step_file = folder / f"step-{rank}"
-    ledger_file = folder / f"ledger-{rank}-{os.getpid()}.json"
+    # a token too: a container started again keeps its host name and its process's pid
+    ledger_file = folder / f"ledger-{rank}-{socket.gethostname()}-{secrets.token_hex(4)}.json"
+    write_json(folder / f"host-{rank}", socket.gethostname())
     step = int(step_file.read_text()) if step_file.exists() else 0
     print(f"joined as {client.node_id} at step {step}", flush=True)
     torch.manual_seed(0)

@@ -2,7 +2,10 @@
 job's processes found from the launcher's process tree, and each fault's recovery timed.
 
 A fault is ``kill`` (SIGKILL) or ``stop`` (SIGSTOP, then SIGCONT after a hold drawn from the
-plan) of the scheduler, a server or a worker, by rank. The launcher starts a killed process
+plan) of the scheduler, a server or a worker, by rank, or (``CUT_WEIGHTS``) ``cut``: a server
+partitioned from the scheduler or from the other server for a hold, then healed
+(``hogshard/chaos_partition.py``). Another :class:`Injector` makes the same plan's faults
+elsewhere (``benchmarks/chaos_compose.py``: containers). The launcher starts a killed process
 again (same rank, the scheduler on the same address) and replaces a server that was fenced
 while frozen. A fault has recovered when, after it ended (the kill, or the SIGCONT), the
 scheduler answers, every expected server and worker is alive, every chunk of the table has a
@@ -32,15 +35,30 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
+
+from hogshard.chaos_partition import Partitions
 
 log = logging.getLogger(__name__)
 
 ROLES = ("scheduler", "server", "worker")
-KINDS = ("kill", "stop")
+KINDS = ("kill", "stop", "cut")
 #: How a plan weighs (kind, role): servers are where the data is, so they are hit most.
 WEIGHTS = {("kill", "server"): 3, ("stop", "server"): 3, ("kill", "worker"): 2,
            ("stop", "worker"): 2, ("kill", "scheduler"): 1, ("stop", "scheduler"): 1}
+#: Partitions (``cut``, healed after a hold): a server from the scheduler (it still reaches
+#: the workers and the other server), and a server from the other server, its backup.
+CUT_WEIGHTS = {("cut", "server|scheduler"): 2, ("cut", "server|server"): 2}
+
+
+class Injector(Protocol):
+    """What makes a fault happen: ``inject`` returns once the fault has ended (a kill done, a
+    frozen process thawed, a cut healed), False when there was nothing to hit."""
+
+    #: Whether a server killed comes back at a new address (then its recovery waits for it).
+    kill_moves_server: bool
+
+    def inject(self, kind: str, role: str, rank: int, hold: float) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -120,6 +138,51 @@ def signal_if_same(proc: JobProcess, sig: int) -> bool:
     return True
 
 
+class ProcessInjector:
+    """Faults of the processes under a launcher: ``kill`` (SIGKILL), ``stop`` (SIGSTOP, SIGCONT
+    after the hold) and, given ``partitions``, ``cut`` (a server cut from the scheduler, role
+    ``server|scheduler``, or from the other server, ``server|server``, healed after the
+    hold)."""
+
+    kill_moves_server = True
+
+    def __init__(self, launcher_pid: int, partitions: Partitions | None = None) -> None:
+        self.launcher_pid, self.partitions = launcher_pid, partitions
+
+    def victim(self, role: str, rank: int) -> JobProcess | None:
+        found = [p for p in job_processes(self.launcher_pid) if p.role == role and p.rank == rank]
+        return max(found, key=lambda p: p.started) if found else None
+
+    def inject(self, kind: str, role: str, rank: int, hold: float) -> bool:
+        if kind == "cut":
+            return self._cut(role, rank, hold)
+        victim = self.victim(role, rank)
+        if victim is None:
+            return False
+        log.info("%s %s %d (pid %d)", kind, role, rank, victim.pid)
+        if kind == "kill":
+            signal_if_same(victim, signal.SIGKILL)
+        else:
+            signal_if_same(victim, signal.SIGSTOP)
+            time.sleep(hold)  # the fault's length, drawn from the plan
+            signal_if_same(victim, signal.SIGCONT)
+        return True
+
+    def _cut(self, pair: str, rank: int, hold: float) -> bool:
+        assert self.partitions is not None, "cut faults need partitions"
+        other = self.victim("scheduler", 0) if pair == "server|scheduler" \
+            else self.victim("server", 1 - rank)
+        server = self.victim("server", rank)
+        if server is None or other is None:
+            return False
+        cut = self.partitions.cut(server.pid, other.pid)
+        try:
+            time.sleep(hold)  # the partition's length, drawn from the plan
+        finally:
+            self.partitions.heal(cut)
+        return True
+
+
 @dataclass
 class Fault:
     """One injected fault and what became of it (times in seconds since the storm began)."""
@@ -160,12 +223,18 @@ class Storm:
     heartbeat_timeout: float = 3.0
     recover_timeout: float = 90.0
     poll: float = 0.2
+    #: The plan's faults and their weights (``WEIGHTS``, with ``CUT_WEIGHTS`` for partitions).
+    weights: dict[tuple[str, str], int] = field(default_factory=lambda: dict(WEIGHTS))
+    #: What injects the faults (default: a :class:`ProcessInjector` of ``launcher_pid``).
+    injector: Injector | None = None
     faults: list[Fault] = field(default_factory=list)
     _rng: random.Random = field(init=False)
     _start: float = field(init=False, default_factory=time.monotonic)
 
     def __post_init__(self) -> None:
         self._rng = random.Random(self.seed)
+        if self.injector is None:
+            self.injector = ProcessInjector(self.launcher_pid)
 
     def now(self) -> float:
         return time.monotonic() - self._start
@@ -208,10 +277,6 @@ class Storm:
             time.sleep(self.poll)
         return done()
 
-    def _victim(self, role: str, rank: int) -> JobProcess | None:
-        found = [p for p in job_processes(self.launcher_pid) if p.role == role and p.rank == rank]
-        return max(found, key=lambda p: p.started) if found else None
-
     def wait_healthy(self) -> bool:
         """Until the job is healthy (at most ``recover_timeout`` seconds); whether it is."""
         return self._await(lambda: self.healthy(self.status()), self.recover_timeout)
@@ -219,11 +284,12 @@ class Storm:
     def draw(self) -> tuple[str, str, int, float]:
         """The plan's next fault: kind, role, rank and (a stop's) hold in seconds, from 0.3 to
         2 heartbeat timeouts (past one, the frozen member is declared dead)."""
-        kind, role = self._rng.choices(list(WEIGHTS), weights=list(WEIGHTS.values()))[0]
+        kind, role = self._rng.choices(list(self.weights),
+                                       weights=list(self.weights.values()))[0]
         rank = 0 if role == "scheduler" else self._rng.randrange(
-            self.servers if role == "server" else self.workers)
+            self.workers if role == "worker" else self.servers)
         hold = round(self._rng.uniform(0.3, 2.0) * self.heartbeat_timeout, 2) \
-            if kind == "stop" else 0.0
+            if kind != "kill" else 0.0
         return kind, role, rank, hold
 
     def step(self, interval: float) -> Fault | None:
@@ -235,23 +301,18 @@ class Storm:
             return None
         time.sleep(interval)  # the storm's schedule, not a wait for an event
         kind, role, rank, hold = self.draw()
-        victim = self._victim(role, rank)
+        injector = self.injector
+        assert injector is not None
         fault = Fault(kind, role, rank, at=self.now(), hold=hold)
-        if victim is None:
-            log.warning("no %s %d to %s; skipped", role, rank, kind)
-            return None
-        self.faults.append(fault)
         before_view = self.status()
         before_events = _map_events(before_view)
         incarnation = self._incarnation(before_view, rank)
-        log.info("%.1f s: %s %s %d (pid %d)%s", fault.at, kind, role, rank, victim.pid,
+        log.info("%.1f s: %s %s %d%s", fault.at, kind, role, rank,
                  f" for {hold:.1f} s" if hold else "")
-        if kind == "kill":
-            signal_if_same(victim, signal.SIGKILL)
-        else:
-            signal_if_same(victim, signal.SIGSTOP)
-            time.sleep(hold)  # the fault's length, drawn from the plan
-            signal_if_same(victim, signal.SIGCONT)
+        if not injector.inject(kind, role, rank, hold):
+            log.warning("no %s %d to %s; skipped", role, rank, kind)
+            return None
+        self.faults.append(fault)
         fault.ended = self.now()
         steps_at_end = self.steps()
 
@@ -259,7 +320,7 @@ class Storm:
             view = self.status()
             if not self.healthy(view):
                 return False
-            if kind == "kill" and role == "server" and \
+            if kind == "kill" and role == "server" and injector.kill_moves_server and \
                     self._incarnation(view, rank) in (None, incarnation):
                 return False
             steps = self.steps()
@@ -269,7 +330,7 @@ class Storm:
 
         if self._await(recovered, self.recover_timeout):
             fault.recovered = self.now()
-            if role != "server":
+            if not role.startswith("server"):
                 fault.collateral = sorted(e for e in _map_events(self.status()) - before_events
                                           if " gone" in e)
             log.info("%s %s %d recovered in %.1f s", kind, role, rank, fault.recover_s or 0.0)
@@ -282,7 +343,7 @@ class Storm:
     def summary(self) -> list[dict[str, Any]]:
         """Per fault kind: injected, recovered, median and max seconds to recover."""
         rows = []
-        for kind, role in WEIGHTS:
+        for kind, role in self.weights:
             mine = [f for f in self.faults if f.kind == kind and f.role == role]
             times = [f.recover_s for f in mine if f.recover_s is not None]
             rows.append({"fault": f"{kind} {role}", "injected": len(mine),
@@ -307,10 +368,10 @@ def _map_events(view: dict[str, Any] | None) -> set[str]:
 
 def format_table(rows: list[dict[str, Any]]) -> str:
     """The summary rows as a fixed-width table."""
-    lines = [f"{'fault':<16} {'injected':>8} {'recovered':>9} {'median s':>9} {'max s':>7}"]
+    lines = [f"{'fault':<22} {'injected':>8} {'recovered':>9} {'median s':>9} {'max s':>7}"]
     for r in rows:
         median = "-" if r["median_s"] is None else f"{r['median_s']:.1f}"
         most = "-" if r["max_s"] is None else f"{r['max_s']:.1f}"
-        lines.append(f"{r['fault']:<16} {r['injected']:>8} {r['recovered']:>9} {median:>9} "
+        lines.append(f"{r['fault']:<22} {r['injected']:>8} {r['recovered']:>9} {median:>9} "
                      f"{most:>7}")
     return "\n".join(lines)

@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from hogshard.chaos import Fault, Storm, classify, format_table
+from hogshard.chaos import CUT_WEIGHTS, Fault, Storm, classify, format_table
 from hogshard.launcher import Child, LocalCluster
 from hogshard.status import ClusterView
 
@@ -84,7 +84,7 @@ def test_the_summary_counts_faults_by_kind_with_their_recovery_times() -> None:
                                    "median_s": 4.0, "max_s": 6.0}
     assert rows["stop worker"]["recovered"] == 0 and rows["stop worker"]["max_s"] is None
     assert rows["all"]["injected"] == 3
-    assert "kill server             2         2       4.0     6.0" in format_table(
+    assert "kill server                   2         2       4.0     6.0" in format_table(
         storm.summary())
 
 
@@ -102,6 +102,18 @@ def test_the_plan_is_the_seeds() -> None:
     assert {(k, r) for k, r, _, _ in drawn} == {(k, r) for k in ("kill", "stop")
                                                   for r in ("server", "worker", "scheduler")}
     assert all(0.9 <= hold <= 6.0 for k, _, _, hold in drawn if k == "stop")
+
+
+def test_a_plan_of_partitions_cuts_a_server_from_the_scheduler_or_its_backup() -> None:
+    """With ``CUT_WEIGHTS`` the plan draws cuts held 0.3-2 heartbeat timeouts; seed 10 starts
+    with server 1 cut from its backup, then from the scheduler past the heartbeat timeout
+    (tests/integration/test_chaos_partitions.py)."""
+    storm = Storm(seed=10, launcher_pid=os.getpid(), status=dict, steps=dict, servers=2,
+                  workers=2, table="model", heartbeat_timeout=3.0, weights=dict(CUT_WEIGHTS))
+    drawn = [storm.draw() for _ in range(40)]
+    assert drawn[:2] == [("cut", "server|server", 1, 3.36), ("cut", "server|scheduler", 1, 5.05)]
+    assert {role for _, role, _, _ in drawn} == {"server|server", "server|scheduler"}
+    assert all(0.9 <= hold <= 6.0 and rank in (0, 1) for _, _, rank, hold in drawn)
 
 
 def test_this_process_is_no_job_process() -> None:
