@@ -180,6 +180,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--report", type=Path, default=None, help="write a JSON report here (rank 0)")
     p.add_argument("--sample-every", type=float, default=1.0,
                    help="seconds between the report's history samples (loss, accuracy, staleness)")
+    p.add_argument("--eval-at-finish", action="store_true",
+                   help="every rank pulls the weights when it finishes its share and logs their "
+                        "test accuracy (benchmarks/run_end.py: the accuracy before the first "
+                        "learner leaves)")
     p.add_argument("--save-weights", type=Path, default=None,
                    help="save the final flat weights (.npy) here (rank 0)")
     p.add_argument("--overlap", action="store_true",
@@ -324,6 +328,11 @@ def main(argv: list[str] | None = None) -> int:
         if client is not None:
             client.set_progress(loss=ema)  # done: PSOptimizer.step; total: client.shard
     wall = time.monotonic() - started
+    if args.eval_at_finish and client is not None:
+        finished_at = time.time()
+        optimizer.pull()
+        log.info("rank %d at its finish (unix %.3f): test accuracy %.4f", rank, finished_at,
+                 accuracy(model, data.test_x, data.test_y))
     log.info("rank %d finished %d samples in %.1f s (%.0f samples/s), loss %.3f", rank, seen,
              wall, seen / wall, ema or 0.0)
 
