@@ -160,7 +160,8 @@ def run(args: argparse.Namespace) -> list[dict]:
             raw_address = start_raw(workdir, max(sizes), place, io_threads)
             raw_pid = newest().pid
             client = PSClient(ClientSettings(scheduler=scheduler, connect_timeout=60.0),
-                              shm=ShmSettings(shm=1 if args.colocated else 0))
+                              shm=ShmSettings(shm=1 if args.colocated else 0,
+                                              doorbell=1 if args.colocated else 0))
             if args.colocated:  # the same path with every request over ZeroMQ
                 zmq_client = PSClient(ClientSettings(scheduler=scheduler, connect_timeout=60.0),
                                       shm=ShmSettings(shm=1, doorbell=0))

@@ -8,6 +8,7 @@
 ``logs.py``            ``configure_logging``: one line per event as text, logfmt or JSON
 ``launcher.py``        :class:`LocalCluster`, ``worker_environment``: a whole job on this host
 ``chaos.py``           :class:`Storm`: seeded kill/stop faults against a launched job, recovery timed
+``chaos_partition.py`` :class:`Partitions`: iptables cuts between exactly two processes, healed
 ``slurm.py``           ``slurm``, ``plan_task``, ``expand_nodelist``: a job brought up under SLURM
 ``status.py``          :class:`ClusterView`: a readable view of the scheduler's ``status`` reply
 ``live_status.py``     ``status_panel``, ``watch``: the ``hogshard status`` table drawn with rich

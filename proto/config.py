@@ -163,8 +163,8 @@ class ShmSettings:
     read from /proc (processes that report the same one must share memory and user);
     ``shm_copy_threads``: threads that copy a pull's chunks out of the server's segment at
     once, and that a server publishes them with (0, the default: half the cores, at most 8; 1:
-    the calling thread alone); ``doorbell``: 1 (default) sends the small requests to those
-    servers through a pair of pipes instead of ZeroMQ (PROTOCOL.md section 18.1), 0 does not.
+    the calling thread alone); ``doorbell``: 1 sends the small requests to those servers through a
+    pair of pipes instead of ZeroMQ (PROTOCOL.md section 18.1); 0 (the default) does not.
 
     Example::
 
@@ -176,7 +176,7 @@ class ShmSettings:
     shm_min_bytes: int = DEFAULT_SHM_MIN_BYTES
     host_id: str | None = None
     shm_copy_threads: int = 0
-    doorbell: int = 1
+    doorbell: int = 0
 
     def __post_init__(self) -> None:
         if self.shm not in (0, 1):

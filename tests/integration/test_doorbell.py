@@ -74,7 +74,7 @@ def train(zmq_ctx: zmq.Context, address: str, name: str, shm: ShmSettings
 def test_the_same_requests_give_bit_identical_weights_through_the_doorbell(
         cluster_factory, zmq_ctx) -> None:
     cluster = cluster_factory(servers=2)
-    bell, rung = train(zmq_ctx, cluster.address, "bell", ShmSettings())
+    bell, rung = train(zmq_ctx, cluster.address, "bell", ShmSettings(doorbell=1))
     tcp, none = train(zmq_ctx, cluster.address, "tcp", ShmSettings(shm=0))
     off, also_none = train(zmq_ctx, cluster.address, "off", ShmSettings(doorbell=0))
     assert rung >= 2 * STEPS * 2 and none == also_none == 0
@@ -88,7 +88,7 @@ def test_requests_over_zeromq_and_through_the_doorbell_keep_their_order(
     small for shared memory); the pull after it, sent at once, goes through the doorbell and
     must see it."""
     cluster = cluster_factory(servers=1)
-    client = connect(zmq_ctx, cluster.address, ShmSettings())
+    client = connect(zmq_ctx, cluster.address, ShmSettings(doorbell=1))
     try:
         size = 4096
         table = client.dense_table("order", size, {"rule": "sgd", "lr": 1.0},
@@ -118,7 +118,7 @@ def stats(zmq_ctx: zmq.Context, address: str) -> dict[str, Any]:
 def test_garbage_through_the_doorbell_closes_it_and_the_worker_goes_on_over_zeromq(
         cluster_factory, zmq_ctx, caplog) -> None:
     cluster = cluster_factory(servers=1)
-    client = connect(zmq_ctx, cluster.address, ShmSettings())
+    client = connect(zmq_ctx, cluster.address, ShmSettings(doorbell=1))
     try:
         table = client.dense_table("garbage", SMALL, {"rule": "sgd", "lr": 1.0},
                                    init=np.zeros(SMALL, np.float32))
@@ -143,7 +143,7 @@ def test_garbage_through_the_doorbell_closes_it_and_the_worker_goes_on_over_zero
 def test_a_request_through_a_doorbell_cannot_speak_for_another_worker(
         cluster_factory, zmq_ctx) -> None:
     cluster = cluster_factory(servers=1)
-    client = connect(zmq_ctx, cluster.address, ShmSettings())
+    client = connect(zmq_ctx, cluster.address, ShmSettings(doorbell=1))
     try:
         wait_for_bells(client, [0])
         bell = client.channel.bells._bells[0]
@@ -185,7 +185,7 @@ def test_with_keys_a_doorbell_carries_the_key_of_the_connection_that_asked(
     ctx = zmq.Context()
     settings = ClientSettings(scheduler=address, connect_timeout=30.0, request_timeout=30.0,
                               keys=str(keys))
-    client = PSClient(settings, ctx, shm=ShmSettings())
+    client = PSClient(settings, ctx, shm=ShmSettings(doorbell=1))
     try:
         table = client.dense_table("keyed", TINY, {"rule": "sgd", "lr": 1.0},
                                    init=np.zeros(TINY, np.float32))
