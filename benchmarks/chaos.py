@@ -36,6 +36,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +127,40 @@ def chunk_check(folder: Path) -> dict[str, Any]:
             "killed_workers": len(killed), "bad": bad, "ok": not bad and bool(rows)}
 
 
+def status_reader(channel: RpcChannel) -> Callable[[], dict[str, Any] | None]:
+    """The scheduler's ``status`` reply through ``channel``, or None where none comes in 2 s."""
+    def status() -> dict[str, Any] | None:
+        try:
+            return channel.call("status", timeout=2.0).header
+        except HogshardError:
+            return None
+    return status
+
+
+def step_reader(folder: Path) -> Callable[[], dict[int, int]]:
+    """Each worker's latest step, from the ``step-<rank>`` files ``chaos_worker.py`` writes in
+    ``folder`` (0 before its first)."""
+    def steps() -> dict[int, int]:
+        found = {}
+        for rank in range(WORKERS):
+            try:
+                found[rank] = int((folder / f"step-{rank}").read_text())
+            except (OSError, ValueError):
+                found[rank] = 0
+        return found
+    return steps
+
+
+def inject_until(storm: Storm, status: Callable[[], dict[str, Any] | None], end: float,
+                 interval: float, running: Callable[[], bool] = lambda: True) -> None:
+    """A fault after every ``interval`` s of healthy job until ``end`` (monotonic), while
+    ``running``; ends early when the job does not become healthy again."""
+    while time.monotonic() < end and running():
+        if storm.step(interval) is None and not storm.healthy(status()):
+            log.error("the job did not become healthy again; ending the storm")
+            return
+
+
 def run_job(seed: int | None, args: argparse.Namespace, root: Path) -> dict[str, Any]:
     """One job: a storm with ``seed``, or undisturbed when None. Its record and invariants."""
     folder = Path(tempfile.mkdtemp(prefix=f"seed{seed}-" if seed is not None else "calm-",
@@ -154,23 +189,8 @@ def run_job(seed: int | None, args: argparse.Namespace, root: Path) -> dict[str,
         if "cut" in args.kinds and seed is not None else None
     try:
         channel = RpcChannel(context, _address(log_file, proc), sender="chaos")
-
-        def status() -> dict[str, Any] | None:
-            try:
-                return channel.call("status", timeout=2.0).header
-            except HogshardError:
-                return None
-
-        def steps() -> dict[int, int]:
-            found = {}
-            for rank in range(WORKERS):
-                try:
-                    found[rank] = int((folder / f"step-{rank}").read_text())
-                except (OSError, ValueError):
-                    found[rank] = 0
-            return found
-
-        storm = Storm(seed or 0, proc.pid, status, steps, SERVERS, WORKERS, "model",
+        status = status_reader(channel)
+        storm = Storm(seed or 0, proc.pid, status, step_reader(folder), SERVERS, WORKERS, "model",
                       heartbeat_timeout=args.heartbeat_timeout,
                       weights={k: w for k, w in {**WEIGHTS, **CUT_WEIGHTS}.items()
                                if k[0] in args.kinds},
@@ -180,16 +200,11 @@ def run_job(seed: int | None, args: argparse.Namespace, root: Path) -> dict[str,
             log.error("the job did not start: %s", storm.unhealthy(status()))
         trained_from = time.monotonic()
         end = trained_from + args.duration
-        while time.monotonic() < end and proc.poll() is None:
-            if seed is None:  # undisturbed: until the end, or the job ending by itself
-                try:
-                    proc.wait(max(0.0, end - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    pass
-                break
-            if storm.step(args.interval) is None and not storm.healthy(status()):
-                log.error("the job did not become healthy again; ending the storm")
-                break
+        if seed is None:  # undisturbed: until the end, or the job ending by itself
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(max(0.0, end - time.monotonic()))
+        else:
+            inject_until(storm, status, end, args.interval, lambda: proc.poll() is None)
         (folder / "stop").touch()
         trained = time.monotonic() - trained_from
         code = proc.wait(args.end_timeout)

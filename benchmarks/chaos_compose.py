@@ -38,10 +38,19 @@ from pathlib import Path
 from typing import Any
 
 import zmq
-from chaos import SERVERS, WORKERS, Watcher, add_outcome, print_storm, verdict  # same folder
+from chaos import (  # same folder
+    SERVERS,
+    WORKERS,
+    Watcher,
+    add_outcome,
+    inject_until,
+    print_storm,
+    status_reader,
+    step_reader,
+    verdict,
+)
 
 from hogshard.chaos import Storm
-from hogshard.proto.errors import HogshardError
 from hogshard.proto.roles import Role
 from hogshard.proto.security import Security
 from hogshard.proto.transport import RpcChannel
@@ -140,12 +149,7 @@ def run_storm(seed: int, args: argparse.Namespace, root: Path) -> dict[str, Any]
             security = Security.from_dir(_keys(cluster), role=Role.ADMIN)
             channel = RpcChannel(context, SCHEDULER, sender="chaos", security=security)
 
-            def status() -> dict[str, Any] | None:
-                assert channel is not None
-                try:
-                    return channel.call("status", timeout=2.0).header
-                except HogshardError:
-                    return None
+            status = status_reader(channel)
 
             def member_state(role: str, rank: int) -> str | None:
                 for m in (status() or {}).get("members", ()):
@@ -153,18 +157,9 @@ def run_storm(seed: int, args: argparse.Namespace, root: Path) -> dict[str, Any]
                         return str(m.get("state"))
                 return None
 
-            def steps() -> dict[int, int]:
-                found = {}
-                for rank in range(WORKERS):
-                    try:
-                        found[rank] = int((chaos_dir / f"step-{rank}").read_text())
-                    except (OSError, ValueError):
-                        found[rank] = 0
-                return found
-
             injector = ComposeInjector(cluster, chaos_dir, member_state,
                                        death_timeout=4 * args.heartbeat_timeout)
-            storm = Storm(seed, 0, status, steps, SERVERS, WORKERS, "model",
+            storm = Storm(seed, 0, status, step_reader(chaos_dir), SERVERS, WORKERS, "model",
                           heartbeat_timeout=args.heartbeat_timeout,
                           recover_timeout=args.recover_timeout, weights=dict(COMPOSE_WEIGHTS),
                           injector=injector)
@@ -172,10 +167,7 @@ def run_storm(seed: int, args: argparse.Namespace, root: Path) -> dict[str, Any]
                 log.error("the job did not start: %s", storm.unhealthy(status()))
             trained_from = time.monotonic()
             end = trained_from + args.duration
-            while time.monotonic() < end:
-                if storm.step(args.interval) is None and not storm.healthy(status()):
-                    log.error("the job did not become healthy again; ending the storm")
-                    break
+            inject_until(storm, status, end, args.interval)
             (chaos_dir / "stop").touch()
             trained = time.monotonic() - trained_from
             codes = cluster.wait_workers_done(args.end_timeout)
