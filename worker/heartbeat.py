@@ -52,6 +52,7 @@ class Heartbeat(threading.Thread):
                         timeout=max(2.0, 4 * self._interval),
                     )
                     self._client.rerouter.announced = reply.get("map_epoch")
+                    self._client.rerouter.announced_members = reply.get("epoch")
                     if isinstance(reply.get("failed"), str) and self._client.failure is None:
                         log.error("the job failed: %s", reply.get("failed"))
                         self._client.failure = ServerLostError(reply.get("failed"))

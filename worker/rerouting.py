@@ -2,7 +2,10 @@
 
 When the scheduler promotes a backup (its primary died), the map epoch moves; the worker
 learns it from its heartbeat replies, fetches the new shard map and sends every request still
-waiting on a chunk that moved again, split by new owner. A server that answers ``NOT_OWNER``
+waiting on a chunk that moved again, split by new owner. A server lost without moving the map
+(it held nothing any more: drained, then stopped) changes only the membership epoch: the
+worker fetches the map on that too, closes the socket to the lost server and sends again what
+waited on it. A server that answers ``NOT_OWNER``
 (it lost its lease, or has not heard of its promotion yet) gets the request again after a
 short backoff. Pushes keep their push id, so a server that already holds one applies it once
 (PROTOCOL.md section 16).
@@ -64,6 +67,10 @@ class Rerouter:
         self.tables: dict[str, DenseHandle] = {}
         self.map_epoch: Any = None
         self.announced: Any = None  # set by the heartbeat thread from the scheduler's replies
+        #: The membership epoch the scheduler announced last (heartbeat thread), and the one
+        #: the map was last fetched under.
+        self.announced_members: Any = None
+        self.members_epoch: Any = None
         self._stale = False
         self._refreshed_at = 0.0
         self._retrying: list[tuple[float, PendingRequest]] = []
@@ -89,7 +96,8 @@ class Rerouter:
         return max(0.0, min(hints))
 
     def _map_moved(self) -> bool:
-        return self.announced is not None and self.announced != self.map_epoch
+        return (self.announced is not None and self.announced != self.map_epoch) or \
+            self.announced_members != self.members_epoch
 
     def run(self, now: float) -> None:
         """Refresh the map if it moved (or a server refused a request), then send again every
@@ -112,6 +120,7 @@ class Rerouter:
 
     def _refresh(self, now: float) -> None:
         self._refreshed_at = now
+        members = self.announced_members
         channel = self._channel
         servers: list[dict[str, Any]] = []
         try:
@@ -132,6 +141,7 @@ class Rerouter:
             return
         channel.connect(servers)
         self._stale = False
+        self.members_epoch = members
         if epoch != self.map_epoch:
             log.info("%s: shard map epoch %s -> %s", channel.node_id, self.map_epoch, epoch)
         self.map_epoch = epoch

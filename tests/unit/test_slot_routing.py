@@ -114,3 +114,58 @@ def test_the_rerouter_leaves_waiting_slot_requests_with_their_old_owner() -> Non
     table.update([Chunk(s, s, 1, 1) for s in range(SLOTS)])  # every slot moved to server 1
     rerouter._reroute_waiting()
     assert pending.children == 0  # not sent again: server 0 answers it (or refuses it)
+
+
+class _MembershipChannel(SimpleNamespace):
+    """A channel whose scheduler no longer lists server 2 once it was found dead: the map
+    (the same epoch) has every slot on servers 0 and 1."""
+
+    def __init__(self, pending: PendingRequest, table: DenseHandle) -> None:
+        chunks = [c.to_wire() for c in table.chunks]
+        live = [{"rank": r, "address": f"tcp://s{r}"} for r in (0, 1)]
+        super().__init__(
+            node_id="worker-0", settings=SimpleNamespace(connect_timeout=1.0),
+            control=SimpleNamespace(call=lambda op, fields, timeout: {
+                "chunks": chunks, "map_epoch": 7, "servers": live}),
+            book=SimpleNamespace(waiting=lambda: [pending], pop=lambda request_id: pending),
+            open={0, 1, 2}, links={0: 0, 1: 0, 2: 0}, resent=[])
+
+    def reaches(self, rank: int) -> bool:
+        return rank in self.open
+
+    def connect(self, servers: list[dict[str, Any]]) -> None:
+        self.open = {int(s["rank"]) for s in servers}
+
+    def send(self, rank: int, op: str, fields: dict[str, Any], arrays: Any, on_reply: Any,
+             route: Any, wait_for_room: bool = True) -> PendingRequest:
+        self.resent.append((rank, route.chunk_ids))
+        return PendingRequest(100 + len(self.resent), op, rank, on_reply, route=route)
+
+
+def test_a_request_waiting_on_a_server_lost_without_a_map_move_is_sent_again() -> None:
+    """Server 2 was drained (the map moved its slots away) and stopped after the worker sent
+    it a push on the old map: the map epoch does not move when the scheduler finds server 2
+    dead, only the membership epoch does; the worker fetches the map on that, drops the
+    socket to server 2 and sends the push to the slots' owners."""
+    table = slot_map(OWNERS)
+    client = FakeClient(table)
+    push_rows(client, [HANDLE], [np.arange(30, dtype=np.int64)],  # type: ignore[arg-type]
+              [np.ones((30, 2), np.float32)])
+    rank, *_, route = client.sent[2]
+    assert rank == 2
+    pending = PendingRequest(3, "emb_push", 2, None, route=route, link=0)
+    table.update([Chunk(s, s, 1, s % 2) for s in range(SLOTS)])  # drained: on servers 0 and 1
+    channel = _MembershipChannel(pending, table)
+    rerouter = Rerouter(channel)  # type: ignore[arg-type]
+    rerouter.track(table, map_epoch=7)
+    rerouter.announced, rerouter.announced_members = 7, 4
+    rerouter.members_epoch = 4  # the map was fetched while server 2 was still listed live
+    rerouter.run(now=10.0)
+    assert channel.resent == [] and pending.children == 0  # nothing says server 2 is gone
+
+    rerouter.announced_members = 5  # the scheduler found server 2 dead
+    rerouter.run(now=11.0)
+    assert not channel.reaches(2)
+    assert sorted(r for r, _ in channel.resent) == [0, 1] and pending.children == 2
+    sent_slots = sorted(s for _, slots in channel.resent for s in slots)
+    assert sent_slots == route.chunk_ids and rerouter.members_epoch == 5
