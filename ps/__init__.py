@@ -33,6 +33,7 @@ embedding_replica.py          shard_rows, install_rows: embedding shards between
 embedding_slots.py            SlotRoles: embedding slots served, handed off, dropped
 chunk_moves.py                ChunkMoves: dense chunks handed to another server by a drain
 scheduler_link.py             SchedulerLink, Registration: registration and heartbeats
+shard_report.py               table_report, learn_sizes: the tables a registration reports
 checkpoint.py                 ShardCheckpointer, save_shard, restore_shard
 export.py                     export_checkpoint: a checkpoint rewritten in the serving format
 shm_plane.py                  ShmPlane: the server's side of the shared-memory fast path

@@ -333,11 +333,14 @@ class Replicator:
         return [link.socket for link in self.links.values()]
 
     def read_acks(self, sock: zmq.Socket) -> None:
+        """Take the acknowledgements waiting on ``sock``. A socket whose link was replaced
+        since the poll that named it (new assignments read in between closed it) is skipped:
+        what it held was for the old link, whose replies the new snapshots supersede."""
         link = next((lk for lk in self.links.values() if lk.socket is sock), None)
+        if link is None:
+            return
         while sock.poll(0, zmq.POLLIN):
             message = decode(sock.recv_multipart(copy=False))
-            if link is None:
-                continue
             if message.op == ERROR:
                 link.fenced, link.fenced_epoch = str(message.get("message")), self.map_epoch
                 log.warning("%s: backup %d refused a forwarded update: %s", self.sender,

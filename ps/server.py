@@ -61,6 +61,7 @@ from hogshard.ps.primary import Primary
 from hogshard.ps.replica_ops import BackupOps
 from hogshard.ps.replication import Replicator
 from hogshard.ps.scheduler_link import Registration, SchedulerLink
+from hogshard.ps.shard_report import learn_sizes, table_report
 from hogshard.ps.shm_plane import ShmPlane
 from hogshard.ps.stats import ServerStats
 from hogshard.ps.workers import PolicySchedule, WorkerView
@@ -381,9 +382,11 @@ class ShardServer:
         log.warning("%s; registering again", reply.get("message"))
         self.updates.settle()
         try:
+            tables = table_report(self.store, self.replicas.roles, self.chunk_moves.handed(),
+                                  self.rank)
             registration = self.link.register(
-                self._register_fields(self.rank, self._table_report(),
-                                      self.replicas.slots.report()), timeout=5.0)
+                self._register_fields(self.rank, tables, self.replicas.slots.report()),
+                timeout=5.0)
             if registration.rank != self.rank:
                 raise FencedError(f"the scheduler gave rank {registration.rank} to this "
                                   f"process, which holds rank {self.rank}")
@@ -432,25 +435,6 @@ class ShardServer:
     def _restore(self, path: str) -> None:
         self.view.restore(self.checkpoints.restore(path, self.rank))
 
-    def _table_report(self) -> dict[str, Any]:
-        """The dense tables held here, for ``register`` (PROTOCOL.md): spec and own chunks."""
-        report = {}
-        handed = self.chunk_moves.handed()  # their next owner reports them
-        for name, table in self.store.tables.items():
-            if name not in self.store.sizes:
-                continue  # initialised by a client that did not send the size
-            size, chunk_elems = self.store.sizes[name]
-            roles = self.replicas.roles.get(name)
-            report[name] = {
-                "table": {"name": name, "size": size, "chunk_elems": chunk_elems,
-                          "rule": table.rule_spec},
-                "chunks": [[c.chunk_id, c.offset, c.weights.size]
-                           for c in table.chunks.values()
-                           if (roles is None or roles.get(c.chunk_id, (-1,))[0] == self.rank)
-                           and (name, c.chunk_id) not in handed],
-            }
-        return report
-
     def _fence(self, why: str) -> None:
         """A newer process has taken this server's rank: stop serving at once."""
         log.error("%s (incarnation %d) is fenced off: %s; stopping", self.node_id,
@@ -458,18 +442,3 @@ class ShardServer:
         self.fenced = why
         self._stop.set()
 
-
-def learn_sizes(store: DenseStore, assignments: Any) -> None:
-    """Record the size and chunk size of each dense table the shard map assigns here (the
-    spec in the assignments), so that a server that got its chunks by snapshot (a replacement,
-    never sent ``init``) reports them to a restarted scheduler, which relearns the map from
-    those reports (``_table_report``)."""
-    if not isinstance(assignments, dict):
-        return
-    for name, view in assignments.items():
-        spec = view.get("table") if isinstance(view, dict) else None
-        if not isinstance(spec, dict):
-            continue
-        size, chunk_elems = spec.get("size"), spec.get("chunk_elems")
-        if type(size) is int and type(chunk_elems) is int and size > 0 and chunk_elems > 0:
-            store.sizes.setdefault(name, (size, chunk_elems))

@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 class LosesServers(Protocol):
     """What rejoining needs of the shard map: promote the backups of dead servers."""
 
-    def servers_lost(self, dead: list[Member]) -> None: ...
+    def servers_lost(self, dead: list[Member]) -> dict[str, list[int]]: ...
 
 
 def server_key_rank_hint(rank_hint: Any, key_rank: int | None) -> Any:
@@ -77,5 +77,8 @@ class Rejoin:
     def members_gone(self, dead: list[Member]) -> None:
         """Members declared dead or replaced: promote backups of replicated tables, and note
         the ranks that held chunks of unreplicated ones."""
-        self._shard_map.servers_lost(dead)
+        both_lost = self._shard_map.servers_lost(dead)
         self._recovery.gone(dead)
+        if both_lost:
+            self._recovery.copies_lost(both_lost, [m.node_id for m in dead
+                                                   if m.role == "server"])

@@ -41,14 +41,15 @@ def check_replication(replication: int) -> None:
 
 def assign_backups(chunks: list[Chunk], live_ranks: list[int]) -> list[Chunk]:
     """Give every chunk that has no backup one on another live server: the one holding the
-    fewest backup elements so far (ties to the lowest rank). Unchanged with one server."""
+    fewest backup elements so far (ties to the lowest rank). Unchanged with one server. A
+    chunk whose primary is not live gets none (no primary is there to send it a snapshot)."""
     held = {rank: 0 for rank in live_ranks}
     for chunk in chunks:
         if chunk.backup in held:
             held[chunk.backup] += chunk.length
     placed = []
     for chunk in chunks:
-        if chunk.backup < 0:
+        if chunk.backup < 0 and chunk.server in held:
             others = [r for r in live_ranks if r != chunk.server]
             if others:
                 backup = min(others, key=lambda r: (held[r], r))

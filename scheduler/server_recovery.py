@@ -76,6 +76,17 @@ class ServerRecovery:
                            self._tables.unreplicated_of(member.rank),
                            int(updates) if type(updates) is int else 0, time.monotonic())
 
+    def copies_lost(self, chunks: dict[str, list[int]], dead: list[str]) -> None:
+        """Chunks of replicated tables lost both copies (their primary died while no backup
+        held them): the job fails, naming them and the checkpoint to restart it from."""
+        latest = self._latest()
+        where = (f"restart the job from the latest complete checkpoint {latest.path} "
+                 f"(--restore {latest.path})" if latest is not None
+                 else "no complete checkpoint holds them")
+        lost = "; ".join(f"table {name}: chunks {ids}" for name, ids in sorted(chunks.items()))
+        self.lost.fail(f"{', '.join(dead)} died while no backup held some of its chunks "
+                       f"({lost}): both copies are lost; {where}")
+
     def back(self, member: Member) -> dict[str, Any] | None:
         """A server registered: if its rank lost its chunks and this is a new process, the
         checkpoint it must restore (``{"path": ...}``), or None. Fails the job when no

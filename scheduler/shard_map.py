@@ -167,10 +167,12 @@ class ShardMap:
                                       [m.rank for m in self._roster.live("server")])
         self.changed(f"table {table.spec.name} placed")
 
-    def servers_lost(self, dead: list[Member]) -> None:
+    def servers_lost(self, dead: list[Member]) -> dict[str, list[int]]:
         """Promote the backups of every chunk a dead server was primary of, then give the
-        chunks left without a backup a new one on a live server."""
+        chunks left without a backup a new one on a live server. Returns, per replicated
+        table, the chunks that lost both copies (their primary died with no backup)."""
         self.resharding.servers_lost(dead)
+        both_lost: dict[str, list[int]] = {}
         for member in dead:
             if member.role != "server":
                 continue
@@ -181,6 +183,7 @@ class ShardMap:
                 if lost:
                     log.error("table %s: chunks %s had no backup when %s died; their updates "
                               "since the last checkpoint are lost", name, lost, member.node_id)
+                    both_lost.setdefault(name, []).extend(lost)
                 if chunks == table.chunks:
                     continue  # nothing of this table moved
                 table.chunks = chunks
@@ -188,6 +191,7 @@ class ShardMap:
                 log.warning("table %s: %s is gone; its backups were promoted (map epoch %d)",
                             name, member.node_id, self.map_epoch)
         self.fill_backups()
+        return both_lost
 
     def _place_embedding_shards(self) -> None:
         """Once the expected servers are live, embedding shard i goes to the i-th of them by

@@ -63,6 +63,11 @@ class PendingRequest:
         self.error = error_from_reply(code, f"server {self.server}, {self.op}: {message}")
         self._finish()
 
+    def finish_unanswered(self) -> None:
+        """Done with no reply: a request for no chunk (a closing push) whose server is gone,
+        so nothing it carried is needed any more."""
+        self._finish()
+
     def _finish(self) -> None:
         self.done = True
         parent = self.parent

@@ -160,6 +160,11 @@ class Rerouter:
                 or channel.links.get(pending.server) != pending.link
             if not route.follow and not relinked:
                 continue
+            if not route.chunk_ids:  # a request for no chunk (a closing push) stays with
+                if relinked:         # its server: sent again only to its new process
+                    channel.book.pop(pending.request_id)
+                    self.resend(pending)
+                continue
             owners = {route.table.by_id[c].server for c in route.chunk_ids}
             if owners != {pending.server} or relinked:
                 channel.book.pop(pending.request_id)
@@ -172,6 +177,11 @@ class Rerouter:
         for chunk_id in route.chunk_ids:
             chunk = route.table.by_id[chunk_id]
             groups.setdefault(chunk.server, []).append(chunk)
+        if not route.chunk_ids:
+            if not self._channel.reaches(pending.server):
+                pending.finish_unanswered()  # its server is gone: there is nothing to close
+                return
+            groups[pending.server] = []
         if not all(self._channel.reaches(rank) for rank in groups):
             self.retry_later(pending)  # an owner this client cannot reach yet
             return

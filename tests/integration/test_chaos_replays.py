@@ -8,7 +8,16 @@ shard map from the servers' registrations, but a server whose chunks came by sna
 never saw the table's ``init``) did not know the table's size and left it out of its report:
 the table was in no report, the restarted scheduler never knew it, and every worker waited on
 ``UNKNOWN_TABLE`` for ever. Servers now take the table's size from the shard map's
-assignments."""
+assignments.
+
+Seed 3, 364 s into its storm: server 1 had been cut from the scheduler past the heartbeat
+timeout, so server 0 was primary of every chunk with no backup; server 0 then crashed (it read
+the socket of a backup link that the new assignments it had just read had closed: fixed, and
+replayed by tests/unit/test_server_parts.py) and a new process took rank 0. Both copies of
+every chunk were gone, but the scheduler, which counted only unreplicated tables as losable,
+recorded a refill "from the backups" and served the empty new process: every worker met
+``UNKNOWN_TABLE`` and the job stalled. The job now fails at once, naming the chunks and the
+checkpoint to restart from."""
 
 from __future__ import annotations
 
@@ -116,3 +125,62 @@ def test_seed_1_both_servers_replaced_then_the_scheduler_restarted(procs) -> Non
     finally:
         channel.close()
         ctx.term()
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180, method="signal")
+def test_seed_3_a_primary_lost_while_its_chunks_had_no_backup_fails_the_job(
+        procs, tmp_path: Path) -> None:
+    address = f"tcp://127.0.0.1:{_free_port()}"
+    checkpoints = tmp_path / "checkpoints"
+    scheduler = procs.hogshard("scheduler", "scheduler", "--bind", address, "--servers", "2",
+                               "--policy", "async", "--replication", "2", *HEARTBEAT,
+                               "--checkpoint-every", "0.5", "--checkpoint-dir", str(checkpoints))
+    scheduler.wait_for_output(r"scheduler listening on", 30.0)
+
+    def server(label: str, rank: int) -> Any:
+        return procs.hogshard(label, "server", "--scheduler", address, "--rank", str(rank))
+
+    servers = [server(f"server{r}", r) for r in range(2)]
+    worker = procs.spawn("worker", [PYTHON, WORKER, "--steps", "100000", "--step-delay", "0.01"],
+                         env={"HOGSHARD_SCHEDULER": address, "HOGSHARD_NUM_WORKERS": "1",
+                              "HOGSHARD_RANK": "0"})
+    ctx = zmq.Context()
+    channel = RpcChannel(ctx, address, sender="test")
+
+    def status() -> dict[str, Any] | None:
+        try:
+            return dict(channel.call("status", timeout=2.0).header)
+        except HogshardError:
+            return None
+
+    def all_on_server_0() -> bool:
+        table = (status() or {}).get("tables", {}).get("model")
+        return bool(table) and all(c[3] == 0 and (len(c) < 5 or c[4] < 0)
+                                   for c in table["chunks"])
+
+    try:
+        procs.wait_until(lambda: (checkpoints / "LATEST").exists()
+                         and "step 20\n" in worker.output(), 90.0,
+                         "the worker to train and a checkpoint", on_timeout=procs.report)
+        servers[1].signal_group(signal.SIGKILL)  # gone for good: no replacement
+        assert servers[1].wait(10.0) == -signal.SIGKILL
+        procs.wait_until(all_on_server_0, 30.0, "server 0 to be primary of every chunk",
+                         on_timeout=procs.report)
+        servers[0].signal_group(signal.SIGKILL)
+        assert servers[0].wait(10.0) == -signal.SIGKILL
+        server("server0-replacement", 0)
+        code = worker.wait(60.0)
+        view = procs.wait_until(lambda: (v := status()) and v.get("failed") and v, 30.0,
+                                "the job to fail", on_timeout=procs.report)
+    finally:
+        channel.close()
+        ctx.term()
+    assert code not in (None, 0), worker.tail()
+    failed = str(view["failed"])
+    assert "server-0" in failed and "both copies are lost" in failed and "table model" in failed
+    named = re.search(r"--restore (\S+)\)", failed)
+    assert named is not None, failed
+    restore = Path(named.group(1))  # a complete checkpoint of this job
+    assert restore.parent == checkpoints and (restore / "manifest.json").exists(), failed
+    assert "both copies are lost" in worker.output(), worker.tail()

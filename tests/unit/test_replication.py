@@ -49,6 +49,12 @@ def test_existing_backups_are_kept() -> None:
     assert [c.backup for c in assign_backups(placed, [0, 1, 2])] == [2, 0]
 
 
+def test_a_chunk_whose_primary_is_not_live_gets_no_backup() -> None:
+    """Its primary died with no backup: no live server can get a snapshot of it."""
+    placed = assign_backups([Chunk(0, 0, 10, 0), Chunk(1, 10, 10, 1)], live_ranks=[1, 2])
+    assert [c.backup for c in placed] == [-1, 2]
+
+
 def test_death_promotes_backups_and_drops_the_dead_backup() -> None:
     placed = [Chunk(0, 0, 10, 0, 1), Chunk(1, 10, 10, 1, 0), Chunk(2, 20, 10, 2, 1)]
     after, lost = drop_server(placed, dead=0)

@@ -155,7 +155,7 @@ def test_a_server_learns_table_sizes_from_the_maps_assignments() -> None:
     """A replacement gets its chunks by snapshot, never an ``init``: the assignments' spec
     gives it the size its registration reports to a restarted scheduler. Malformed entries
     are skipped; a size already known is kept."""
-    from hogshard.ps.server import learn_sizes
+    from hogshard.ps.shard_report import learn_sizes
 
     store = DenseStore()
     store.sizes["kept"] = (8, 4)
@@ -167,3 +167,33 @@ def test_a_server_learns_table_sizes_from_the_maps_assignments() -> None:
     })
     learn_sizes(store, None)
     assert store.sizes == {"kept": (8, 4), "model": (4810, 512)}
+
+
+def test_a_backup_link_replaced_after_the_poll_is_not_read(replicas: Replicator) -> None:
+    """New assignments read between a poll and the reading of its events close the link to
+    a backup that came back as a new process; the acknowledgement that woke the poll is for
+    the old link and is skipped (reading the closed socket stopped the server)."""
+    context = zmq.Context()
+    backup = context.socket(zmq.ROUTER)
+    port = backup.bind_to_random_port("tcp://127.0.0.1")
+    try:
+        address = f"tcp://127.0.0.1:{port}"
+        stats = ServerStats()
+        primary = Primary(replicas, InlineUpdates(stats), stats, Replies(), rank=0)
+        replicas._update_links({1}, {1: (address, 7)})
+        poller = zmq.Poller()
+        primary.watch(poller)
+        old = replicas.links[1].socket
+        old.send_multipart([b"hello"])
+        identity, _ = backup.recv_multipart()
+        backup.send_multipart([identity, b"ack"])  # wakes the primary's poll
+        events = dict(poller.poll(5000))
+        assert old in events
+        replicas._update_links({1}, {1: (address, 8)})  # the backup came back: new link
+        assert old.closed and replicas.links[1].socket is not old
+        primary.read(events)  # skips the closed socket
+        primary.watch(poller)  # the next turn of the loop watches the new link only
+        assert dict(poller.poll(0)) == {}
+    finally:
+        backup.close(0)
+        context.term()

@@ -116,6 +116,23 @@ def test_a_replicated_rank_is_refilled_from_the_backups() -> None:
     assert job.shard_map.map_epoch > epoch
 
 
+def test_a_primary_lost_while_its_chunks_have_no_backup_fails_the_job(tmp_path: Path) -> None:
+    """Server 1 dies: its chunks are promoted on server 0 and have no backup until server 1
+    is back. Server 0 is replaced by a new process meanwhile (it crashed): both copies of
+    every chunk are gone. The job fails at once, naming the chunks and the checkpoint to
+    restart from, rather than serving a new process that holds none of them."""
+    job = Job(replication=2, latest=checkpoint(tmp_path, ["model"]))
+    job.kill(1)
+    assert job.recovery.failed is None
+    assert job.back(0, incarnation=20) is None  # the old server 0 is fenced off and gone
+    failed = job.recovery.failed
+    assert failed is not None and "server-0" in failed and "table model" in failed, failed
+    assert f"--restore {tmp_path / 'ckpt-000001'}" in failed
+    with pytest.raises(HogshardError) as raised:
+        job.recovery.check_not_failed()
+    assert raised.value.code == ErrorCode.SERVER_LOST
+
+
 def test_a_quick_restart_fences_the_old_incarnation_off(tmp_path: Path) -> None:
     job = Job(latest=checkpoint(tmp_path, ["model"]))
     # rank 1 is still alive to the scheduler: the old process is fenced off, its rank noted
