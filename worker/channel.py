@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from functools import partial
 from typing import Any
 
@@ -99,13 +99,17 @@ class Channel:
         """Whether a socket to server ``rank`` is open."""
         return rank in self._sockets
 
-    def connect(self, servers: Sequence[dict[str, Any]]) -> None:
+    def connect(self, servers: Sequence[dict[str, Any]], holding: Collection[int] = ()) -> None:
         """One DEALER per live server; a server gone, moved or restarted (a new incarnation)
         loses its socket (and what was queued on it), one new gets a fresh one: requests
-        sent on the old socket are sent again by the rerouter."""
+        sent on the old socket are sent again by the rerouter. A server not live that the
+        map still gives chunks (``holding``) keeps its socket: the job waits for its rank
+        to come back (PROTOCOL.md section 10.2), and so do requests to it."""
         live = {int(s["rank"]): (str(s["address"]), s.get("incarnation")) for s in servers}
         self.hosts.update({int(s["rank"]): s.get("host") for s in servers})
         for rank in list(self._sockets):
+            if rank not in live and rank in holding:
+                continue
             if self._addresses.get(rank) != live.get(rank):
                 asked = self.bells.drop(rank)
                 if asked is not None:

@@ -139,7 +139,7 @@ class Rerouter:
         except HogshardError as err:
             log.info("%s: cannot fetch the shard map yet (%s)", channel.node_id, err.message)
             return
-        channel.connect(servers)
+        channel.connect(servers, {c.server for t in self.tables.values() for c in t.chunks})
         self._stale = False
         self.members_epoch = members
         if epoch != self.map_epoch:

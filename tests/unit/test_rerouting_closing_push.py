@@ -36,7 +36,7 @@ class _Channel(SimpleNamespace):
     def reaches(self, rank: int) -> bool:
         return rank in self.open
 
-    def connect(self, servers: list[dict[str, Any]]) -> None:
+    def connect(self, servers: list[dict[str, Any]], holding: Any = ()) -> None:
         pass
 
     def send(self, rank: int, op: str, fields: dict[str, Any], arrays: Any, on_reply: Any,

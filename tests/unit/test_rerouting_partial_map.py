@@ -27,7 +27,7 @@ class _Scheduler:
 def _channel(scheduler: _Scheduler) -> Any:
     return SimpleNamespace(node_id="worker-0", control=scheduler,
                            settings=SimpleNamespace(connect_timeout=1.0),
-                           connect=lambda servers: None,
+                           connect=lambda servers, holding=(): None,
                            book=SimpleNamespace(waiting=lambda: []))
 
 

@@ -133,8 +133,8 @@ class _MembershipChannel(SimpleNamespace):
     def reaches(self, rank: int) -> bool:
         return rank in self.open
 
-    def connect(self, servers: list[dict[str, Any]]) -> None:
-        self.open = {int(s["rank"]) for s in servers}
+    def connect(self, servers: list[dict[str, Any]], holding: Any = ()) -> None:
+        self.open = {int(s["rank"]) for s in servers} | (self.open & set(holding))
 
     def send(self, rank: int, op: str, fields: dict[str, Any], arrays: Any, on_reply: Any,
              route: Any, wait_for_room: bool = True) -> PendingRequest:
