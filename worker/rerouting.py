@@ -91,11 +91,12 @@ class Rerouter:
         hints = [RETRY_MAX_S]
         if self._retrying:
             hints.append(min(t for t, _ in self._retrying) - now)
-        if self._map_moved() or self._stale:
+        if self._announced_change() or self._stale:
             hints.append(self._refreshed_at + REFRESH_EVERY_S - now)
         return max(0.0, min(hints))
 
-    def _map_moved(self) -> bool:
+    def _announced_change(self) -> bool:
+        """The scheduler announced a map or a membership this client has not fetched."""
         return (self.announced is not None and self.announced != self.map_epoch) or \
             self.announced_members != self.members_epoch
 
@@ -104,7 +105,7 @@ class Rerouter:
         request whose chunks moved and every refused one whose backoff is over."""
         if not self.tables:
             return
-        if (self._map_moved() or self._stale) and now - self._refreshed_at >= REFRESH_EVERY_S:
+        if (self._announced_change() or self._stale) and now - self._refreshed_at >= REFRESH_EVERY_S:
             self._refresh(now)
             self._reroute_waiting()
         due = [p for t, p in self._retrying if t <= now]

@@ -45,12 +45,14 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.mark.integration
-@pytest.mark.timeout(240, method="signal")
-def test_seed_1_both_servers_replaced_then_the_scheduler_restarted(procs) -> None:
+def _replicated_job(procs: Any, *scheduler_flags: str
+                    ) -> tuple[str, list[str], Any, Any, list[Any], Any]:
+    """A ``--replication 2`` scheduler (with ``scheduler_flags``), two servers and one digits
+    worker training without end: (address, the scheduler's arguments, scheduler, server
+    starter, servers, worker)."""
     address = f"tcp://127.0.0.1:{_free_port()}"
     argv = ["scheduler", "--bind", address, "--servers", "2", "--policy", "async",
-            "--replication", "2", *HEARTBEAT]
+            "--replication", "2", *HEARTBEAT, *scheduler_flags]
     scheduler = procs.hogshard("scheduler", *argv)
     scheduler.wait_for_output(r"scheduler listening on", 30.0)
 
@@ -61,6 +63,13 @@ def test_seed_1_both_servers_replaced_then_the_scheduler_restarted(procs) -> Non
     worker = procs.spawn("worker", [PYTHON, WORKER, "--steps", "100000", "--step-delay", "0.01"],
                          env={"HOGSHARD_SCHEDULER": address, "HOGSHARD_NUM_WORKERS": "1",
                               "HOGSHARD_RANK": "0"})
+    return address, argv, scheduler, server, servers, worker
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(240, method="signal")
+def test_seed_1_both_servers_replaced_then_the_scheduler_restarted(procs) -> None:
+    address, argv, scheduler, server, servers, worker = _replicated_job(procs)
     ctx = zmq.Context()
     channel = RpcChannel(ctx, address, sender="test")
 
@@ -131,20 +140,9 @@ def test_seed_1_both_servers_replaced_then_the_scheduler_restarted(procs) -> Non
 @pytest.mark.timeout(180, method="signal")
 def test_seed_3_a_primary_lost_while_its_chunks_had_no_backup_fails_the_job(
         procs, tmp_path: Path) -> None:
-    address = f"tcp://127.0.0.1:{_free_port()}"
     checkpoints = tmp_path / "checkpoints"
-    scheduler = procs.hogshard("scheduler", "scheduler", "--bind", address, "--servers", "2",
-                               "--policy", "async", "--replication", "2", *HEARTBEAT,
-                               "--checkpoint-every", "0.5", "--checkpoint-dir", str(checkpoints))
-    scheduler.wait_for_output(r"scheduler listening on", 30.0)
-
-    def server(label: str, rank: int) -> Any:
-        return procs.hogshard(label, "server", "--scheduler", address, "--rank", str(rank))
-
-    servers = [server(f"server{r}", r) for r in range(2)]
-    worker = procs.spawn("worker", [PYTHON, WORKER, "--steps", "100000", "--step-delay", "0.01"],
-                         env={"HOGSHARD_SCHEDULER": address, "HOGSHARD_NUM_WORKERS": "1",
-                              "HOGSHARD_RANK": "0"})
+    address, _, _, server, servers, worker = _replicated_job(
+        procs, "--checkpoint-every", "0.5", "--checkpoint-dir", str(checkpoints))
     ctx = zmq.Context()
     channel = RpcChannel(ctx, address, sender="test")
 
