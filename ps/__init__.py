@@ -4,7 +4,7 @@
 file                          classes
 ============================  ==================================================================
 server.py                     ShardServer: owns the sockets and the loop, wires the parts
-op_table.py                   server_ops: every op's header, handler and the roles that send it
+op_table.py                   server_ops: every op's header and roles, bound to its handler
 dense_ops.py                  DenseOps: init, push, pull, leave, stats; pulls the policy holds
 embedding_ops.py              EmbeddingOps: the emb_* ops
 replica_ops.py                BackupOps: replicate, replica_snapshot, emb_replicate, emb_snapshot

@@ -1,7 +1,7 @@
 """The shard server's dense ops (PROTOCOL.md): ``init``, ``push``, ``pull``, ``leave`` and
 ``stats``, as the methods of :class:`DenseOps`, and the pulls the consistency policy holds back.
-Each takes ``(identity, message)`` and returns ``(fields, arrays)``, or None when the reply is
-sent later (a push once its updates are applied and, for a replicated table, held by its
+Each is a handler (proto/requests.py): a ``Request`` in, a ``Reply`` out, or ``HELD`` when the
+reply is sent later (a push once its updates are applied and, for a replicated table, held by its
 backup, under a group policy once its group's are: ps/primary.py; a pull the policy holds
 back once the policy allows it).
 
@@ -14,7 +14,7 @@ Example (what the server's op table does)::
 
     dense = DenseOps(store, applier, view, schedule, updates, primary, replicas, stats,
                      replies, link, gate, node_id="server-0", rank=0)
-    dense.push(identity, message)          # answered through ``replies``
+    dense.push(Request(identity, message))  # HELD: answered through ``replies``
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from hogshard.proto.codecs import Codec
 from hogshard.proto.codecs.pull import pull_codec
 from hogshard.proto.errors import ConflictError, HogshardError, ProtocolError
 from hogshard.proto.held import MAX_HELD, MAX_HELD_PER_PEER, HeldRequests
+from hogshard.proto.requests import HELD, Reply, Request, Result
 from hogshard.proto.service import Replies
 from hogshard.proto.transport import COPY_BELOW
 from hogshard.proto.wire import Message
@@ -53,9 +54,6 @@ log = logging.getLogger(__name__)
 #: Pulls the policy holds back: per connection and in all (more are refused with TOO_LARGE).
 MAX_DEFERRED_PER_PEER = MAX_HELD_PER_PEER
 MAX_DEFERRED = MAX_HELD
-
-Reply = tuple[dict[str, Any], list[np.ndarray]]
-
 
 class HeartbeatTrigger(Protocol):
     """What the dense ops ask of the scheduler link: learn the map or the workers sooner."""
@@ -113,7 +111,8 @@ class DenseOps:
 
     # ---- init ---------------------------------------------------------------------------------
 
-    def init(self, identity: bytes, msg: Message) -> Reply:
+    def init(self, request: Request) -> Result:
+        msg = request.message
         layout, name = msg.header["layout"], msg.header["table"]
         if not all(isinstance(e, list) and len(e) == 3 and all(type(x) is int for x in e)
                    for e in layout):
@@ -137,11 +136,13 @@ class DenseOps:
             self._replicas.mark_replicated(name)
             self._replicas.send_snapshots(self._store, name)
             self._heartbeats.now()  # learn this table's roles soon
-        return {}, []
+        return Reply()
 
     # ---- push ---------------------------------------------------------------------------------
 
-    def push(self, identity: bytes, msg: Message) -> None:
+    def push(self, request: Request) -> Result:
+        """Answered once its updates are applied (HELD until then)."""
+        identity, msg = request.identity, request.message
         versions = msg.get("versions")
         grads = msg.arrays
         passed: list[bool] | None = None  # gradients known finite from their payload
@@ -160,7 +161,7 @@ class DenseOps:
                                                   passed=passed)
         if partial:
             self._stage(identity, msg, table, chunks, grads, versions)
-            return
+            return HELD
         ids, grads, versions = self.staging.take(str(msg.get("from")), table.name,
                                                  msg.get("clock"), msg.get("chunks"), grads,
                                                  versions)
@@ -171,14 +172,15 @@ class DenseOps:
         rules = table.rules.for_offsets([c.offset for c in chunks], msg.get("hyper"))
         if self._replicas.replicated(table.name):
             self._replicated_push(identity, msg, table, chunks, grads, versions, rules)
-            return
+            return HELD
         if self._may_reply_first(msg):
             self._reply_first(identity, msg, table, chunks, grads, versions, rules)
-            return
+            return HELD
         staleness, ticket = self._apply(identity, msg, table, chunks, grads, versions, False,
                                         rules=rules)
         self._updates.when_applied(ticket, lambda _: self._replies.reply(
             identity, msg.request_id, {"staleness": staleness}))
+        return HELD
 
     def _stage(self, identity: bytes, msg: Message, table: DenseTable,
                chunks: list[DenseChunk], grads: list[np.ndarray], versions: list[int]) -> None:
@@ -272,7 +274,9 @@ class DenseOps:
 
     # ---- pull ---------------------------------------------------------------------------------
 
-    def pull(self, identity: bytes, msg: Message) -> None:
+    def pull(self, request: Request) -> Result:
+        """Answered with the weights, at once or once the policy allows it (HELD)."""
+        identity, msg = request.identity, request.message
         clock, sender = msg.get("clock"), str(msg.get("from"))
         if clock is not None and not self._view.note(sender, time.monotonic()):
             self._heartbeats.hurry()
@@ -289,8 +293,9 @@ class DenseOps:
                 raise refused
             self._stats.deferred_pulls += 1
             self._deferred.hold(identity, _DeferredPull(identity, msg))
-            return
+            return HELD
         self._send_pull(identity, msg, table, chunks, codec)
+        return HELD
 
     def _clocked_pull(self, identity: bytes, msg: Message, sender: str, clock: int) -> bool:
         """Take a pull's clock; True if it moved the sender's clock. A joiner admitted at a
@@ -375,12 +380,12 @@ class DenseOps:
 
     # ---- membership ---------------------------------------------------------------------------
 
-    def leave(self, identity: bytes, msg: Message) -> Reply:
+    def leave(self, request: Request) -> Result:
         """A worker that has left the job (the scheduler first) says so, and no policy waits
         for it from now on, rather than from the next heartbeat reply."""
-        self._view.left(str(msg.get("from")), time.monotonic())
+        self._view.left(str(request.get("from")), time.monotonic())
         self.workers_changed()
-        return {}, []
+        return Reply()
 
     def workers_changed(self) -> None:
         """The live workers changed: apply the groups now complete, release the pulls, unmap
@@ -398,8 +403,8 @@ class DenseOps:
 
     # ---- stats --------------------------------------------------------------------------------
 
-    def stats(self, identity: bytes, msg: Message) -> Reply:
-        return {
+    def stats(self, request: Request) -> Result:
+        return Reply({
             "node_id": self._node_id,
             "stats": self._stats.to_wire(),
             "staleness_summary": self._stats.staleness_summary(),
@@ -411,5 +416,5 @@ class DenseOps:
             },
             "pending_pulls": len(self._deferred),
             "policy": self._applier.policy.spec,
-        }, []
+        })
 

@@ -37,10 +37,10 @@ from typing import Any, ClassVar
 import zmq
 
 from hogshard.proto.config import ShmSettings
-from hogshard.proto.dispatch import guarded
 from hogshard.proto.errors import ErrorCode, FencedError, HogshardError, NotOwnerError
 from hogshard.proto.ops import OpSpec
 from hogshard.proto.policy import ConsistencyPolicy
+from hogshard.proto.requests import Reply, Request, Result
 from hogshard.proto.security import Security
 from hogshard.proto.service import ServiceCore
 from hogshard.proto.shm import host_identity
@@ -55,7 +55,7 @@ from hogshard.ps.doorbells import Doorbells
 from hogshard.ps.embedding_ops import EmbeddingOps
 from hogshard.ps.embedding_store import EmbeddingStore
 from hogshard.ps.executor import CONCURRENT_OPS, InlineUpdates, ThreadedUpdates, UpdateExecutor
-from hogshard.ps.op_table import on, server_ops
+from hogshard.ps.op_table import DECLARED, server_ops
 from hogshard.ps.peer_gate import PeerGate
 from hogshard.ps.primary import Primary
 from hogshard.ps.replica_ops import BackupOps
@@ -148,6 +148,7 @@ class ShardServer:
                                       self.link.hurry)
         self.backup = BackupOps(self.store, self.embeddings, self.replicas, self.peer_gate,
                                 self.stats, self.rank)
+        self._core.ops = self._ops()
         self._before = self._settle_before if self.updates.concurrent else None
 
     @property
@@ -247,14 +248,15 @@ class ShardServer:
 
     # ---- dispatch -----------------------------------------------------------------------------
 
-    def _invoke(self, spec: OpSpec, identity: bytes, message: Message) -> Any:
+    def _invoke(self, spec: OpSpec, request: Request) -> Result:
+        message = request.message
         if message.get("incarnation") not in (None, self.incarnation):
             raise NotOwnerError(
                 f"{self.node_id} is a new process (incarnation {self.incarnation}); the request "
                 f"was for incarnation {message.get('incarnation')}: fetch the map and retry")
         if self.chunk_moves.active:
             self.chunk_moves.check(message.op, message)
-        result = spec.handler(self, identity, message)
+        result = spec.handler(request)
         if self.embedding.gate.held:  # any op may have moved a worker's clock
             self.embedding.release()
         return result
@@ -263,17 +265,16 @@ class ShardServer:
         if message.op not in CONCURRENT_OPS:
             self.updates.settle()  # this op may read or replace weights wholesale
 
-    def _redo_peer_op(self, identity: bytes, message: Message, error: Exception | None) -> None:
-        """Decide a server-to-server op the peer gate held, now that the map is known."""
-        spec = self.OPS[message.op]
-        if error is None and self._before is not None:
-            self._before(message)
-        result = error if error is not None else guarded(
-            message.op, lambda: spec.handler(self, identity, message))
-        self._core.answer(identity, message.request_id, result)
+    def _redo_peer_op(self, request: Request, error: HogshardError | None) -> None:
+        """Decide a server-to-server op the peer gate held, now that the map is known: it
+        goes through the service core's dispatch again (or is refused with ``error``)."""
+        if error is not None:
+            self._core.fail(request.identity, request.request_id, error)
+        else:
+            self._core.replay(request, self._invoke, self._before)
 
-    def _chunk_handoff(self, identity: bytes, msg: Message) -> tuple[dict[str, Any], list[Any]]:
-        return self.chunk_moves.install(self.store, msg)
+    def _chunk_handoff(self, request: Request) -> Result:
+        return Reply(*self.chunk_moves.install(self.store, request.message))
 
     def _settle_chunks(self, chunks: list[tuple[str, int]]) -> None:
         """Before chunks leave: every update applied, and what a group policy gathered."""
@@ -286,22 +287,26 @@ class ShardServer:
             log.warning("%s: %d staged gradients of chunks leaving this server dropped (their "
                         "steps had not closed)", self.node_id, dropped)
 
-    def _ping(self, identity: bytes, msg: Message) -> tuple[dict[str, Any], list[Any]]:
-        return {}, []
+    def _ping(self, request: Request) -> Result:
+        return Reply()
 
-    #: Every op this server answers, with its header, the roles that may send it and the part
-    #: that handles it (ps/op_table.py).
-    OPS: ClassVar[dict[str, OpSpec]] = server_ops({
-        "init": on("dense.init"), "push": on("dense.push"), "pull": on("dense.pull"),
-        "stats": on("dense.stats"), "leave": on("dense.leave"), "ping": _ping,
-        "doorbell": on("bells.open"),
-        "emb_create": on("embedding.create"), "emb_pull": on("embedding.pull"),
-        "emb_push": on("embedding.push"), "emb_stats": on("embedding.stats"),
-        "emb_save": on("embedding.save"), "emb_load": on("embedding.load"),
-        "replicate": on("backup.replicate"), "replica_snapshot": on("backup.replica_snapshot"),
-        "emb_replicate": on("backup.emb_replicate"), "emb_snapshot": on("backup.emb_snapshot"),
-        "chunk_handoff": _chunk_handoff,
-    })
+    #: Every op this server answers, with its header and the roles that may send it
+    #: (ps/op_table.py); each server binds the handlers of its parts (:meth:`_ops`).
+    OPS: ClassVar[dict[str, OpSpec]] = DECLARED
+
+    def _ops(self) -> dict[str, OpSpec]:
+        """The op table with each op's handler: a bound method of the part that owns it."""
+        dense, embedding, backup = self.dense, self.embedding, self.backup
+        return server_ops({
+            "init": dense.init, "push": dense.push, "pull": dense.pull, "stats": dense.stats,
+            "leave": dense.leave, "ping": self._ping, "doorbell": self.bells.open,
+            "emb_create": embedding.create, "emb_pull": embedding.pull,
+            "emb_push": embedding.push, "emb_stats": embedding.stats,
+            "emb_save": embedding.save, "emb_load": embedding.load,
+            "replicate": backup.replicate, "replica_snapshot": backup.replica_snapshot,
+            "emb_replicate": backup.emb_replicate, "emb_snapshot": backup.emb_snapshot,
+            "chunk_handoff": self._chunk_handoff,
+        })
 
     # ---- the scheduler ------------------------------------------------------------------------
 
