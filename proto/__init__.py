@@ -7,7 +7,7 @@
 ``requests.py``       :class:`Request`, :class:`Reply`, ``HELD``: the one handler contract
 ``held.py``           :class:`HeldRequests`: requests answered later, bounded per peer and in all
 ``ops.py``            :class:`OpSpec`, ``declare_ops``, ``bind_ops``, ``check_header``: op tables
-``dispatch.py``       ``guarded``, ``as_error``: a handler's failure, typed
+``dispatch.py``       ``as_error``: a handler's failure, typed
 ``roles.py``          :class:`Role`, ``roles_of``: who a connection is
 ``security.py``       :class:`Security`, ``generate_keys``, ``load_security``: CURVE and ZAP
 ``handshakes.py``     :class:`HandshakeMonitor`, :class:`DenialLog`: refused handshakes, logged
