@@ -39,7 +39,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="2 rounds")
     p.add_argument("--key", default="op,size_bytes,mode", help="fields that name a row")
     p.add_argument("--value", default="ratio",
-                   help="the field compared (a comma list compares each: a 'value' column)")
+                   help="the field compared (a comma list compares each: a 'value' column; "
+                        "NAME.N is item N of a list field, e.g. hogshard_cpu_ms.1: the "
+                        "server's CPU ms per op in pushpull.py's rows)")
     p.add_argument("--rows", default="rows",
                    help="where a benchmark writing a JSON map keeps its rows (default 'rows')")
     p.add_argument("--own-script", action="store_true",
@@ -75,6 +77,14 @@ def checkout(revision: str, where: Path) -> Path:
     return where
 
 
+def field_value(row: dict, field: str) -> float:
+    """``row[field]``, or item N of the list ``row[NAME]`` for a ``field`` NAME.N."""
+    name, dot, index = field.rpartition(".")
+    if dot and index.isdigit() and name in row:
+        return float(row[name][int(index)])
+    return float(row[field])
+
+
 def run_arm(tree: Path, source: Path, bench: list[str], out: Path, rows: str = "rows"
             ) -> list[dict]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
@@ -108,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                             key = tuple(row.get(k) for k in row_keys)
                             key += (field,) if len(fields) > 1 else ()
                             values.setdefault(key, {"base": [], "head": []})[arm].append(
-                                float(row[field]))
+                                field_value(row, field))
                     print(f"round {round_ + 1}/{args.rounds}: {arm} done", flush=True)
         finally:
             for src in sources.values():

@@ -75,7 +75,6 @@ def micro(size: int) -> dict[str, float]:
 
     import zmq
 
-    from hogshard.proto.dispatch import guarded
     from hogshard.proto.transport import recv_routed, reply_ok, request_header, send
     from hogshard.proto.wire import decode, encode
     from hogshard.ps.dense import DenseStore
@@ -122,7 +121,6 @@ def micro(size: int) -> dict[str, float]:
         "dense.validate_push (1 chunk)":
             lambda: store.validate_push("t", [0], state["message"].arrays, [0]),
         "stats.record_push_bytes": lambda: stats.record_push_bytes(state["message"].arrays),
-        "dispatch.guarded": lambda: guarded(state["message"].op, lambda: None),
         "round trip: send + recv_routed + reply_ok + recv/decode (inproc)": round_trip,
         "round trip, bare pyzmq send/recv_multipart (inproc)": bare,
     }

@@ -4,9 +4,10 @@
 ``wire.py``           :class:`Message`, :class:`Limits`, ``encode``/``decode``: frames and headers
 ``transport.py``      ``bind_router``, ``connect_dealer``, ``send``, ``reply_ok``/``reply_error``
 ``service.py``        :class:`ServiceCore`, :class:`Replies`: the request loop of every service
+``requests.py``       :class:`Request`, :class:`Reply`, ``HELD``: the one handler contract
 ``held.py``           :class:`HeldRequests`: requests answered later, bounded per peer and in all
-``ops.py``            :class:`OpSpec`, :class:`Field`, ``check_header``, ``check_role``: op tables
-``dispatch.py``       ``guarded``, ``as_error``: a handler's failure, typed
+``ops.py``            :class:`OpSpec`, ``declare_ops``, ``bind_ops``, ``check_header``: op tables
+``dispatch.py``       ``as_error``: a handler's failure, typed
 ``roles.py``          :class:`Role`, ``roles_of``: who a connection is
 ``security.py``       :class:`Security`, ``generate_keys``, ``load_security``: CURVE and ZAP
 ``handshakes.py``     :class:`HandshakeMonitor`, :class:`DenialLog`: refused handshakes, logged

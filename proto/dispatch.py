@@ -3,29 +3,21 @@
 Shared by every process that serves requests, so a handler bug, a malformed field or resource
 exhaustion becomes an ``ERROR`` reply and never stops the process.
 
-Example::
+Example (what the service core does, proto/service.py)::
 
-    outcome = guarded(message.op, lambda: handler(identity, message))
-    if isinstance(outcome, HogshardError):
-        reply_error(sock, identity, message.request_id, outcome)
+    try:
+        result = handler(request)
+    except Exception as err:
+        result = as_error(request.op, err)     # answered with ERROR
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import Any
 
 from hogshard.proto.errors import HogshardError, ProtocolError
 
 log = logging.getLogger(__name__)
-
-def guarded(op: str, call: Callable[[], Any]) -> Any:
-    """``call()``'s result, or the typed error to reply with for whatever it raised."""
-    try:
-        return call()
-    except Exception as err:
-        return as_error(op, err)
 
 
 def as_error(op: str, err: Exception) -> HogshardError:

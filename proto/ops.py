@@ -17,12 +17,13 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
 from dataclasses import field as dataclass_field
 from typing import Any
 
-from hogshard.proto.errors import ForbiddenError, ProtocolError
+from hogshard.proto.errors import ForbiddenError, HogshardError, ProtocolError
+from hogshard.proto.requests import Handler, Request, Result
 from hogshard.proto.roles import Role
 
 _KIND_NAMES: dict[type, str] = {
@@ -89,7 +90,7 @@ class OpSpec:
     role is known, i.e. with CURVE)."""
 
     name: str
-    handler: Callable[..., Any]
+    handler: Handler
     roles: frozenset[Role]
     fields: tuple[Field, ...] = ()
     #: (name, the exact types it may have, NoneType included unless required) per field,
@@ -176,3 +177,38 @@ def op_table(specs: Iterable[OpSpec]) -> dict[str, OpSpec]:
             raise ValueError(f"op {spec.name!r} declared twice")
         table[spec.name] = spec
     return table
+
+
+def unbound(request: Request) -> Result:
+    """The handler of an op declared and not yet bound (:func:`declare_ops`)."""
+    return HogshardError(f"internal error: no handler is bound to {request.op!r}")
+
+
+def declare_ops(fields: Mapping[str, tuple[Field, ...]], roles: Mapping[str, frozenset[Role]],
+                common: tuple[Field, ...] = ()) -> dict[str, OpSpec]:
+    """A service's op table without its handlers: every op's header (``common`` fields first)
+    and the roles that may send it. :func:`bind_ops` gives it the handlers of one process.
+
+    >>> table = declare_ops({"ping": ()}, {"ping": ANYONE})
+    >>> sorted(table), table["ping"].handler is unbound
+    (['ping'], True)
+    """
+    if set(fields) != set(roles):
+        raise ValueError(f"ops without a header or roles: {sorted(set(fields) ^ set(roles))}")
+    return op_table(OpSpec(op, unbound, roles[op], common + fields[op]) for op in fields)
+
+
+def bind_ops(declared: Mapping[str, OpSpec], handlers: Mapping[str, Handler],
+             service: str = "the service") -> dict[str, OpSpec]:
+    """``declared`` with every op's handler (a bound method of the part that owns the op's
+    state); refuses a handler missing or extra.
+
+    >>> from hogshard.proto.requests import Reply
+    >>> ops = bind_ops(declare_ops({"ping": ()}, {"ping": ANYONE}), {"ping": lambda r: Reply()})
+    >>> ops["ping"].handler is unbound
+    False
+    """
+    if set(handlers) != set(declared):
+        raise ValueError(f"{service} ops without a handler, header or roles: "
+                         f"{sorted(set(handlers) ^ set(declared))}")
+    return {op: replace(spec, handler=handlers[op]) for op, spec in declared.items()}

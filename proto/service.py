@@ -2,15 +2,17 @@
 header, dispatch to the op's handler, then reply, reply with the error, or leave the reply to
 the handler (held: answered later). Error replies are counted and logged here, once.
 
-A handler returns ``(fields, arrays)`` or a ``fields`` map (answered at once), ``None``
-(the handler answers later, e.g. a pull the policy holds back) or anything else, which goes
-to ``on_other`` (the scheduler's waiting requests).
+Every handler has one signature (proto/requests.py): a :class:`Request` in (identity,
+message, what the core learnt of the sender), a :class:`Reply` (answered at once), ``HELD``
+(the handler answers later, e.g. a pull the policy holds back) or a typed error out. A request
+a handler held to decide later comes back through :meth:`ServiceCore.replay`, the same
+dispatch.
 
 Example::
 
-    core = ServiceCore(router, op_table(specs), "the scheduler", errors={}, log=log,
-                       authenticated=security is not None)
-    core.handle_one(lambda spec, identity, msg: spec.handler(self, msg))
+    core = ServiceCore(router, scheduler_ops({"status": self._status, ...}), "the scheduler",
+                       errors={}, log=log, authenticated=security is not None)
+    core.handle_one()                  # or handle_one(invoke) to wrap every handler's call
 """
 
 from __future__ import annotations
@@ -33,11 +35,19 @@ from hogshard.proto.ops import (
     claimed_role,
 )
 from hogshard.proto.peerlog import PeerErrorLog
-from hogshard.proto.roles import Role, rank_of, roles_of
+from hogshard.proto.requests import HELD, Reply, Request, Result
+from hogshard.proto.roles import rank_of, roles_of
 from hogshard.proto.transport import ERROR, OK, recv_frames, salvage_request_id, send_frames
 from hogshard.proto.wire import DEFAULT_LIMITS, PROTOCOL_VERSION, Limits, Message, decode, encode
 
-Invoke = Callable[[OpSpec, bytes, Message], Any]
+#: How the core calls an op's handler: ``invoke(spec, request)`` (the server wraps it).
+Invoke = Callable[[OpSpec, Request], Result]
+
+
+def call_handler(spec: OpSpec, request: Request) -> Result:
+    """The plain :data:`Invoke`: the op's handler."""
+    return spec.handler(request)
+
 USER_ID = "User-Id"  # the ZAP handler's name for the connection (its key's role)
 
 
@@ -73,32 +83,25 @@ class ServiceCore:
 
     def __init__(self, sock: zmq.Socket, ops: Mapping[str, OpSpec], service: str,
                  errors: MutableMapping[str, int], log: logging.Logger,
-                 limits: Limits = DEFAULT_LIMITS, authenticated: bool = False,
-                 on_other: Callable[[bytes, int, Any], None] | None = None) -> None:
+                 limits: Limits = DEFAULT_LIMITS, authenticated: bool = False) -> None:
         self.sock = sock
         self.ops = ops
         self.service = service
         self.errors = errors
         self.limits = limits
         self.authenticated = authenticated
-        self.on_other = on_other
         self._error_log = PeerErrorLog(log)
-        self.sender_roles: frozenset[Role] | None = None  # of the message being handled
-        #: the server rank its key is bound to (``shard-R.key``), None for any other key
-        self.sender_rank: int | None = None
-        #: the ZAP user id of the connection the request being handled came on (or None)
-        self.user_id: str | None = None
         #: where replies to identities starting with :data:`ROUTED_MARK` go
         self.routes: Routes | None = None
 
-    def handle_one(self, invoke: Invoke,
+    def handle_one(self, invoke: Invoke = call_handler,
                    before: Callable[[Message], None] | None = None) -> None:
         """Receive one request and answer it (or leave it held). ``before(message)`` runs
         once the request is known good, just before its handler."""
         frames = recv_frames(self.sock)
         self.handle(frames[0].bytes, frames[1:], invoke, before)
 
-    def handle(self, identity: bytes, body: Sequence[Any], invoke: Invoke,
+    def handle(self, identity: bytes, body: Sequence[Any], invoke: Invoke = call_handler,
                before: Callable[[Message], None] | None = None, user_id: str | None = None,
                sender: str | None = None) -> None:
         """Answer one request's frames (``body``: without the identity). ``user_id``: the
@@ -120,38 +123,54 @@ class ServiceCore:
             if self.authenticated:
                 if user_id is None:
                     user_id = str(body[0].get(USER_ID))
-                self.user_id = user_id
-                self.sender_roles = self._authorise(spec, message, user_id)
+                request = self._authorise(spec, identity, message, user_id)
+            else:
+                request = Request(identity, message)
             check_header(spec, message.header)
-            if before is not None:
-                before(message)
-            result = invoke(spec, identity, message)
         except Exception as err:
-            result = as_error(message.op, err)
-        self.answer(identity, message.request_id, result)
+            self.fail(identity, message.request_id, as_error(message.op, err))
+            return
+        self._dispatch(spec, request, invoke, before)
 
-    def _authorise(self, spec: OpSpec, message: Message, user_id: str
-                   ) -> frozenset[Role] | None:
+    def replay(self, request: Request, invoke: Invoke = call_handler,
+               before: Callable[[Message], None] | None = None) -> None:
+        """Run again, and answer, a request that passed :meth:`handle`'s checks and that its
+        handler held to decide later (e.g. a server-to-server op waiting for the shard map):
+        it goes through the same dispatch as any request."""
+        spec = self.ops.get(request.op)
+        if spec is None:
+            self.fail(request.identity, request.request_id, UnknownOpError(
+                f"unknown op {request.op!r} for {self.service}"))
+            return
+        self._dispatch(spec, request, invoke, before)
+
+    def _dispatch(self, spec: OpSpec, request: Request, invoke: Invoke,
+                  before: Callable[[Message], None] | None) -> None:
+        try:
+            if before is not None:
+                before(request.message)
+            result = invoke(spec, request)
+        except Exception as err:
+            result = as_error(request.op, err)
+        self.answer(request.identity, request.request_id, result)
+
+    def _authorise(self, spec: OpSpec, identity: bytes, message: Message, user_id: str
+                   ) -> Request:
         roles = roles_of(user_id)
-        self.sender_rank = rank_of(user_id)
+        rank = rank_of(user_id)
         check_role(spec, roles, self.service)
         check_claimed_role(claimed_role(message.get("from")), roles, message.op)
-        check_claimed_rank(message.get("from"), self.sender_rank, message.op)
-        return roles
+        check_claimed_rank(message.get("from"), rank, message.op)
+        return Request(identity, message, roles, rank, user_id)
 
-    def answer(self, identity: bytes, request_id: int, result: Any) -> None:
+    def answer(self, identity: bytes, request_id: int, result: Result) -> None:
         """Reply with a handler's ``result`` (see the module docstring)."""
-        if type(result) is tuple:
-            fields, arrays = result
-            self.reply(identity, request_id, fields, arrays)
-        elif result is None:
+        if type(result) is Reply:
+            self.reply(identity, request_id, result.fields, result.arrays)
+        elif result is HELD:
             return
         elif isinstance(result, HogshardError):
             self.fail(identity, request_id, result)
-        elif isinstance(result, dict):
-            self.reply(identity, request_id, result)
-        elif self.on_other is not None:
-            self.on_other(identity, request_id, result)
         else:
             self.fail(identity, request_id, HogshardError(
                 f"internal error: {self.service} handler returned {type(result).__name__}"))

@@ -4,8 +4,10 @@
 file                          classes
 ============================  ==================================================================
 server.py                     ShardServer: owns the sockets and the loop, wires the parts
-op_table.py                   server_ops: every op's header, handler and the roles that send it
-dense_ops.py                  DenseOps: init, push, pull, leave, stats; pulls the policy holds
+server_requests.py            ServerRequests: binds the op table, checks every request
+op_table.py                   server_ops: every op's header and roles, bound to its handler
+dense_ops.py                  DenseOps: init, push, pull, leave, stats
+dense_pulls.py                DensePulls: dense pulls, and those the policy holds back
 embedding_ops.py              EmbeddingOps: the emb_* ops
 replica_ops.py                BackupOps: replicate, replica_snapshot, emb_replicate, emb_snapshot
 dense.py                      DenseStore, DenseTable, DenseChunk
@@ -33,7 +35,7 @@ embedding_replica.py          shard_rows, install_rows: embedding shards between
 embedding_slots.py            SlotRoles: embedding slots served, handed off, dropped
 chunk_moves.py                ChunkMoves: dense chunks handed to another server by a drain
 scheduler_link.py             SchedulerLink, Registration: registration and heartbeats
-shard_report.py               table_report, learn_sizes: the tables a registration reports
+shard_report.py               register_fields, heartbeat_fields, table_report: the reports
 checkpoint.py                 ShardCheckpointer, save_shard, restore_shard
 export.py                     export_checkpoint: a checkpoint rewritten in the serving format
 shm_plane.py                  ShmPlane: the server's side of the shared-memory fast path

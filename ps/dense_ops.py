@@ -1,42 +1,40 @@
 """The shard server's dense ops (PROTOCOL.md): ``init``, ``push``, ``pull``, ``leave`` and
-``stats``, as the methods of :class:`DenseOps`, and the pulls the consistency policy holds back.
-Each takes ``(identity, message)`` and returns ``(fields, arrays)``, or None when the reply is
-sent later (a push once its updates are applied and, for a replicated table, held by its
+``stats``, as the methods of :class:`DenseOps` (the pulls, and those the consistency policy
+holds back, in ps/dense_pulls.py).
+
+Each is a handler (proto/requests.py): a ``Request`` in, a ``Reply`` out, or ``HELD`` when the
+reply is sent later (a push once its updates are applied and, for a replicated table, held by its
 backup, under a group policy once its group's are: ps/primary.py; a pull the policy holds
 back once the policy allows it).
 
 A push: validate (the store), then the applier measures staleness and runs the updates through
 the update executor (inline or threaded), then the reply, with the staleness, once they are
-applied. A pull: validate, then either answer with the live weights (no copy: the next update
-of a chunk whose reply is still leaving copies first, ``DenseChunk.writable``) or hold it.
+applied; each applied push releases the held pulls the policy now allows.
 
 Example (what the server's op table does)::
 
     dense = DenseOps(store, applier, view, schedule, updates, primary, replicas, stats,
                      replies, link, gate, node_id="server-0", rank=0)
-    dense.push(identity, message)          # answered through ``replies``
+    dense.push(Request(identity, message))  # HELD: answered through ``replies``
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
-from hogshard.proto.codecs import Codec
-from hogshard.proto.codecs.pull import pull_codec
-from hogshard.proto.errors import ConflictError, HogshardError, ProtocolError
+from hogshard.proto.errors import ConflictError, ProtocolError
 from hogshard.proto.held import MAX_HELD, MAX_HELD_PER_PEER, HeldRequests
+from hogshard.proto.requests import HELD, Reply, Request, Result
 from hogshard.proto.service import Replies
-from hogshard.proto.transport import COPY_BELOW
 from hogshard.proto.wire import Message
 from hogshard.ps.applier import UpdateApplier
 from hogshard.ps.decoding import PayloadDecoder
-from hogshard.ps.dense import DenseChunk, DenseStore, DenseTable, encoded_weights
+from hogshard.ps.dense import DenseChunk, DenseStore, DenseTable
+from hogshard.ps.dense_pulls import DeferredPull, DensePulls
 from hogshard.ps.executor import UpdateExecutor
 from hogshard.ps.group_replies import Contribution
 from hogshard.ps.primary import Primary
@@ -54,9 +52,6 @@ log = logging.getLogger(__name__)
 MAX_DEFERRED_PER_PEER = MAX_HELD_PER_PEER
 MAX_DEFERRED = MAX_HELD
 
-Reply = tuple[dict[str, Any], list[np.ndarray]]
-
-
 class HeartbeatTrigger(Protocol):
     """What the dense ops ask of the scheduler link: learn the map or the workers sooner."""
 
@@ -69,12 +64,6 @@ class JobReplication(Protocol):
     """The job's replication factor as the scheduler told it (None: not told)."""
 
     replication: int | None
-
-
-@dataclass
-class _DeferredPull:
-    identity: bytes
-    message: Message
 
 
 class DenseOps:
@@ -97,23 +86,23 @@ class DenseOps:
         self._heartbeats = heartbeats
         self._job = job
         self._node_id = node_id
-        self._rank = rank
         self._decoder = PayloadDecoder()
         self.shm = shm or ShmPlane()
         #: Partial pushes held until their step's closing push.
         self.staging = StagedPushes()
-        self._deferred = HeldRequests[_DeferredPull](MAX_DEFERRED_PER_PEER, MAX_DEFERRED)
-        #: Pulls whose sender was admitted at a higher clock: (identity, request id) -> clock.
-        self._admitted: dict[tuple[bytes, int], int] = {}
+        self.pulls = DensePulls(store, applier, view, updates, replicas, stats, replies,
+                                heartbeats, rank, self.shm, HeldRequests[DeferredPull](
+                                    MAX_DEFERRED_PER_PEER, MAX_DEFERRED))
 
     @property
     def pending_pulls(self) -> int:
         """Pulls the policy holds back now."""
-        return len(self._deferred)
+        return len(self.pulls)
 
     # ---- init ---------------------------------------------------------------------------------
 
-    def init(self, identity: bytes, msg: Message) -> Reply:
+    def init(self, request: Request) -> Result:
+        msg = request.message
         layout, name = msg.header["layout"], msg.header["table"]
         if not all(isinstance(e, list) and len(e) == 3 and all(type(x) is int for x in e)
                    for e in layout):
@@ -137,11 +126,13 @@ class DenseOps:
             self._replicas.mark_replicated(name)
             self._replicas.send_snapshots(self._store, name)
             self._heartbeats.now()  # learn this table's roles soon
-        return {}, []
+        return Reply()
 
     # ---- push ---------------------------------------------------------------------------------
 
-    def push(self, identity: bytes, msg: Message) -> None:
+    def push(self, request: Request) -> Result:
+        """Answered once its updates are applied (HELD until then)."""
+        identity, msg = request.identity, request.message
         versions = msg.get("versions")
         grads = msg.arrays
         passed: list[bool] | None = None  # gradients known finite from their payload
@@ -160,7 +151,7 @@ class DenseOps:
                                                   passed=passed)
         if partial:
             self._stage(identity, msg, table, chunks, grads, versions)
-            return
+            return HELD
         ids, grads, versions = self.staging.take(str(msg.get("from")), table.name,
                                                  msg.get("clock"), msg.get("chunks"), grads,
                                                  versions)
@@ -171,14 +162,15 @@ class DenseOps:
         rules = table.rules.for_offsets([c.offset for c in chunks], msg.get("hyper"))
         if self._replicas.replicated(table.name):
             self._replicated_push(identity, msg, table, chunks, grads, versions, rules)
-            return
+            return HELD
         if self._may_reply_first(msg):
             self._reply_first(identity, msg, table, chunks, grads, versions, rules)
-            return
+            return HELD
         staleness, ticket = self._apply(identity, msg, table, chunks, grads, versions, False,
                                         rules=rules)
         self._updates.when_applied(ticket, lambda _: self._replies.reply(
             identity, msg.request_id, {"staleness": staleness}))
+        return HELD
 
     def _stage(self, identity: bytes, msg: Message, table: DenseTable,
                chunks: list[DenseChunk], grads: list[np.ndarray], versions: list[int]) -> None:
@@ -270,117 +262,24 @@ class DenseOps:
             self.release_deferred()
         return staleness, ticket
 
-    # ---- pull ---------------------------------------------------------------------------------
+    # ---- pull (ps/dense_pulls.py) -------------------------------------------------------------
 
-    def pull(self, identity: bytes, msg: Message) -> None:
-        clock, sender = msg.get("clock"), str(msg.get("from"))
-        if clock is not None and not self._view.note(sender, time.monotonic()):
-            self._heartbeats.hurry()
-        table, chunks = self._store.resolve(msg.get("table"), msg.get("chunks"))
-        codec = pull_codec(msg.get("codec"))
-        if self._replicas.replicated(table.name):
-            self._replicas.check_primary(table.name, [c.chunk_id for c in chunks],
-                                         time.monotonic(), self._rank)
-        if clock is not None and self._clocked_pull(identity, msg, sender, clock):
-            self.release_deferred()
-        if not self._may_pull(msg):
-            refused = self._deferred.refusal(identity, "pulls of this connection")
-            if refused is not None:
-                raise refused
-            self._stats.deferred_pulls += 1
-            self._deferred.hold(identity, _DeferredPull(identity, msg))
-            return
-        self._send_pull(identity, msg, table, chunks, codec)
-
-    def _clocked_pull(self, identity: bytes, msg: Message, sender: str, clock: int) -> bool:
-        """Take a pull's clock; True if it moved the sender's clock. A joiner admitted at a
-        higher clock (WorkerView.admit) is told so in the reply's ``clock``."""
-        admitted, moved = self._view.admit(self._applier.policy, sender, clock)
-        if admitted > clock:
-            if len(self._admitted) >= MAX_DEFERRED:
-                self._admitted.clear()
-            self._admitted[(identity, msg.request_id)] = admitted
-            log.info("%s joins at clock %d (it asked for %d)", sender, admitted, clock)
-        return moved
-
-    def _may_pull(self, msg: Message) -> bool:
-        sender = str(msg.get("from"))
-        if self._applier.waiting_on(sender, msg.get("table"), msg.get("chunks")):
-            return False
-        return self._view.may_pull(self._applier.policy, sender, msg.get("clock"))
-
-    def _send_pull(self, identity: bytes, msg: Message, table: DenseTable,
-                   chunks: list[DenseChunk], codec: Codec | None) -> None:
-        """Reply to a pull with the chunks' live weights, without a copy (unless updates of
-        them are queued: then with copies read after those)."""
-        if self._updates.read_for_pull(
-                identity, msg.request_id, table, chunks,
-                lambda copies, versions: self._answer_pull(
-                    identity, msg, table, chunks, codec, copies, versions)):
-            return
-        live = not self._applier.policy.modifiers.dc_lambda  # +dc: the applier keeps what was read
-        arrays = [chunk.weights if live else chunk.weights.copy() for chunk in chunks]
-        # frames below COPY_BELOW are copied as they are sent: only larger ones need a tracker
-        track = live and any(chunk.weights.nbytes >= COPY_BELOW for chunk in chunks)
-        tracker = self._answer_pull(identity, msg, table, chunks, codec, arrays,
-                                    [chunk.version for chunk in chunks], track=track)
-        if track:
-            for chunk in chunks:
-                chunk.in_flight = tracker
-
-    def _answer_pull(self, identity: bytes, msg: Message, table: DenseTable,
-                     chunks: Sequence[DenseChunk], codec: Codec | None,
-                     arrays: list[np.ndarray], versions: list[int], track: bool = False) -> Any:
-        """Send a pull's reply; ``arrays`` must be copies unless ``track``."""
-        if self._applier.policy.modifiers.dc_lambda:
-            for chunk, array in zip(chunks, arrays, strict=True):
-                self._applier.remember_pull(str(msg.get("from")), table.name, chunk.chunk_id,
-                                            array)
-        fields: dict[str, Any] = {"versions": versions}
-        admitted = self._admitted.pop((identity, msg.request_id), None)
-        if admitted is not None:
-            fields["clock"] = admitted
-        sent = arrays
-        if codec is not None:  # new arrays: nothing of the live weights leaves
-            arrays, track, fields["codec"] = encoded_weights(codec, chunks, arrays, versions), False, \
-                codec.name
-            sent = arrays
-        elif type(msg.get("shm")) is int and not self._applier.policy.modifiers.dc_lambda:
-            shm, arrays = self.shm.publish(table, chunks, arrays, versions,
-                                           max(4, msg.get("shm")))
-            if len(arrays) < len(chunks):
-                fields["shm"] = shm
-                self._stats.shm_bytes_out += sum(a.nbytes for a in sent) - \
-                    sum(a.nbytes for a in arrays)
-        tracker = self._replies.reply(identity, msg.request_id, fields, arrays, track=track)
-        self._stats.pulls += 1
-        self._stats.bytes_out += sum(a.nbytes for a in sent)
-        return tracker
+    def pull(self, request: Request) -> Result:
+        """Answered with the weights, at once or once the policy allows it (HELD)."""
+        return self.pulls.pull(request)
 
     def release_deferred(self) -> None:
-        """Answer the held pulls the policy now allows (their tables are looked up again:
-        they may have been replaced while the pulls waited)."""
-        self._deferred.release(self._answer_held)
-
-    def _answer_held(self, pull: _DeferredPull) -> bool:
-        if not self._may_pull(pull.message):
-            return False
-        msg = pull.message
-        try:
-            table, chunks = self._store.resolve(msg.get("table"), msg.get("chunks"))
-            self._send_pull(pull.identity, msg, table, chunks, pull_codec(msg.get("codec")))
-        except HogshardError as err:
-            self._replies.fail(pull.identity, msg.request_id, err)
-        return True
+        """Answer the held pulls the policy now allows."""
+        self.pulls.release()
 
     # ---- membership ---------------------------------------------------------------------------
 
-    def leave(self, identity: bytes, msg: Message) -> Reply:
+    def leave(self, request: Request) -> Result:
         """A worker that has left the job (the scheduler first) says so, and no policy waits
         for it from now on, rather than from the next heartbeat reply."""
-        self._view.left(str(msg.get("from")), time.monotonic())
+        self._view.left(str(request.get("from")), time.monotonic())
         self.workers_changed()
-        return {}, []
+        return Reply()
 
     def workers_changed(self) -> None:
         """The live workers changed: apply the groups now complete, release the pulls, unmap
@@ -398,8 +297,8 @@ class DenseOps:
 
     # ---- stats --------------------------------------------------------------------------------
 
-    def stats(self, identity: bytes, msg: Message) -> Reply:
-        return {
+    def stats(self, request: Request) -> Result:
+        return Reply({
             "node_id": self._node_id,
             "stats": self._stats.to_wire(),
             "staleness_summary": self._stats.staleness_summary(),
@@ -409,7 +308,7 @@ class DenseOps:
                        "gradients": [t.chunks[c].gradients for c in sorted(t.chunks)]}
                 for name, t in self._store.tables.items()
             },
-            "pending_pulls": len(self._deferred),
+            "pending_pulls": len(self.pulls),
             "policy": self._applier.policy.spec,
-        }, []
+        })
 

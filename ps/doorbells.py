@@ -39,8 +39,8 @@ from hogshard.proto.errors import (
     ShmUnavailableError,
     TooLargeError,
 )
+from hogshard.proto.requests import Reply, Request, Result
 from hogshard.proto.service import ROUTED_MARK, ServiceCore
-from hogshard.proto.wire import Message
 
 log = logging.getLogger(__name__)
 
@@ -84,9 +84,10 @@ class Doorbells:
 
     # ---- the op -------------------------------------------------------------------------------
 
-    def open(self, identity: bytes, msg: Message) -> tuple[dict[str, Any], list[Any]]:
+    def open(self, request: Request) -> Result:
         """``doorbell``: open the worker's pipes (``pid``, ``pipes``: [requests, replies]),
         check that the request pipe holds ``token``, write it back up the reply pipe."""
+        identity, msg = request.identity, request.message
         if identity[:1] == ROUTED_MARK:
             raise ForbiddenError("'doorbell' through a doorbell: ask over ZeroMQ")
         pipes, token = msg.get("pipes"), msg.get("token")
@@ -120,10 +121,10 @@ class Doorbells:
         if old is not None:
             self._close(old)
         bell = _Bell(ROUTED_MARK + secrets.token_bytes(15), identity, str(msg.get("from")),
-                     self._core.user_id, end)
+                     request.user_id, end)
         self._by_fd[requests] = self._by_peer[identity] = self._by_identity[bell.identity] = bell
         log.debug("doorbell open for %s", bell.sender)
-        return {}, []
+        return Reply()
 
     # ---- reading ------------------------------------------------------------------------------
 

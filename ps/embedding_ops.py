@@ -1,6 +1,6 @@
 """The shard server's embedding ops (PROTOCOL.md section 13): create, pull, push, stats, save,
-load, as the methods of :class:`EmbeddingOps`. Each takes ``(identity, message)`` and returns
-``(fields, arrays)`` (or None: answered later).
+load, as the methods of :class:`EmbeddingOps`. Each is a handler (proto/requests.py): a
+``Request`` in, a ``Reply`` out (or ``HELD``: answered later).
 
 Embedding rows follow their table's own policy, whatever policy the dense tables run (hybrid
 consistency, as in Persia): pushes are applied at once; pulls of ``async`` tables are served at
@@ -11,7 +11,7 @@ Example (what the server's op table does)::
 
     ops = EmbeddingOps(embeddings, stats, replicas, primary, rank=0, node_id="server-0",
                        view=view, replies=core, hurry=link.hurry)
-    fields, arrays = ops.pull(identity, message)    # None: held, answered by release()
+    reply = ops.pull(Request(identity, message))    # HELD: answered by release()
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from hogshard.proto.codecs.pull import decode_weights, encode_weights, pull_code
 from hogshard.proto.errors import HogshardError, NotOwnerError, ProtocolError
 from hogshard.proto.ops import Field
 from hogshard.proto.packed_rows import counts_of, split_ids, split_rows
+from hogshard.proto.requests import HELD, Reply, Request, Result
 from hogshard.proto.service import Replies
 from hogshard.proto.tables import EMBEDDING_MAP, EmbeddingSpec
 from hogshard.proto.wire import Message
@@ -36,7 +37,7 @@ from hogshard.ps.row_gate import RowGate
 from hogshard.ps.stats import ServerStats
 from hogshard.ps.workers import WorkerView
 
-Reply = tuple[dict[str, Any], list[np.ndarray]]
+Rows = tuple[dict[str, Any], list[np.ndarray]]
 
 
 def pulled_ids(msg: Message) -> list[np.ndarray]:
@@ -96,12 +97,12 @@ class EmbeddingOps:
         self._hurry = hurry  # learn about a worker not yet listed sooner
         self.gate = RowGate(view)
 
-    def create(self, identity: bytes, msg: Message) -> Reply:
+    def create(self, request: Request) -> Result:
         """Create an embedding table (idempotent for the same spec)."""
-        spec = EmbeddingSpec.from_wire(msg.header)
+        spec = EmbeddingSpec.from_wire(request.header)
         created = self._embeddings.create(spec)
-        return {"created": created,
-                "spec": self._embeddings.table(spec.name).spec.to_wire()}, []
+        return Reply({"created": created,
+                      "spec": self._embeddings.table(spec.name).spec.to_wire()})
 
     def _shard(self, msg: Message) -> int | None:
         """With replication a request names its embedding ``shard``; this server must be its
@@ -136,18 +137,19 @@ class EmbeddingOps:
             self._hurry()
         return sender
 
-    def pull(self, identity: bytes, msg: Message) -> Reply | None:
+    def pull(self, request: Request) -> Result:
         """Rows for one id array per listed table, created on first touch; a pull of an
         ``ssp:S`` table at a clock the slower workers have not reached yet is held."""
+        msg = request.message
         clock, bound = msg.get("clock"), self._bound(msg)
         if clock is not None and bound is not None:
             sender = self._noted(msg)
             if not self.gate.may_pull(bound, sender, clock):
                 self._shard(msg)  # refuse a pull this server will not serve before holding it
-                self.gate.hold(identity, msg, bound)
+                self.gate.hold(request.identity, msg, bound)
                 self._stats.deferred_pulls += 1
-                return None
-        return self._serve_pull(msg)
+                return HELD
+        return Reply(*self._serve_pull(msg))
 
     def release(self) -> None:
         """Answer the held pulls the workers' clocks now allow (checked again in full: a
@@ -162,7 +164,7 @@ class EmbeddingOps:
             return
         self._replies.reply(identity, msg.request_id, fields, rows)
 
-    def _serve_pull(self, msg: Message) -> Reply:
+    def _serve_pull(self, msg: Message) -> Rows:
         self._shard(msg)
         codec = pull_codec(msg.get("codec"))
         rows = self._embeddings.pull(msg.get("tables"), pulled_ids(msg),
@@ -175,17 +177,18 @@ class EmbeddingOps:
         self._stats.bytes_out += sum(r.nbytes for r in rows)
         return fields, rows
 
-    def push(self, identity: bytes, msg: Message) -> Reply | None:
+    def push(self, request: Request) -> Result:
         """Apply row gradients: arrays are ``ids_1, grads_1, ids_2, grads_2, ...``. A
         replicated shard's push is answered once its backup holds it."""
+        msg = request.message
         if len(msg.arrays) % 2:
             raise ProtocolError(f"emb_push carries {len(msg.arrays)} arrays; expected an (ids, "
                                 "grads) pair per table")
         shard = self._shard(msg)
         if shard is not None:
-            self._primary.emb_push(identity, msg, shard, self._apply)
-            return None
-        return self._apply(msg), []
+            self._primary.emb_push(request.identity, msg, shard, self._apply)
+            return HELD
+        return Reply(self._apply(msg))
 
     def _apply(self, msg: Message) -> dict[str, Any]:
         fields = apply_rows(self._embeddings, self._stats, msg)
@@ -195,21 +198,21 @@ class EmbeddingOps:
             self.release()
         return fields
 
-    def stats(self, identity: bytes, msg: Message) -> Reply:
+    def stats(self, request: Request) -> Result:
         """Per table: dim, rows held, capacity, bytes, created, evicted, pulls, pushes, ids,
         policy; and the pulls held back now."""
         moved = {"moved": dict(self._replicas.slots.moved)} if self._replicas.slots.count else {}
-        return {"node_id": self._node_id, "tables": self._embeddings.stats(),
-                "held_pulls": len(self.gate.held), **moved}, []
+        return Reply({"node_id": self._node_id, "tables": self._embeddings.stats(),
+                      "held_pulls": len(self.gate.held), **moved})
 
-    def save(self, identity: bytes, msg: Message) -> Reply:
+    def save(self, request: Request) -> Result:
         """Checkpoint every embedding table (touched rows and their optimizer state)."""
-        return {"rows": self._embeddings.save(msg.header["path"])}, []
+        return Reply({"rows": self._embeddings.save(request.header["path"])})
 
-    def load(self, identity: bytes, msg: Message) -> Reply:
+    def load(self, request: Request) -> Result:
         """Replace the embedding tables with a checkpoint written by ``emb_save``."""
-        self._embeddings.load(msg.header["path"])
-        return {"tables": self._embeddings.stats()}, []
+        self._embeddings.load(request.header["path"])
+        return Reply({"tables": self._embeddings.stats()})
 
 
 

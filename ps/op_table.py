@@ -2,25 +2,30 @@
 may send it (PROTOCOL.md, "Roles"). The service core (proto/service.py) checks both before the
 handler runs.
 
-Example (what ``ShardServer`` does)::
+Example (what ``ShardServer`` does, with the bound methods of its parts)::
 
-    OPS = server_ops({"init": on("dense.init"), "push": on("dense.push"), ...})
+    ops = server_ops({"init": self.dense.init, "push": self.dense.push, ...})
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from operator import attrgetter
-from typing import Any
+from collections.abc import Mapping
 
-from hogshard.proto.ops import ADMINS, ANYONE, SERVERS, WORKERS, Field, OpSpec, op_table
+from hogshard.proto.ops import (
+    ADMINS,
+    ANYONE,
+    SERVERS,
+    WORKERS,
+    Field,
+    OpSpec,
+    bind_ops,
+    declare_ops,
+)
+from hogshard.proto.requests import Handler
 from hogshard.proto.roles import Role
 from hogshard.ps.chunk_moves import FIELDS as MOVE_FIELDS
 from hogshard.ps.embedding_ops import FIELDS as EMBEDDING_FIELDS
 from hogshard.ps.replica_ops import FIELDS as REPLICA_FIELDS
-
-#: An op's handler: ``(server, identity, message)`` to what proto.service.ServiceCore answers.
-Handler = Callable[..., Any]
 
 #: Fields any request may carry (proto.transport.request_header).
 #: ``incarnation``: the server process a worker's request is for (PROTOCOL.md section 10.2).
@@ -57,22 +62,11 @@ FIELDS: dict[str, tuple[Field, ...]] = {**DENSE_FIELDS, **EMBEDDING_FIELDS, **RE
                                          **MOVE_FIELDS}
 
 
-def on(path: str) -> Handler:
-    """The handler that calls the method at ``path`` of the server's parts: ``on("dense.push")``
-    answers with ``server.dense.push(identity, message)``."""
-    method = attrgetter(path)
-
-    def handler(server: Any, identity: bytes, message: Any) -> Any:
-        return method(server)(identity, message)
-
-    handler.__qualname__ = handler.__name__ = path
-    return handler
+#: Every op's header and roles, without handlers: what ``ShardServer.OPS`` declares.
+DECLARED: dict[str, OpSpec] = declare_ops(FIELDS, _ROLES, COMMON)
 
 
 def server_ops(handlers: Mapping[str, Handler]) -> dict[str, OpSpec]:
-    """The full table, given every op's handler; refuses a handler missing or extra."""
-    if set(handlers) != set(FIELDS) or set(handlers) != set(_ROLES):
-        raise ValueError(f"server ops without a handler, header or roles: "
-                         f"{sorted(set(handlers) ^ set(FIELDS) | set(handlers) ^ set(_ROLES))}")
-    return op_table(OpSpec(op, handler, _ROLES[op], COMMON + FIELDS[op])
-                    for op, handler in handlers.items())
+    """The full table, given every op's handler (proto/requests.py); refuses a handler
+    missing or extra."""
+    return bind_ops(DECLARED, handlers, "server")

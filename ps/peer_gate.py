@@ -13,8 +13,8 @@ Messages from a connection that has one held are held behind it, in order.
 
 Example (what ``BackupOps.replicate`` does)::
 
-    if not gate.admit(identity, msg, replicas, rank, table, ids):
-        return None                      # held: answered by ``release``
+    if not gate.admit(request, replicas, rank, table, ids):
+        return HELD                      # decided by ``release``, through the service core
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from hogshard.proto.errors import ForbiddenError, NotOwnerError, NotReadyError
+from hogshard.proto.errors import ForbiddenError, HogshardError, NotOwnerError, NotReadyError
 from hogshard.proto.held import HeldRequests
+from hogshard.proto.requests import Request
 from hogshard.proto.tables import EMBEDDING_MAP
 from hogshard.proto.wire import Message
 from hogshard.ps.replication import Replicator
@@ -38,8 +39,7 @@ MAX_WAIT_S = 30.0
 
 @dataclass
 class _Held:
-    identity: bytes
-    message: Message
+    request: Request
     arrived_at: float
 
 
@@ -65,17 +65,18 @@ class PeerGate:
         self.held = HeldRequests[_Held](per_peer=None, total=None)  # MAX_HELD, below
         self._deciding = False  # a held message is being decided: no holding again
 
-    def admit(self, identity: bytes, msg: Message, replicas: Replicator, rank: int,
-              table: str, ids: list[Any]) -> bool:
-        """True to apply ``msg`` now, False if it is held; raises ForbiddenError (or
+    def admit(self, request: Request, replicas: Replicator, rank: int, table: str,
+              ids: list[Any]) -> bool:
+        """True to apply ``request`` now, False if it is held; raises ForbiddenError (or
         NotOwnerError when this server is no longer the backup) to refuse it."""
+        identity, msg = request.identity, request.message
         if self.replication is not None and self.replication < 2 \
                 and not (self.slots and table == EMBEDDING_MAP):
             raise ForbiddenError(f"{msg.op!r} refused: this job is not replicated "
                                  "(--replication 1), so no server may send it")
         primary = sender_rank(msg)
         if not self._deciding and self.held.count(identity):
-            return self._hold(identity, msg)  # keep the connection's order
+            return self._hold(request)  # keep the connection's order
         roles = replicas.roles.get(table, {})
         for chunk_id in ids:
             role = roles.get(chunk_id) if type(chunk_id) is int else None
@@ -89,26 +90,27 @@ class PeerGate:
             epoch = msg.get("map_epoch")
             if not self._deciding and type(epoch) is int and (
                     replicas.map_epoch is None or epoch > replicas.map_epoch):
-                return self._hold(identity, msg)
+                return self._hold(request)
             raise ForbiddenError(
                 f"{msg.op!r} from server {primary} refused: the shard map (epoch "
                 f"{replicas.map_epoch}) does not name it the primary of table {table!r} "
                 f"chunk {chunk_id!r} with server {rank} as the backup")
         return True
 
-    def _hold(self, identity: bytes, msg: Message) -> bool:
+    def _hold(self, request: Request) -> bool:
         if len(self.held) >= MAX_HELD:
             raise ForbiddenError(f"{len(self.held)} server-to-server messages already wait "
                                  f"for the shard map; expected at most {MAX_HELD}")
-        self.held.hold(identity, _Held(identity, msg, time.monotonic()))
+        self.held.hold(request.identity, _Held(request, time.monotonic()))
         self._wake()
         return False
 
     def release(self, map_heard_at: float,
-                redo: Callable[[bytes, Message, Exception | None], None]) -> None:
+                redo: Callable[[Request, HogshardError | None], None]) -> None:
         """Decide the held messages that arrived before the heartbeat (sent at
-        ``map_heard_at``) whose reply was taken last: ``redo(identity, message, None)``
-        runs the op again (now admitted or refused), ``redo(..., error)`` refuses it."""
+        ``map_heard_at``) whose reply was taken last: ``redo(request, None)`` runs the op
+        again (now admitted or refused: the server replays it through its service core),
+        ``redo(request, error)`` refuses it."""
         now = time.monotonic()
 
         def due(held: _Held) -> bool:
@@ -116,10 +118,10 @@ class PeerGate:
 
         def decide(held: _Held) -> None:
             late = None if held.arrived_at <= map_heard_at else NotReadyError(
-                f"{held.message.op!r}: no shard map from the scheduler within {MAX_WAIT_S} s")
+                f"{held.request.op!r}: no shard map from the scheduler within {MAX_WAIT_S} s")
             self._deciding = True
             try:
-                redo(held.identity, held.message, late)
+                redo(held.request, late)
             finally:
                 self._deciding = False
 

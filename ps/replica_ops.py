@@ -2,19 +2,19 @@
 :class:`BackupOps`: ``replicate`` applies the updates a primary forwards, in order;
 ``replica_snapshot`` installs a copy of whole chunks (weights, optimizer state, version) when
 this server becomes a chunk's backup; ``emb_replicate`` and ``emb_snapshot`` do the same for
-embedding shards. Each takes ``(identity, message)`` and returns ``(fields, arrays)``; the reply
-is the acknowledgement the primary waits for before it answers the worker.
+embedding shards. Each is a handler (proto/requests.py): a ``Request`` in, a ``Reply`` out, the
+acknowledgement the primary waits for before it answers the worker.
 
 Only the primary the shard map names may send them (ps/peer_gate.py): a backup refuses
 (``NOT_OWNER``) updates for a chunk it has been promoted to primary of, or is no longer the
 backup of, so a primary that was replaced cannot get anything acknowledged; anything else not
 named by the map, or any of these ops in an unreplicated job, is refused with ``FORBIDDEN``.
-A handler returns None when the gate holds the message until the map catches up.
+A handler returns ``HELD`` when the gate holds the message until the map catches up.
 
 Example (what the server's op table does)::
 
     backup = BackupOps(store, embeddings, replicas, gate, stats, rank=1)
-    fields, arrays = backup.replicate(identity, message)
+    reply = backup.replicate(Request(identity, message))
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import numpy as np
 
 from hogshard.proto.errors import ConflictError, ProtocolError
 from hogshard.proto.ops import Field
+from hogshard.proto.requests import HELD, Reply, Request, Result
 from hogshard.proto.tables import EMBEDDING_MAP
-from hogshard.proto.wire import Message
 from hogshard.ps.dense import FLOAT32, DenseChunk, DenseStore, DenseTable, check_arrays
 from hogshard.ps.embedding_ops import apply_rows
 from hogshard.ps.embedding_replica import install_snapshot
@@ -34,8 +34,6 @@ from hogshard.ps.embedding_store import EmbeddingStore
 from hogshard.ps.peer_gate import PeerGate
 from hogshard.ps.replication import Replicator
 from hogshard.ps.stats import ServerStats
-
-Reply = tuple[dict[str, Any], list[np.ndarray]] | None
 
 
 class BackupOps:
@@ -50,14 +48,15 @@ class BackupOps:
         self._stats = stats
         self._rank = rank
 
-    def _admit(self, identity: bytes, msg: Message, table: str, ids: list[Any]) -> bool:
-        return self._gate.admit(identity, msg, self._replicas, self._rank, table, ids)
+    def _admit(self, request: Request, table: str, ids: list[Any]) -> bool:
+        return self._gate.admit(request, self._replicas, self._rank, table, ids)
 
-    def replicate(self, identity: bytes, msg: Message) -> Reply:
+    def replicate(self, request: Request) -> Result:
         """Apply forwarded updates: ``records`` lists ``[chunk_id, lr_scale, version,
         push_id]`` with one gradient array each, and the rule's live hyperparameters as a fifth
         element where the push carried some; a group update's ``push_id`` is the list of its
         contributors' push ids (each gradient it applies)."""
+        msg = request.message
         records = msg.header["records"]
         if len(records) != len(msg.arrays) or not all(
                 isinstance(r, list) and len(r) in (4, 5) and type(r[2]) is int
@@ -65,8 +64,8 @@ class BackupOps:
             raise ProtocolError("'replicate': field 'records' must list one [chunk_id, "
                                 "lr_scale, version, push_id(, hyper)] per array")
         chunk_ids = [r[0] for r in records]
-        if not self._admit(identity, msg, msg.header["table"], chunk_ids):
-            return None
+        if not self._admit(request, msg.header["table"], chunk_ids):
+            return HELD
         table = self._store.table(msg.header["table"])
         chunks = [table.chunk(c) for c in chunk_ids]
         check_arrays(table.name, chunks, msg.arrays)
@@ -84,17 +83,18 @@ class BackupOps:
                 if isinstance(one, int):
                     self._replicas.recent.add(one, chunk_id)
         self._stats.replicated += len(chunks)
-        return {"seq": msg.get("seq")}, []
+        return Reply({"seq": msg.get("seq")})
 
-    def replica_snapshot(self, identity: bytes, msg: Message) -> Reply:
+    def replica_snapshot(self, request: Request) -> Result:
         """Install whole chunks: ``chunks`` lists ``[id, offset, length, version, state_keys,
         scalars]``, and the gradients applied to the chunk so far as a seventh element; the arrays are each chunk's weights followed by its state arrays by key."""
+        msg = request.message
         name, rule_spec, entries = msg.header["table"], msg.header["rule"], msg.header["chunks"]
         if not all(isinstance(e, list) and len(e) in (6, 7) for e in entries):
             raise ProtocolError("'replica_snapshot': field 'chunks' must list [id, offset, "
                                 "length, version, state_keys, scalars(, gradients)] entries")
-        if not self._admit(identity, msg, name, [e[0] for e in entries]):
-            return None
+        if not self._admit(request, name, [e[0] for e in entries]):
+            return HELD
         table = self._store.tables.get(name)
         if table is not None and table.rule_spec != rule_spec:
             raise ConflictError(f"table {name!r} exists with rule {table.rule_spec}; the "
@@ -123,38 +123,40 @@ class BackupOps:
         for chunk in fresh:
             table.chunks[chunk.chunk_id] = chunk
         self._replicas.mark_replicated(name)
-        return {"seq": msg.get("seq")}, []
+        return Reply({"seq": msg.get("seq")})
 
-    def emb_replicate(self, identity: bytes, msg: Message) -> Reply:
+    def emb_replicate(self, request: Request) -> Result:
         """Apply a forwarded ``emb_push`` of embedding ``shard`` (this server is its backup)."""
+        msg = request.message
         shard = msg.header["shard"]
         if len(msg.arrays) % 2:
             raise ProtocolError("'emb_replicate' carries (ids, grads) array pairs; got "
                                 f"{len(msg.arrays)} arrays")
-        if not self._admit(identity, msg, EMBEDDING_MAP, [shard]):
-            return None
+        if not self._admit(request, EMBEDDING_MAP, [shard]):
+            return HELD
         apply_rows(self._embeddings, self._stats, msg)
         if msg.get("push_id") is not None:
             self._replicas.recent.add(msg.header["push_id"], shard)
         self._stats.replicated += 1
-        return {"seq": msg.get("seq")}, []
+        return Reply({"seq": msg.get("seq")})
 
-    def emb_snapshot(self, identity: bytes, msg: Message) -> Reply:
+    def emb_snapshot(self, request: Request) -> Result:
         """Install embedding ``shard`` (or the slots in ``shards``) whole: ``tables`` lists
         each table's spec and ``state_keys`` its row-state keys; the arrays are, per table,
         ids, rows and states."""
+        msg = request.message
         shards = [msg.get("shard")] if msg.get("shards") is None else msg.get("shards")
         if shards == [None]:
             raise ProtocolError("'emb_snapshot': needs 'shard' or 'shards'")
-        if not self._admit(identity, msg, EMBEDDING_MAP, shards):
-            return None
+        if not self._admit(request, EMBEDDING_MAP, shards):
+            return HELD
         rows_in = install_snapshot(self._embeddings, msg.header, msg.arrays)
         self._replicas.mark_replicated(EMBEDDING_MAP)
         if msg.get("shards") is not None:  # slots handed to this server (their next owner)
             self._replicas.slots.moved["slots_in"] += len(shards)
             self._replicas.slots.moved["rows_in"] += rows_in
             self._replicas.slots.moved["bytes_in"] += sum(int(a.nbytes) for a in msg.arrays)
-        return {"seq": msg.get("seq")}, []
+        return Reply({"seq": msg.get("seq")})
 
 
 

@@ -17,8 +17,9 @@ of which owns its state and is handed only the parts it uses:
 - ``checkpoints`` (ps/checkpoint.py): this shard's checkpoint files;
 - ``chunk_moves`` (ps/chunk_moves.py): dense chunks handed to another server when this one is
   drained, or handed to this one;
-- the ops (PROTOCOL.md): ``dense`` (ps/dense_ops.py), embedding ops (ps/embedding_ops.py),
-  backup ops (ps/replica_ops.py), in the op table of ps/op_table.py.
+- the ops (PROTOCOL.md): ``dense`` (ps/dense_ops.py, pulls in ps/dense_pulls.py), embedding
+  ops (ps/embedding_ops.py), backup ops (ps/replica_ops.py), in the op table of ps/op_table.py
+  that ``requests`` (ps/server_requests.py) binds to them and hands every request to.
 
 Example::
 
@@ -37,14 +38,13 @@ from typing import Any, ClassVar
 import zmq
 
 from hogshard.proto.config import ShmSettings
-from hogshard.proto.dispatch import guarded
 from hogshard.proto.errors import ErrorCode, FencedError, HogshardError, NotOwnerError
 from hogshard.proto.ops import OpSpec
 from hogshard.proto.policy import ConsistencyPolicy
 from hogshard.proto.security import Security
 from hogshard.proto.service import ServiceCore
 from hogshard.proto.shm import host_identity
-from hogshard.proto.transport import ERROR, RpcChannel, bind_router, readable, recv_frames
+from hogshard.proto.transport import ERROR, RpcChannel, bind_router, readable
 from hogshard.proto.wire import DEFAULT_LIMITS, Limits, Message
 from hogshard.ps.applier import UpdateApplier
 from hogshard.ps.checkpoint import ShardCheckpointer
@@ -54,14 +54,15 @@ from hogshard.ps.dense_ops import DenseOps
 from hogshard.ps.doorbells import Doorbells
 from hogshard.ps.embedding_ops import EmbeddingOps
 from hogshard.ps.embedding_store import EmbeddingStore
-from hogshard.ps.executor import CONCURRENT_OPS, InlineUpdates, ThreadedUpdates, UpdateExecutor
-from hogshard.ps.op_table import on, server_ops
+from hogshard.ps.executor import InlineUpdates, ThreadedUpdates, UpdateExecutor
+from hogshard.ps.op_table import DECLARED
 from hogshard.ps.peer_gate import PeerGate
 from hogshard.ps.primary import Primary
 from hogshard.ps.replica_ops import BackupOps
 from hogshard.ps.replication import Replicator
 from hogshard.ps.scheduler_link import Registration, SchedulerLink
-from hogshard.ps.shard_report import learn_sizes, table_report
+from hogshard.ps.server_requests import ServerRequests
+from hogshard.ps.shard_report import heartbeat_fields, learn_sizes, register_fields, table_report
 from hogshard.ps.shm_plane import ShmPlane
 from hogshard.ps.stats import ServerStats
 from hogshard.ps.workers import PolicySchedule, WorkerView
@@ -148,7 +149,9 @@ class ShardServer:
                                       self.link.hurry)
         self.backup = BackupOps(self.store, self.embeddings, self.replicas, self.peer_gate,
                                 self.stats, self.rank)
-        self._before = self._settle_before if self.updates.concurrent else None
+        self.requests = ServerRequests(self._core, self.bells, self.updates, self.chunk_moves,
+                                       self.store, self.dense, self.embedding, self.backup,
+                                       self.node_id, self.incarnation)
 
     @property
     def policy(self) -> ConsistencyPolicy:
@@ -204,28 +207,14 @@ class ShardServer:
                 if self.replicas.slots.handoffs:
                     self._report_handoffs()
                 if self.bells:
-                    self.bells.read(events, self._handle_routed)
+                    self.bells.read(events, self.requests.handle_routed)
                 if self._sock in events:
                     for _ in range(64):  # drain a burst before the next heartbeat check
-                        self._handle_one()
+                        self.requests.handle_one(self._sock)
                         if not readable(self._sock):
                             break
         finally:
             self.close()
-
-    def _handle_one(self) -> None:
-        """One request from the ROUTER, after what its sender's doorbell held before it."""
-        frames = recv_frames(self._sock)
-        identity = frames[0].bytes
-        bell = self.bells.before(identity, self._handle_routed) if self.bells else None
-        self._core.handle(identity, frames[1:], self._invoke, self._before)
-        if bell is not None:
-            self.bells.after(bell, self._handle_routed)
-
-    def _handle_routed(self, identity: bytes, frames: list[bytes], user_id: str | None,
-                       sender: str) -> None:
-        """One request from a doorbell (ps/doorbells.py)."""
-        self._core.handle(identity, frames, self._invoke, self._before, user_id, sender)
 
     def stop(self) -> None:
         self._stop.set()
@@ -245,36 +234,6 @@ class ShardServer:
                 self._security.stop(self._context)
             self._context.term()
 
-    # ---- dispatch -----------------------------------------------------------------------------
-
-    def _invoke(self, spec: OpSpec, identity: bytes, message: Message) -> Any:
-        if message.get("incarnation") not in (None, self.incarnation):
-            raise NotOwnerError(
-                f"{self.node_id} is a new process (incarnation {self.incarnation}); the request "
-                f"was for incarnation {message.get('incarnation')}: fetch the map and retry")
-        if self.chunk_moves.active:
-            self.chunk_moves.check(message.op, message)
-        result = spec.handler(self, identity, message)
-        if self.embedding.gate.held:  # any op may have moved a worker's clock
-            self.embedding.release()
-        return result
-
-    def _settle_before(self, message: Message) -> None:
-        if message.op not in CONCURRENT_OPS:
-            self.updates.settle()  # this op may read or replace weights wholesale
-
-    def _redo_peer_op(self, identity: bytes, message: Message, error: Exception | None) -> None:
-        """Decide a server-to-server op the peer gate held, now that the map is known."""
-        spec = self.OPS[message.op]
-        if error is None and self._before is not None:
-            self._before(message)
-        result = error if error is not None else guarded(
-            message.op, lambda: spec.handler(self, identity, message))
-        self._core.answer(identity, message.request_id, result)
-
-    def _chunk_handoff(self, identity: bytes, msg: Message) -> tuple[dict[str, Any], list[Any]]:
-        return self.chunk_moves.install(self.store, msg)
-
     def _settle_chunks(self, chunks: list[tuple[str, int]]) -> None:
         """Before chunks leave: every update applied, and what a group policy gathered."""
         self.updates.settle()
@@ -286,44 +245,16 @@ class ShardServer:
             log.warning("%s: %d staged gradients of chunks leaving this server dropped (their "
                         "steps had not closed)", self.node_id, dropped)
 
-    def _ping(self, identity: bytes, msg: Message) -> tuple[dict[str, Any], list[Any]]:
-        return {}, []
-
-    #: Every op this server answers, with its header, the roles that may send it and the part
-    #: that handles it (ps/op_table.py).
-    OPS: ClassVar[dict[str, OpSpec]] = server_ops({
-        "init": on("dense.init"), "push": on("dense.push"), "pull": on("dense.pull"),
-        "stats": on("dense.stats"), "leave": on("dense.leave"), "ping": _ping,
-        "doorbell": on("bells.open"),
-        "emb_create": on("embedding.create"), "emb_pull": on("embedding.pull"),
-        "emb_push": on("embedding.push"), "emb_stats": on("embedding.stats"),
-        "emb_save": on("embedding.save"), "emb_load": on("embedding.load"),
-        "replicate": on("backup.replicate"), "replica_snapshot": on("backup.replica_snapshot"),
-        "emb_replicate": on("backup.emb_replicate"), "emb_snapshot": on("backup.emb_snapshot"),
-        "chunk_handoff": _chunk_handoff,
-    })
+    #: Every op this server answers, with its header and the roles that may send it
+    #: (ps/op_table.py); each server binds its parts' handlers (ps/server_requests.py).
+    OPS: ClassVar[dict[str, OpSpec]] = DECLARED
 
     # ---- the scheduler ------------------------------------------------------------------------
 
     def _send_heartbeat(self, now: float) -> None:
-        moved = self.chunk_moves.moved
-        fields: dict[str, Any] = {"stats": {**self.stats.to_wire(),
-                                            "embeddings": self.embeddings.summary(),
-                                            **({"chunks_moved": dict(moved)}
-                                               if any(moved.values()) else {})},
-                                  "map_epoch": self.replicas.map_epoch,
-                                  "incarnation": self.incarnation}
-        if self._workers_epoch is not None:
-            fields["workers_epoch"] = self._workers_epoch
-        if self.checkpoints.report is not None:
-            fields["checkpoint"] = self.checkpoints.report
-        handed_off = self.replicas.slots.ready(self.replicas.links)
-        if handed_off:
-            fields["handed_off"] = handed_off
-        handed_chunks = self.chunk_moves.report()
-        if handed_chunks:
-            fields["handed_chunks"] = handed_chunks
-        self.link.send_heartbeat(now, fields)
+        self.link.send_heartbeat(now, heartbeat_fields(
+            self.stats, self.embeddings, self.replicas, self.chunk_moves,
+            self.checkpoints.report, self.incarnation, self._workers_epoch))
 
     def _report_handoffs(self) -> None:
         """A slot's next owner acknowledged its rows: tell the scheduler at once."""
@@ -366,7 +297,7 @@ class ShardServer:
                     self._workers_epoch = epoch  # say soon: a barrier may wait for it
                     self.link.hurry()
         if self.peer_gate.held:
-            self.peer_gate.release(self.replicas.heard_at, self._redo_peer_op)
+            self.peer_gate.release(self.replicas.heard_at, self.requests.replay_peer_op)
         if self.replicas.slots.incoming or self.chunk_moves.incoming:  # learn soon that slots
             # or chunks moving here are ours
             self.link.hurry()
@@ -411,14 +342,8 @@ class ShardServer:
 
     def _register_fields(self, rank_hint: int | None, tables: dict[str, Any],
                          slots: dict[str, Any] | None = None) -> dict[str, Any]:
-        fields: dict[str, Any] = {"role": "server", "address": self.address,
-                                  "rank_hint": rank_hint, "incarnation": self.incarnation,
-                                  "host": self.host}
-        if tables:  # a restarted scheduler relearns the shard map from these
-            fields["tables"] = tables
-        if slots is not None:  # and where the embedding slots are
-            fields["embedding_slots"] = slots
-        return fields
+        return register_fields(self.address, self.host, self.incarnation, rank_hint, tables,
+                               slots)
 
     def _registered(self, registration: Registration) -> None:
         """Adopt what a ``register`` reply says (the first one, or one after being forgotten)."""

@@ -1,6 +1,8 @@
-"""What a server tells the scheduler about the dense tables it holds, so that a restarted
-scheduler can relearn the shard map from the servers' registrations (PROTOCOL.md section 10),
-and the table sizes a server learns from the map for that report.
+"""What a server tells the scheduler: the fields of its ``register`` (with the dense tables it
+holds, so that a restarted scheduler can relearn the shard map from the servers'
+registrations: PROTOCOL.md section 10), the table sizes a server learns from the map for that
+report, and the fields of its heartbeats (stats, map epoch, checkpoint written, slots and
+chunks handed off).
 
 Example::
 
@@ -18,7 +20,11 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import Any
 
+from hogshard.ps.chunk_moves import ChunkMoves
 from hogshard.ps.dense import DenseStore
+from hogshard.ps.embedding_store import EmbeddingStore
+from hogshard.ps.replication import Replicator
+from hogshard.ps.stats import ServerStats
 
 
 def table_report(store: DenseStore, roles: Mapping[str, Mapping[int, tuple[int, int]]],
@@ -57,3 +63,46 @@ def learn_sizes(store: DenseStore, assignments: Any) -> None:
         size, chunk_elems = spec.get("size"), spec.get("chunk_elems")
         if type(size) is int and type(chunk_elems) is int and size > 0 and chunk_elems > 0:
             store.sizes.setdefault(name, (size, chunk_elems))
+
+
+def register_fields(address: str, host: str, incarnation: int, rank_hint: int | None,
+                    tables: dict[str, Any], slots: dict[str, Any] | None = None
+                    ) -> dict[str, Any]:
+    """A server's ``register`` request: ``tables`` (:func:`table_report`; a restarted
+    scheduler relearns the shard map from them) and ``slots`` (where the embedding slots are)
+    only when there are some.
+
+    >>> register_fields("tcp://h:1", "h", 7, None, {})["role"]
+    'server'
+    """
+    fields: dict[str, Any] = {"role": "server", "address": address, "rank_hint": rank_hint,
+                              "incarnation": incarnation, "host": host}
+    if tables:
+        fields["tables"] = tables
+    if slots is not None:
+        fields["embedding_slots"] = slots
+    return fields
+
+
+def heartbeat_fields(stats: ServerStats, embeddings: EmbeddingStore, replicas: Replicator,
+                     chunk_moves: ChunkMoves, checkpoint: dict[str, Any] | None,
+                     incarnation: int, workers_epoch: int | None) -> dict[str, Any]:
+    """A server's heartbeat: its stats (with the embedding tables' summary and the chunks
+    moved), the map epoch it knows, the worker list it applied last, the checkpoint it wrote
+    last, and the embedding slots and dense chunks it has handed off."""
+    moved = chunk_moves.moved
+    fields: dict[str, Any] = {"stats": {**stats.to_wire(), "embeddings": embeddings.summary(),
+                                        **({"chunks_moved": dict(moved)}
+                                           if any(moved.values()) else {})},
+                              "map_epoch": replicas.map_epoch, "incarnation": incarnation}
+    if workers_epoch is not None:
+        fields["workers_epoch"] = workers_epoch
+    if checkpoint is not None:
+        fields["checkpoint"] = checkpoint
+    handed_off = replicas.slots.ready(replicas.links)
+    if handed_off:
+        fields["handed_off"] = handed_off
+    handed_chunks = chunk_moves.report()
+    if handed_chunks:
+        fields["handed_chunks"] = handed_chunks
+    return fields

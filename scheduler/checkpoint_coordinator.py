@@ -29,7 +29,7 @@ from hogshard.proto.tables import Chunk, DenseTableSpec
 from hogshard.scheduler.checkpointing import CheckpointRounds, Round
 from hogshard.scheduler.membership import MembershipTable
 from hogshard.scheduler.placement import PlacedTable
-from hogshard.scheduler.waiters import Ready, Reply
+from hogshard.scheduler.waiters import Fields, Ready
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ class CheckpointCoordinator:
     what the manifest records besides the files (policy, shard map, clocks)."""
 
     def __init__(self, rounds: CheckpointRounds, members: MembershipTable, chunks: Chunks,
-                 completeness: Completeness, describe: Callable[[], Reply],
+                 completeness: Completeness, describe: Callable[[], Fields],
                  expected_servers: int) -> None:
         self.rounds = rounds
         self._members = members
@@ -132,7 +132,7 @@ class RestoredJob:
     clock: int
     epoch: int
 
-    def round(self, describe: Callable[[], Reply]) -> Round:
+    def round(self, describe: Callable[[], Fields]) -> Round:
         """The checkpoint as a complete round, to restore lost servers from."""
         return Round(self.path, set(manifest_ranks(self.manifest)), describe, 0.0,
                      manifest=self.manifest)

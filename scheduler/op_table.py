@@ -4,15 +4,24 @@ handler runs; ``register`` also checks that the role registered is the sender's.
 
 Example (what ``Scheduler`` does)::
 
-    ops = scheduler_ops({"register": self._register, "heartbeat": heartbeats.handle, ...})
+    ops = scheduler_ops({"register": self._register, "heartbeat": self._heartbeat, ...})
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Mapping
 
-from hogshard.proto.ops import ADMINS, ANYONE, SERVERS, WORKERS, Field, OpSpec, op_table
+from hogshard.proto.ops import (
+    ADMINS,
+    ANYONE,
+    SERVERS,
+    WORKERS,
+    Field,
+    OpSpec,
+    bind_ops,
+    declare_ops,
+)
+from hogshard.proto.requests import Handler
 from hogshard.proto.roles import Role
 
 COMMON = (Field("from", str),)
@@ -50,11 +59,11 @@ ROLES: dict[str, frozenset[Role]] = {
 }
 
 
-def scheduler_ops(handlers: Mapping[str, Callable[..., Any]]) -> dict[str, OpSpec]:
-    """The full table, given each op's handler (``handler(msg)``: its reply fields, or a
-    ``ready()`` for a request answered later)."""
-    if set(handlers) != set(FIELDS) or set(handlers) != set(ROLES):
-        raise ValueError(f"scheduler ops without a header or roles: "
-                         f"{sorted(set(handlers) ^ set(FIELDS) | set(handlers) ^ set(ROLES))}")
-    return op_table(OpSpec(op, handler, ROLES[op], COMMON + FIELDS[op])
-                    for op, handler in handlers.items())
+#: Every op's header and roles, without handlers.
+DECLARED: dict[str, OpSpec] = declare_ops(FIELDS, ROLES, COMMON)
+
+
+def scheduler_ops(handlers: Mapping[str, Handler]) -> dict[str, OpSpec]:
+    """The full table, given each op's handler (proto/requests.py: a request answered later
+    is held by its handler, which returns ``HELD``); refuses a handler missing or extra."""
+    return bind_ops(DECLARED, handlers, "scheduler")

@@ -24,13 +24,13 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import zmq
 
-from hogshard.proto.errors import JOB_ENDING, ConfigError, ConflictError, HogshardError
+from hogshard.proto.errors import JOB_ENDING, ConfigError, ConflictError
 from hogshard.proto.ops import OpSpec, check_claimed_role
 from hogshard.proto.policy import parse_policy
+from hogshard.proto.requests import Reply, Request, Result
 from hogshard.proto.security import Security
 from hogshard.proto.service import ServiceCore
 from hogshard.proto.transport import bind_router
@@ -50,7 +50,7 @@ from hogshard.scheduler.replication import check_replication
 from hogshard.scheduler.resharding import check_slots, parse_slot_report
 from hogshard.scheduler.server_recovery import ServerRecovery
 from hogshard.scheduler.shard_map import ShardMap
-from hogshard.scheduler.waiters import Ready, Reply, Waiters
+from hogshard.scheduler.waiters import Fields, Ready, Waiters
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ class Scheduler:
         self._security = security
         self._sock, self.address = bind_router(self._context, bind, security=security)
         self._core = ServiceCore(self._sock, self._ops(), "the scheduler", self.errors, log,
-                                 authenticated=security is not None, on_other=self._hold)
+                                 authenticated=security is not None)
         self._waiters = Waiters(self._core)
         log.info("scheduler listening on %s policy=%s servers=%d", self.listening,
                  consistency.spec, expected_servers)
@@ -134,7 +134,7 @@ class Scheduler:
     def _ops(self) -> dict[str, OpSpec]:
         return scheduler_ops({
             "register": self._register,
-            "heartbeat": self.heartbeats.handle,
+            "heartbeat": self._heartbeat,
             "wait_servers": self._wait_servers,
             "declare_table": self._declare_table,
             "table_ready": self._table_ready,
@@ -144,9 +144,8 @@ class Scheduler:
             "shutdown": self._shutdown,
             "set_policy": self._set_policy,
             "status": self._status,
-            "checkpoint": lambda msg: self.checkpoints.request(msg.header["dir"]),
-            "add_embedding_server": lambda msg: self.shard_map.resharding.add(
-                msg.header["rank"], self.members.live("server")),
+            "checkpoint": self._checkpoint,
+            "add_embedding_server": self._add_embedding_server,
             "drain_embedding_server": self._drain_embedding_server,
         })
 
@@ -166,7 +165,7 @@ class Scheduler:
         try:
             while not self._stop.is_set():
                 if poller.poll(int(self.heartbeat_interval * 1000)):
-                    self._core.handle_one(lambda spec, identity, message: spec.handler(message))
+                    self._core.handle_one()
                 now = time.monotonic()
                 if now - last > self.members.heartbeat_timeout / 2:  # this loop did not run
                     log.warning("the scheduler did not run for %.1f s (frozen or starved); "
@@ -199,14 +198,6 @@ class Scheduler:
         if self.lifecycle.tick(now):
             self.stop()
 
-    def _hold(self, identity: bytes, request_id: int, ready: Any) -> None:
-        """A handler's ``ready()``: the request is answered once it returns its fields."""
-        if not callable(ready):
-            self._core.fail(identity, request_id, HogshardError(
-                f"internal error: a scheduler handler returned {type(ready).__name__}"))
-            return
-        self._waiters.hold(identity, request_id, ready)
-
     def _log_membership(self) -> None:
         log.info(
             "membership epoch=%d servers=%s workers=%s", self.members.epoch,
@@ -214,7 +205,7 @@ class Scheduler:
             [m.node_id for m in self.members.live("worker")],
         )
 
-    def _job_description(self) -> Reply:
+    def _job_description(self) -> Fields:
         """What a checkpoint's manifest records besides the files: policy, shard map, clocks."""
         return {
             "policy": self.policy.policy.spec, "epoch": self.members.epoch,
@@ -222,11 +213,12 @@ class Scheduler:
             "clocks": self.members.live_clocks(),
         }
 
-    # ---- handlers ---------------------------------------------------------------------------
+    # ---- handlers (proto/requests.py: a request in, a reply, HELD or an error out) ----------
 
-    def _register(self, msg: Message) -> Reply:
+    def _register(self, request: Request) -> Result:
+        msg = request.message
         role = msg.header["role"]
-        check_claimed_role(role, self._core.sender_roles, "register")
+        check_claimed_role(role, request.roles, "register")
         start_clock = max(self.members.min_live_clock(), self.restored_clock) \
             if role == "worker" else 0
         if role == "worker" and msg.get("clock") is not None and msg.get("clock") >= 0:
@@ -236,10 +228,10 @@ class Scheduler:
         owned_slots = parse_slot_report(msg.get("embedding_slots"),
                                         self.shard_map.resharding.slots) \
             if role == "server" and msg.get("embedding_slots") is not None else None
-        rank_hint = server_key_rank_hint(msg.get("rank_hint"), self._core.sender_rank)
+        rank_hint = server_key_rank_hint(msg.get("rank_hint"), request.rank)
         member, restore = self.rejoin.join(role, str(msg.get("address", "")), rank_hint,
                                            start_clock, msg.get("incarnation"),
-                                           exact_rank=self._core.sender_rank is not None)
+                                           exact_rank=request.rank is not None)
         member.host = msg.get("host")
         self.shard_map.adopt(member.rank, reported)
         if owned_slots is not None:
@@ -247,10 +239,10 @@ class Scheduler:
         if role == "server":
             self.shard_map.fill_backups()
         self._log_membership()
-        extra: Reply = {"restore": restore} if restore is not None else {}
+        extra: Fields = {"restore": restore} if restore is not None else {}
         if self.shard_map.resharding.slots:
             extra["embedding_slots"] = self.shard_map.resharding.slots
-        return {**extra,
+        return Reply({**extra,
             "node_id": member.node_id,
             "rank": member.rank,
             "policy": self.policy.policy.spec,
@@ -263,23 +255,27 @@ class Scheduler:
             "expected_servers": self.expected_servers,
             **({"num_workers": self.members.num_workers}
                if self.members.num_workers is not None else {}),
-        }
+        })
 
-    def _wait_servers(self, msg: Message) -> Ready:
-        def ready() -> Reply | None:
+    def _heartbeat(self, request: Request) -> Result:
+        return Reply(self.heartbeats.handle(request.message))
+
+    def _wait_servers(self, request: Request) -> Result:
+        def ready() -> Fields | None:
             servers = self.members.live("server")
             if len(servers) < self.expected_servers:
                 return None
             return {"servers": server_list(servers), "epoch": self.members.epoch}
 
-        return ready
+        return self._waiters.wait(request, ready)
 
-    def _declare_table(self, msg: Message) -> Reply | Ready:
+    def _declare_table(self, request: Request) -> Result:
+        msg = request.message
         self.recovery.check_not_failed()
         table = self.shard_map.declare(msg.header["table"], msg.get("size"),
                                        msg.get("chunk_elems"), msg.header["rule"])
         if table.replication < 2:
-            return self.shard_map.view(table)
+            return Reply(self.shard_map.view(table))
         # A replicated table's servers learn their roles from a heartbeat reply: answer once
         # each live server has said it knows this map, so that the worker's first requests
         # find their primaries ready (not NOT_OWNER); a server that stays silent is waited
@@ -287,40 +283,45 @@ class Scheduler:
         epoch = self.shard_map.map_epoch
         deadline = time.monotonic() + self.members.heartbeat_timeout
 
-        def ready() -> Reply | None:
+        def ready() -> Fields | None:
             known = all(m.map_epoch is not None and m.map_epoch >= epoch
                         for m in self.members.live("server"))
             return self.shard_map.view(table) if known or time.monotonic() > deadline \
                 else None
 
-        return ready
+        return self._waiters.wait(request, ready)
 
-    def _table_ready(self, msg: Message) -> Reply:
+    def _table_ready(self, request: Request) -> Result:
         self.recovery.check_not_failed()
-        table = self.shard_map.lookup(msg.header["table"])
+        table = self.shard_map.lookup(request.header["table"])
         table.ready = True
-        return self.shard_map.view(table)
+        return Reply(self.shard_map.view(table))
 
-    def _get_table(self, msg: Message) -> Reply | Ready:
-        name = str(msg.get("table"))
-        if not msg.get("wait", False):
+    def _get_table(self, request: Request) -> Result:
+        name = str(request.get("table"))
+        if not request.get("wait", False):
             self.recovery.check_not_failed()
-            return self.shard_map.view(self.shard_map.lookup(name))
+            return Reply(self.shard_map.view(self.shard_map.lookup(name)))
 
-        def ready() -> Reply | None:
+        def ready() -> Fields | None:
             self.recovery.check_not_failed()
             return self.shard_map.ready_view(name)
 
-        return ready
+        return self._waiters.wait(request, ready)
 
-    def _barrier(self, msg: Message) -> Ready:
+    def _barrier(self, request: Request) -> Result:
+        return self._waiters.wait(request, self._until_barrier(request.message))
+
+    def _until_barrier(self, msg: Message) -> Ready:
+        """A ``barrier`` request's ``ready()``: its reply once every worker has arrived and
+        every server counts them again."""
         self.members.get(msg.get("from", ""))
         name = str(msg.get("name"))
         ready = self.barriers.arrive(
             name, msg.get("from"), msg.get("ranks"),
             lambda: {m.node_id for m in self.members.live("worker")})
 
-        def unless_ending() -> Reply | None:
+        def unless_ending() -> Fields | None:
             if self.lifecycle.workers_told:
                 raise ConflictError(f"{JOB_ENDING} ({self.lifecycle.reason}): barrier "
                                     f"{msg.get('name')!r} is not waited for")
@@ -341,35 +342,43 @@ class Scheduler:
         self.members.bump()
         return self.members.epoch
 
-    def _drain_embedding_server(self, msg: Message) -> Reply:
+    def _checkpoint(self, request: Request) -> Result:
+        return self._waiters.wait(request, self.checkpoints.request(request.header["dir"]))
+
+    def _add_embedding_server(self, request: Request) -> Result:
+        return Reply(self.shard_map.resharding.add(request.header["rank"],
+                                                   self.members.live("server")))
+
+    def _drain_embedding_server(self, request: Request) -> Result:
         """Move the server's slots and dense chunks away; the reply names the dense tables
         whose chunks move with them."""
-        rank = msg.header["rank"]
+        rank = request.header["rank"]
         placement = self.shard_map.resharding.drain(rank)
-        return {**placement, "dense_tables": self.shard_map.dense_tables_of(rank)}
+        return Reply({**placement, "dense_tables": self.shard_map.dense_tables_of(rank)})
 
-    def _leave(self, msg: Message) -> Reply:
+    def _leave(self, request: Request) -> Result:
+        msg = request.message
         member = self.members.leave(msg.get("from", ""))
         if msg.get("clock") is not None:
             member.clock = max(member.clock, msg.get("clock"))
         log.info("%s left (clock %d)", member.node_id, member.clock)
-        return {}
+        return Reply()
 
-    def _set_policy(self, msg: Message) -> Reply:
-        return self.policy.change(msg.get("policy"), self.members.live("worker"))
+    def _set_policy(self, request: Request) -> Result:
+        return Reply(self.policy.change(request.get("policy"), self.members.live("worker")))
 
     @property
     def shutting_down(self) -> bool:
         """Whether the job is ending (``shutdown`` op, or every worker done)."""
         return self.lifecycle.workers_told
 
-    def _shutdown(self, msg: Message) -> Reply:
-        return self.lifecycle.stop(f"shutdown from {msg.get('from') or 'an admin'}",
-                                   time.monotonic())
+    def _shutdown(self, request: Request) -> Result:
+        return Reply(self.lifecycle.stop(f"shutdown from {request.get('from') or 'an admin'}",
+                                         time.monotonic()))
 
-    def _status(self, msg: Message) -> Reply:
+    def _status(self, request: Request) -> Result:
         now = time.monotonic()
-        return {
+        return Reply({
             "policy": self.policy.policy.spec,
             "epoch": self.members.epoch,
             "uptime": now - self.started_at,
@@ -391,4 +400,4 @@ class Scheduler:
             "errors": dict(self.errors),
             "checkpoint": self.checkpoints.rounds.status(),
             **self.recovery.status(),
-        }
+        })

@@ -6,7 +6,7 @@ and in all, so no peer can hold the scheduler's memory.
 Example::
 
     waiters = Waiters(core)                         # core: proto.service.ServiceCore
-    waiters.hold(identity, request_id, lambda: {"name": "start"} if done else None)
+    return waiters.wait(request, lambda: {"name": "start"} if done else None)   # HELD
     waiters.release()                               # answers every ready one
 """
 
@@ -18,11 +18,12 @@ from typing import Any
 
 from hogshard.proto.errors import HogshardError
 from hogshard.proto.held import MAX_HELD, MAX_HELD_PER_PEER, HeldRequests
+from hogshard.proto.requests import HELD, Request, Result
 from hogshard.proto.service import Replies
 
 #: A reply's fields, and a held request's ``ready()``: its reply once it can be answered.
-Reply = dict[str, Any]
-Ready = Callable[[], Reply | None]
+Fields = dict[str, Any]
+Ready = Callable[[], Fields | None]
 
 
 @dataclass
@@ -42,6 +43,15 @@ class Waiters:
 
     def __len__(self) -> int:
         return len(self._held)
+
+    def wait(self, request: Request, ready: Ready) -> Result:
+        """What a handler returns to answer ``request`` once ``ready()`` returns its fields:
+        ``HELD``, or the refusal (``TOO_LARGE``) past the bounds."""
+        refused = self._held.refusal(request.identity, "requests of this peer")
+        if refused is not None:
+            return refused
+        self._held.hold(request.identity, _Waiter(request.identity, request.request_id, ready))
+        return HELD
 
     def hold(self, identity: bytes, request_id: int, ready: Ready) -> None:
         """Hold a request until ``ready()`` returns its fields; refused (``TOO_LARGE``) past

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from hogshard.proto.requests import Reply, Request
 from hogshard.proto.wire import PROTOCOL_VERSION, Message
 from hogshard.scheduler.service import Scheduler
 
@@ -28,8 +29,10 @@ def message(op: str, sender: str, **fields: Any) -> Message:
 
 
 def register(scheduler: Scheduler, role: str) -> str:
-    return scheduler._register(message("register", "", role=role, address="inproc://x"))[
-        "node_id"]
+    reply = scheduler._register(Request(b"", message("register", "", role=role,
+                                                      address="inproc://x")))
+    assert isinstance(reply, Reply)
+    return str(reply.fields["node_id"])
 
 
 def test_a_released_barrier_waits_until_every_server_counts_its_waiters(
@@ -38,11 +41,11 @@ def test_a_released_barrier_waits_until_every_server_counts_its_waiters(
     workers = [register(scheduler, "worker") for _ in range(2)]
     reply = scheduler.heartbeats.handle(message("heartbeat", server))
     scheduler.heartbeats.handle(message("heartbeat", server, workers_epoch=reply["epoch"]))
-    first = scheduler._barrier(message("barrier", workers[0], name="start"))
+    first = scheduler._until_barrier(message("barrier", workers[0], name="start"))
     assert first() is None
     during = scheduler.heartbeats.handle(message("heartbeat", server))
     assert during["workers"] == {workers[1]: 0}  # the waiter is out of the servers' lists
-    second = scheduler._barrier(message("barrier", workers[1], name="start"))
+    second = scheduler._until_barrier(message("barrier", workers[1], name="start"))
     assert second() is None and first() is None  # released; the server lists neither yet
     after = scheduler.heartbeats.handle(message("heartbeat", server,
                                                 workers_epoch=during["epoch"]))
@@ -56,4 +59,4 @@ def test_a_server_that_reports_no_worker_list_is_not_waited_for(scheduler: Sched
     server = register(scheduler, "server")
     worker = register(scheduler, "worker")
     scheduler.heartbeats.handle(message("heartbeat", server))  # an older server: no field
-    assert scheduler._barrier(message("barrier", worker, name="end"))() == {"name": "end"}
+    assert scheduler._until_barrier(message("barrier", worker, name="end"))() == {"name": "end"}

@@ -20,6 +20,7 @@ from hogshard.proto.errors import (
     UnknownTableError,
 )
 from hogshard.proto.policy import parse_policy
+from hogshard.proto.requests import Reply, Request
 from hogshard.proto.wire import Message
 from hogshard.ps import dense_ops
 from hogshard.ps.applier import UpdateApplier
@@ -77,13 +78,13 @@ class Parts:
 
     def push(self, request_id: int, sender: str, value: float, clock: int | None = None,
              versions: list[int] | None = None) -> None:
-        self.ops.push(b"w", msg("push", request_id, sender, chunks=[0, 1], clock=clock,
+        self.ops.push(Request(b"w", msg("push", request_id, sender, chunks=[0, 1], clock=clock,
                                 versions=versions or [0, 0],
-                                arrays=[np.full(2, value, F32)] * 2))
+                                arrays=[np.full(2, value, F32)] * 2)))
 
     def pull(self, request_id: int, sender: str, clock: int | None = None,
              identity: bytes = b"w") -> None:
-        self.ops.pull(identity, msg("pull", request_id, sender, chunks=[0, 1], clock=clock))
+        self.ops.pull(Request(identity, msg("pull", request_id, sender, chunks=[0, 1], clock=clock)))
 
 
 def msg(op: str, request_id: int, sender: str, arrays: Sequence[np.ndarray] = (),
@@ -124,7 +125,7 @@ def test_a_pull_is_answered_with_the_weights_and_versions(parts: Parts) -> None:
     assert rid == 2 and fields == {"versions": [1, 1]}
     assert [a.tolist() for a in arrays] == [[-0.5, -0.5], [-0.5, -0.5]]
     with pytest.raises(UnknownTableError):
-        parts.ops.pull(b"w", msg("pull", 3, "worker-0", table="other", chunks=[0]))
+        parts.ops.pull(Request(b"w", msg("pull", 3, "worker-0", table="other", chunks=[0])))
 
 
 def test_pulls_in_half_precision_encode_each_version_once(parts: Parts) -> None:
@@ -133,7 +134,7 @@ def test_pulls_in_half_precision_encode_each_version_once(parts: Parts) -> None:
     parts.push(1, "worker-0", 0.5)
 
     def pull_in(codec: str, request_id: int) -> list[np.ndarray]:
-        parts.ops.pull(b"w", msg("pull", request_id, "worker-0", chunks=[0, 1], codec=codec))
+        parts.ops.pull(Request(b"w", msg("pull", request_id, "worker-0", chunks=[0, 1], codec=codec)))
         _, (fields, arrays) = parts.out.replies[-1]
         assert fields["codec"] == codec
         return arrays
@@ -176,7 +177,7 @@ def test_a_held_pull_goes_when_the_slow_worker_leaves(context: zmq.Context) -> N
         parts.view.listed({"worker-0": 1, "worker-1": 0}, asked_at=0.0)
         parts.pull(1, "worker-0", clock=1)
         assert parts.out.replies == []
-        assert parts.ops.leave(b"w1", msg("leave", 2, "worker-1")) == ({}, [])
+        assert parts.ops.leave(Request(b"w1", msg("leave", 2, "worker-1"))) == Reply()
         assert [r[0] for r in parts.out.replies] == [1]
     finally:
         parts.replicas.close()
@@ -212,13 +213,13 @@ def test_init_refuses_a_replication_the_job_does_not_run(parts: Parts) -> None:
     init = msg("init", 1, "worker-0", rule={"rule": "sgd", "lr": 1.0}, layout=[[0, 0, 2]],
                replication=2, arrays=[np.zeros(2, F32)])
     with pytest.raises(ConflictError, match="--replication 1"):
-        parts.ops.init(b"w", init)
+        parts.ops.init(Request(b"w", init))
     parts.out.replication = None
     with pytest.raises(ConflictError, match="exists unreplicated"):
-        parts.ops.init(b"w", init)
+        parts.ops.init(Request(b"w", init))
     fresh = msg("init", 2, "worker-0", table="n", rule={"rule": "sgd", "lr": 1.0},
                 layout=[[0, 0, 2]], size=2, chunk_elems=2, arrays=[np.ones(2, F32)])
-    assert parts.ops.init(b"w", fresh) == ({}, [])
+    assert parts.ops.init(Request(b"w", fresh)) == Reply()
     assert parts.store.sizes["n"] == (2, 2) and parts.out.now_count == 0
 
 
@@ -230,8 +231,10 @@ def push(parts: Parts, name: str, chunk_ids: list[int], grads: list[np.ndarray])
 
 def test_stats_reply_lists_versions_per_chunk(parts: Parts) -> None:
     push(parts, "m", [1], [np.ones(2, F32)])
-    fields, arrays = parts.ops.stats(b"", msg("stats", 1, "admin"))
-    assert arrays == []
+    reply = parts.ops.stats(Request(b"", msg("stats", 1, "admin")))
+    assert isinstance(reply, Reply)
+    fields, arrays = reply.fields, reply.arrays
+    assert list(arrays) == []
     assert fields["tables"] == {"m": {"chunks": [0, 1], "versions": [0, 1],
                                       "gradients": [0, 1]}}
     assert fields["node_id"] == "server-0" and fields["pending_pulls"] == 0
@@ -244,7 +247,7 @@ def test_stats_reply_versions_align_with_sorted_chunks(context: zmq.Context) -> 
         parts.store.init("t", {"rule": "sgd", "lr": 0.1}, [(1, 2, 2), (0, 0, 2)],
                          [np.zeros(2, F32), np.zeros(2, F32)])
         push(parts, "t", [1], [np.ones(2, F32)])
-        fields, _ = parts.ops.stats(b"", msg("stats", 1, "admin"))
+        fields = parts.ops.stats(Request(b"", msg("stats", 1, "admin"))).fields
         assert fields["tables"]["t"] == {"chunks": [0, 1], "versions": [0, 1],
                                          "gradients": [0, 1]}
     finally:

@@ -22,6 +22,7 @@ from hogshard.proto.doorbell import (
     pack,
 )
 from hogshard.proto.errors import ForbiddenError, ProtocolError, ShmUnavailableError
+from hogshard.proto.requests import Request
 from hogshard.proto.service import ROUTED_MARK
 from hogshard.proto.wire import Message
 from hogshard.ps.doorbells import Doorbells
@@ -132,7 +133,7 @@ def test_doorbell_messages_wait_for_the_zmq_requests_sent_before_them() -> None:
         assert identity[:1] == ROUTED_MARK and user_id == "worker-key" and sender == "worker-0"
         handled.append(frames[0])
 
-    bells.open(b"dealer-0", worker.message())
+    bells.open(Request(b"dealer-0", worker.message(), user_id=FakeCore.user_id))
     assert BellEnd(worker.replies[0], worker.requests[1]).receive() == [(0, [b"abc123"])]
     for after, name in [(0, b"b0"), (1, b"b1"), (1, b"b2"), (2, b"b3")]:
         os.write(worker.requests[1], pack([name], after) or b"")
@@ -155,7 +156,7 @@ def test_doorbell_messages_wait_for_the_zmq_requests_sent_before_them() -> None:
 def test_garbage_closes_the_doorbell_and_replies_go_to_the_dealer(
         caplog: pytest.LogCaptureFixture) -> None:
     bells, worker = Doorbells(FakeCore()), Worker()  # type: ignore[arg-type]
-    bells.open(b"dealer-0", worker.message())
+    bells.open(Request(b"dealer-0", worker.message(), user_id=FakeCore.user_id))
     identity = bells.before(b"dealer-0", lambda *a: None).identity  # type: ignore[union-attr]
     os.write(worker.requests[1], struct.pack("<IIB", 1 << 30, 0, 1))
     with caplog.at_level(logging.WARNING):
@@ -169,11 +170,11 @@ def test_garbage_closes_the_doorbell_and_replies_go_to_the_dealer(
 def test_a_doorbell_needs_the_token_and_zmq() -> None:
     bells, worker = Doorbells(FakeCore()), Worker()  # type: ignore[arg-type]
     with pytest.raises(ShmUnavailableError, match="token"):
-        bells.open(b"dealer-0", worker.message(token="another"))
+        bells.open(Request(b"dealer-0", worker.message(token="another"), user_id=FakeCore.user_id))
     with pytest.raises(ForbiddenError):
-        bells.open(ROUTED_MARK + b"x", worker.message())
+        bells.open(Request(ROUTED_MARK + b"x", worker.message(), user_id=FakeCore.user_id))
     with pytest.raises(ProtocolError):
-        bells.open(b"dealer-0", worker.message(pipes=[1]))
+        bells.open(Request(b"dealer-0", worker.message(pipes=[1]), user_id=FakeCore.user_id))
     assert len(bells) == 0
     worker.close()
 
@@ -185,7 +186,7 @@ def test_what_a_closed_doorbell_queued_is_still_handled_in_its_turn() -> None:
     def handle(identity: bytes, frames: list[bytes], user_id: str | None, sender: str) -> None:
         handled.append(frames[0])
 
-    bells.open(b"dealer-0", worker.message())
+    bells.open(Request(b"dealer-0", worker.message(), user_id=FakeCore.user_id))
     for after, name in [(0, b"b0"), (1, b"b1")]:
         os.write(worker.requests[1], pack([name], after) or b"")
     os.close(worker.requests[1])  # the worker is gone after writing them

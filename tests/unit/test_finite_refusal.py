@@ -15,6 +15,7 @@ import zmq
 from hogshard.proto.codecs import make_codec
 from hogshard.proto.errors import HogshardError, ProtocolError
 from hogshard.proto.policy import parse_policy
+from hogshard.proto.requests import Request
 from hogshard.proto.wire import Message
 from hogshard.ps.applier import UpdateApplier
 from hogshard.ps.decoding import PayloadDecoder, values_pass_check
@@ -74,7 +75,7 @@ class _Server:
             encoded = [make_codec(codec).encode(g) for g in grads]
             header["codecs"] = [[codec, e.meta, len(e.buffers)] for e in encoded]
             arrays = [b for e in encoded for b in e.buffers]
-        self.ops.push(b"w", Message(header, list(arrays)))
+        self.ops.push(Request(b"w", Message(header, list(arrays))))
 
     def snapshot(self) -> Any:
         table = self.store.tables["m"]

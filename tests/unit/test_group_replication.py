@@ -14,6 +14,7 @@ import pytest
 import zmq
 
 from hogshard.proto.policy import parse_policy
+from hogshard.proto.requests import Request
 from hogshard.proto.transport import reply_ok
 from hogshard.proto.wire import PROTOCOL_VERSION, Message, decode
 from hogshard.ps.applier import UpdateApplier
@@ -68,8 +69,8 @@ class Primaries:
         self.ack(self.receive())  # the backup's snapshot
 
     def push(self, request_id: int, sender: str, value: float, push_id: int) -> None:
-        self.ops.push(b"w", msg("push", request_id, sender, chunks=[0, 1], versions=[0, 0],
-                                push_id=push_id, arrays=[np.full(2, value, F32)] * 2))
+        self.ops.push(Request(b"w", msg("push", request_id, sender, chunks=[0, 1], versions=[0, 0],
+                                push_id=push_id, arrays=[np.full(2, value, F32)] * 2)))
 
     def receive(self) -> tuple[bytes, Message]:
         assert self.backup.poll(WAIT_MS), "nothing was forwarded to the backup"
@@ -202,10 +203,10 @@ def test_a_backup_knows_every_push_id_of_a_group_it_applied(context: zmq.Context
         replicas.roles["m"] = {0: (0, 1)}
         backup = BackupOps(store, EmbeddingStore(), replicas,
                            PeerGate(lambda: None, replication=2), ServerStats(), rank=1)
-        backup.replicate(b"p", Message(
+        backup.replicate(Request(b"p", Message(
             {"v": PROTOCOL_VERSION, "op": "replicate", "id": 1, "from": "server-0",
              "table": "m", "records": [[0, 0.5, 1, [7, 8]]], "seq": 1},
-            [np.ones(2, F32)]))
+            [np.ones(2, F32)])))
         chunk = store.tables["m"].chunks[0]
         assert (7, 0) in replicas.recent and (8, 0) in replicas.recent
         assert chunk.version == 1 and chunk.gradients == 2
@@ -229,11 +230,11 @@ def test_group_replies_release_a_contribution_once_each_group_is_forwarded() -> 
 def test_a_policy_switch_forwards_the_open_groups_and_answers_their_pushes(make) -> None:
     server = make("softsync:2", workers=4)
     server.schedule.announce("async", 1, 5)  # from clock 5 on
-    server.ops.push(b"w", msg("push", 1, "worker-0", chunks=[0, 1], versions=[0, 0], clock=4,
-                              push_id=71, arrays=[np.ones(2, F32)] * 2))
+    server.ops.push(Request(b"w", msg("push", 1, "worker-0", chunks=[0, 1], versions=[0, 0], clock=4,
+                              push_id=71, arrays=[np.ones(2, F32)] * 2)))
     assert server.answered() == [] and server.nothing_forwarded()
-    server.ops.push(b"w", msg("push", 2, "worker-1", chunks=[0], versions=[0], clock=5,
-                              push_id=72, arrays=[np.ones(2, F32)]))
+    server.ops.push(Request(b"w", msg("push", 2, "worker-1", chunks=[0], versions=[0], clock=5,
+                              push_id=72, arrays=[np.ones(2, F32)])))
     first, second = server.receive(), server.receive()  # the switch's group, then push 2
     assert [r[3] for r in first[1].header["records"]] == [[71], [71]]
     assert second[1].header["records"] == [[0, 1.0, 2, 72]]

@@ -11,6 +11,7 @@ import pytest
 import zmq
 
 from hogshard.proto.errors import ConfigError, HogshardError
+from hogshard.proto.requests import Request
 from hogshard.proto.rule_groups import check_table_rule, chunk_bounds
 from hogshard.ps.dense import DenseStore
 from hogshard.ps.staging import StagedPushes
@@ -82,9 +83,9 @@ def parts() -> Iterator[Parts]:
 
 def _push(parts: Parts, request_id: int, chunks: list[int], value: float, **fields: object
           ) -> None:
-    parts.ops.push(b"w", msg("push", request_id, "worker-0", chunks=chunks, clock=0,
+    parts.ops.push(Request(b"w", msg("push", request_id, "worker-0", chunks=chunks, clock=0,
                              versions=[0] * len(chunks), table="g",
-                             arrays=[np.full(2, value, F32)] * len(chunks), **fields))
+                             arrays=[np.full(2, value, F32)] * len(chunks), **fields)))
 
 
 def _weights(parts: Parts) -> list[float]:

@@ -10,6 +10,7 @@ import pytest
 import zmq
 
 from hogshard.proto.errors import ForbiddenError, NotOwnerError, NotReadyError
+from hogshard.proto.requests import Request
 from hogshard.proto.wire import Message
 from hogshard.ps import peer_gate
 from hogshard.ps.peer_gate import PeerGate
@@ -43,7 +44,7 @@ def gate(replication: int | None = 2) -> tuple[PeerGate, list[int]]:
 
 def test_the_primary_named_by_the_map_is_admitted(replicas: Replicator) -> None:
     g, woken = gate()
-    assert g.admit(b"p0", message(), replicas, RANK, "model", [0])
+    assert g.admit(Request(b"p0", message()), replicas, RANK, "model", [0])
     assert not g.held and not woken
 
 
@@ -60,7 +61,7 @@ def test_anything_else_is_refused(replicas: Replicator, sender: str, table: str,
                                   chunks: list[int], error: type, words: tuple[str, ...]) -> None:
     g, _ = gate()
     with pytest.raises(error) as caught:
-        g.admit(b"x", message(sender), replicas, RANK, table, chunks)
+        g.admit(Request(b"x", message(sender)), replicas, RANK, table, chunks)
     for word in words:
         assert word in caught.value.message
 
@@ -68,22 +69,22 @@ def test_anything_else_is_refused(replicas: Replicator, sender: str, table: str,
 def test_an_unreplicated_job_refuses_every_server_to_server_op(replicas: Replicator) -> None:
     g, _ = gate(replication=1)
     with pytest.raises(ForbiddenError, match="not replicated"):
-        g.admit(b"p0", message(), replicas, RANK, "model", [0])
+        g.admit(Request(b"p0", message()), replicas, RANK, "model", [0])
 
 
 def test_a_newer_map_is_awaited_then_decided_in_order(replicas: Replicator) -> None:
     g, woken = gate()
     first, second = message(epoch=11, seq=1), message(epoch=10, seq=2)
-    assert not g.admit(b"p0", first, replicas, RANK, "new", [0])
-    assert not g.admit(b"p0", second, replicas, RANK, "model", [0])  # behind the first
-    assert g.admit(b"p9", message(), replicas, RANK, "model", [0])  # another link: no wait
+    assert not g.admit(Request(b"p0", first), replicas, RANK, "new", [0])
+    assert not g.admit(Request(b"p0", second), replicas, RANK, "model", [0])  # behind the first
+    assert g.admit(Request(b"p9", message()), replicas, RANK, "model", [0])  # another link: no wait
     assert len(g.held) == 2 and woken
     decided: list[tuple[Any, Exception | None]] = []
 
-    def redo(identity: bytes, msg: Message, late: Exception | None) -> None:
+    def redo(request: Request, late: Exception | None) -> None:
         try:
-            table = "new" if msg is first else "model"
-            decided.append((g.admit(identity, msg, replicas, RANK, table, [0]), late))
+            table = "new" if request.message is first else "model"
+            decided.append((g.admit(request, replicas, RANK, table, [0]), late))
         except ForbiddenError as err:
             decided.append((err, late))
 
@@ -96,12 +97,12 @@ def test_a_newer_map_is_awaited_then_decided_in_order(replicas: Replicator) -> N
 
 def test_a_claim_of_a_newer_map_is_refused_once_the_map_is_known(replicas: Replicator) -> None:
     g, _ = gate()
-    assert not g.admit(b"p0", message(epoch=99), replicas, RANK, "model", [5])
+    assert not g.admit(Request(b"p0", message(epoch=99)), replicas, RANK, "model", [5])
     outcomes: list[Any] = []
 
-    def redo(identity: bytes, msg: Message, late: Exception | None) -> None:
+    def redo(request: Request, late: Exception | None) -> None:
         with pytest.raises(ForbiddenError, match="epoch 10"):
-            g.admit(identity, msg, replicas, RANK, "model", [5])
+            g.admit(request, replicas, RANK, "model", [5])
         outcomes.append(late)
 
     g.release(map_heard_at=list(g.held)[0].arrived_at, redo=redo)
@@ -112,11 +113,11 @@ def test_held_messages_are_bounded_in_number_and_time(replicas: Replicator,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     g, _ = gate()
     monkeypatch.setattr(peer_gate, "MAX_HELD", 2)
-    assert not g.admit(b"a", message(epoch=11), replicas, RANK, "model", [5])
-    assert not g.admit(b"b", message(epoch=11), replicas, RANK, "model", [5])
+    assert not g.admit(Request(b"a", message(epoch=11)), replicas, RANK, "model", [5])
+    assert not g.admit(Request(b"b", message(epoch=11)), replicas, RANK, "model", [5])
     with pytest.raises(ForbiddenError, match="at most 2"):
-        g.admit(b"c", message(epoch=11), replicas, RANK, "model", [5])
+        g.admit(Request(b"c", message(epoch=11)), replicas, RANK, "model", [5])
     monkeypatch.setattr(peer_gate, "MAX_WAIT_S", -1.0)
     late: list[Exception | None] = []
-    g.release(map_heard_at=0.0, redo=lambda identity, msg, error: late.append(error))
+    g.release(map_heard_at=0.0, redo=lambda request, error: late.append(error))
     assert len(late) == 2 and all(isinstance(e, NotReadyError) for e in late)

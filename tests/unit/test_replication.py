@@ -11,6 +11,7 @@ import pytest
 import zmq
 
 from hogshard.proto.errors import ConfigError, NotOwnerError, ProtocolError
+from hogshard.proto.requests import Request
 from hogshard.proto.tables import Chunk, DenseTableSpec
 from hogshard.proto.wire import PROTOCOL_VERSION, Message
 from hogshard.ps.dense import DenseStore
@@ -169,8 +170,8 @@ def test_replicate_applies_like_the_primary(replicas: Replicator) -> None:
     grad = np.array([1.0, -2.0, 0.5, 0.0], np.float32)
     p_chunk = primary.store.tables["m"].chunks[0]
     primary.store.tables["m"].rule.apply(p_chunk.weights, grad, p_chunk.state, 0.5)
-    fields, _ = server.ops.replicate(b"p", message(
-        "replicate", [grad], table="m", records=[[0, 0.5, 1, 77]], seq=3))
+    fields = server.ops.replicate(Request(b"p", message(
+        "replicate", [grad], table="m", records=[[0, 0.5, 1, 77]], seq=3))).fields
     chunk = server.store.tables["m"].chunks[0]
     assert fields == {"seq": 3} and chunk.version == 1
     np.testing.assert_array_equal(chunk.weights, p_chunk.weights)
@@ -181,16 +182,16 @@ def test_replicate_refuses_a_replaced_primary(replicas: Replicator) -> None:
     server = backup_server(replicas)
     replicas.roles["m"] = {0: (1, -1)}  # this server (rank 1) was promoted
     with pytest.raises(NotOwnerError, match="no longer the backup"):
-        server.ops.replicate(b"p", message("replicate", [np.ones(4, np.float32)], table="m",
-                                        records=[[0, 1.0, 1, 5]], seq=1))
+        server.ops.replicate(Request(b"p", message("replicate", [np.ones(4, np.float32)], table="m",
+                                        records=[[0, 1.0, 1, 5]], seq=1)))
     assert server.store.tables["m"].chunks[0].version == 0
 
 
 def test_replicate_refuses_malformed_records(replicas: Replicator) -> None:
     server = backup_server(replicas)
     with pytest.raises(ProtocolError, match="records"):
-        server.ops.replicate(b"p", message("replicate", [np.ones(4, np.float32)], table="m",
-                                        records=[[0, 1.0]], seq=1))
+        server.ops.replicate(Request(b"p", message("replicate", [np.ones(4, np.float32)], table="m",
+                                        records=[[0, 1.0]], seq=1)))
 
 
 def test_snapshot_installs_weights_state_and_version(replicas: Replicator) -> None:
@@ -202,9 +203,9 @@ def test_snapshot_installs_weights_state_and_version(replicas: Replicator) -> No
     keys = sorted(k for k, v in state.items() if isinstance(v, np.ndarray))
     scalars = {k: v for k, v in state.items() if not isinstance(v, np.ndarray)}
     arrays = [weights, *(state[k] for k in keys)]
-    server.ops.replica_snapshot(b"p", message(
+    server.ops.replica_snapshot(Request(b"p", message(
         "replica_snapshot", arrays, table="m", rule={"rule": "adam", "lr": 0.01},
-        chunks=[[0, 0, 4, 6, keys, scalars]], seq=1))
+        chunks=[[0, 0, 4, 6, keys, scalars]], seq=1)))
     chunk = server.store.tables["m"].chunks[0]
     assert chunk.version == 6 and replicas.replicated("m")
     np.testing.assert_array_equal(chunk.weights, weights)
@@ -255,13 +256,13 @@ def test_snapshot_installs_state_a_later_step_created(replicas: Replicator) -> N
     keys = sorted(k for k, v in state.items() if isinstance(v, np.ndarray))
     assert "max_exp_avg_sq" in keys and "max_exp_avg_sq" not in make_rule(spec).new_state(4)
     arrays = [weights, *(state[k] for k in keys)]
-    server.ops.replica_snapshot(b"p", message(
+    server.ops.replica_snapshot(Request(b"p", message(
         "replica_snapshot", arrays, table="m", rule=spec,
-        chunks=[[0, 0, 4, 1, keys, {"step": 1}]], seq=1))
+        chunks=[[0, 0, 4, 1, keys, {"step": 1}]], seq=1)))
     chunk = server.store.tables["m"].chunks[0]
     for key in keys:
         np.testing.assert_array_equal(chunk.state[key], state[key])
     with pytest.raises(ProtocolError, match="'grad_avg' is not part of rule 'adam'"):
-        server.ops.replica_snapshot(b"p", message(
+        server.ops.replica_snapshot(Request(b"p", message(
             "replica_snapshot", [weights, weights], table="m", rule=spec,
-            chunks=[[0, 0, 4, 2, ["grad_avg"], {"step": 1}]], seq=2))
+            chunks=[[0, 0, 4, 2, ["grad_avg"], {"step": 1}]], seq=2)))

@@ -12,6 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 CHECKED = ["hogshard.proto.ops", "hogshard.proto.roles", "hogshard.proto.service",
+           "hogshard.proto.requests", "hogshard.ps.server_requests",
            "hogshard.proto.dispatch", "hogshard.proto.security", "hogshard.ps.peer_gate",
            "hogshard.ps.op_table", "hogshard.scheduler.op_table"]
 
