@@ -5,6 +5,7 @@
 ``transport.py``      ``bind_router``, ``connect_dealer``, ``send``, ``reply_ok``/``reply_error``
 ``service.py``        :class:`ServiceCore`, :class:`Replies`: the request loop of every service
 ``held.py``           :class:`HeldRequests`: requests answered later, bounded per peer and in all
+``clock_gate.py``     :class:`ClockGate`: workers' clocks and a policy's gate on pulls (joiners too)
 ``ops.py``            :class:`OpSpec`, :class:`Field`, ``check_header``, ``check_role``: op tables
 ``dispatch.py``       ``guarded``, ``as_error``: a handler's failure, typed
 ``roles.py``          :class:`Role`, ``roles_of``: who a connection is
