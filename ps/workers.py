@@ -48,6 +48,7 @@ class WorkerView:
         self._newcomers: dict[str, float] = {}  # heard from, not yet listed: when first heard
         self._left: dict[str, float] = {}  # said they left, and when
         self._live: set[str] | None = None  # cache of listed | newcomers
+        self._live_listed: dict[str, int] | None = None  # cache: each live one's listed clock
         self._live_at_pull: dict[str, int] = {}  # live workers when each last pulled
 
     def note(self, sender: str, now: float) -> bool:
@@ -65,14 +66,20 @@ class WorkerView:
         """Live workers and newcomers (kept until either changes; do not modify it)."""
         if self._live is None:
             self._live = set(self._listed) | set(self._newcomers)
+            self._live_listed = None
         return self._live
 
-    def _live_listed(self) -> dict[str, int]:
-        return {w: self._listed.get(w, 0) for w in self.live()}
+    def _reported(self) -> dict[str, int]:
+        """Each live worker's clock as the scheduler listed it (kept until the live set
+        changes)."""
+        live = self.live()
+        if self._live_listed is None:
+            self._live_listed = {w: self._listed.get(w, 0) for w in live}
+        return self._live_listed
 
     def clocks(self, requester: str, clock: int) -> dict[str, int]:
         """The clock of every live worker, ``requester`` at ``clock`` at least."""
-        return self._observed.live_clocks(requester, clock, self._live_listed())
+        return self._observed.live_clocks(requester, clock, self._reported())
 
     def has_clock(self, sender: str) -> bool:
         """Whether this server has seen a clock of ``sender`` (it is no joiner)."""
@@ -81,7 +88,7 @@ class WorkerView:
     def may_pull(self, policy: ConsistencyPolicy, sender: str, clock: int | None) -> bool:
         """Whether the policy lets ``sender`` at ``clock`` read now (no clock: always)."""
         return clock is None or self._observed.may_pull(policy, sender, clock,
-                                                        self._live_listed())
+                                                        self._reported())
 
     def admit(self, policy: ConsistencyPolicy, sender: str, clock: int) -> tuple[int, bool]:
         """Take the clock of ``sender``'s pull for step ``clock``: the clock it is admitted at,
@@ -89,7 +96,7 @@ class WorkerView:
         or back under a dead one's name) is admitted at the slowest other live worker's clock
         if that is higher, so that every live worker stays within the policy's window of the
         others (docs/POLICIES.md, "Staleness bounds")."""
-        clock = self._observed.admit(policy, sender, clock, self._live_listed())
+        clock = self._observed.admit(policy, sender, clock, self._reported())
         return clock, self.pulled(sender, clock)
 
     def pushed(self, sender: str, clock: int) -> None:
