@@ -2,11 +2,14 @@
 
 =====================  =============================================================================
 ``__main__.py``        ``python -m hogshard``: runs the ``hogshard`` command
-``cli.py``             ``main``: the ``hogshard`` command; starts each role, launches, inspects jobs
+``cli.py``             ``main``: the ``hogshard`` command; starts each role, launches a job
+``job_cli.py``         ``hogshard status/policy/checkpoint/stop/export``: acts on a running job
+``keys_cli.py``        ``hogshard keys``: CURVE keypairs for a cluster, one per role
 ``cli_options.py``     the flags the commands share; bad values as usage errors, not tracebacks
 ``config_file.py``     ``config_defaults``: ``--config job.toml``, defaults per command
 ``logs.py``            ``configure_logging``: one line per event as text, logfmt or JSON
-``launcher.py``        :class:`LocalCluster`, ``worker_environment``: a whole job on this host
+``launcher.py``        :class:`LocalCluster`: a whole job on this host, supervised to its end
+``children.py``        ``worker_environment``, :class:`JobOutput`: the processes of a launched job
 ``chaos.py``           :class:`Storm`: seeded kill/stop faults against a launched job, recovery timed
 ``chaos_partition.py`` :class:`Partitions`: iptables cuts between exactly two processes, healed
 ``slurm.py``           ``slurm``, ``plan_task``, ``expand_nodelist``: a job brought up under SLURM

@@ -11,7 +11,6 @@ Example::
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import tomllib
@@ -20,11 +19,8 @@ from pathlib import Path
 import click
 
 from hogshard.cli_options import (
-    address_check,
     address_option,
-    call_scheduler,
     check_command,
-    check_policy,
     check_slot_flags,
     checkpoint_options,
     codec_option,
@@ -208,7 +204,7 @@ def worker(scheduler: str, rank: int | None, num_workers: int | None, codec: str
     """Run COMMAND as a worker of the job (it calls PSClient.from_env()): COMMAND replaces
     this process with HOGSHARD_SCHEDULER, HOGSHARD_RANK, HOGSHARD_NUM_WORKERS, HOGSHARD_CODEC
     and HOGSHARD_KEYS set from the flags, and its exit status is the command's."""
-    from hogshard.launcher import worker_environment
+    from hogshard.children import worker_environment
 
     check_command(command)
 
@@ -273,197 +269,6 @@ def launch(servers: int, workers: int, policy: str, heartbeat_timeout: float, re
     sys.exit(code)
 
 
-@main.command()
-@address_option("scheduler", default=DEFAULT_SCHEDULER, help="the scheduler's address")
-@option("timeout", default=300.0, type=click.FloatRange(min=0.1),
-        help="seconds to wait for the checkpoint round to end")
-@keys_option
-@click.argument("directory", type=click.Path(file_okay=False))
-def checkpoint(scheduler: str, timeout: float, keys: str | None, directory: str) -> None:
-    """Checkpoint every shard of a running job into DIRECTORY/ckpt-N (atomically; LATEST is
-    moved once the manifest is written). Prints the checkpoint's path; exits 1 when the round
-    fails or no reply comes within --timeout."""
-    reply = call_scheduler(scheduler, "checkpoint", {"dir": str(Path(directory).resolve())},
-                            timeout, keys)
-    total = sum(f["bytes"] for f in reply["files"])
-    click.echo(f"{reply['path']} ({len(reply['files'])} files, {total} bytes)")
-
-
-@main.command()
-@address_option("scheduler", default=DEFAULT_SCHEDULER, help="the scheduler's address")
-@option("timeout", default=5.0, type=click.FloatRange(min=0.1),
-        help="seconds to wait for the scheduler's reply")
-@keys_option
-def stop(scheduler: str, timeout: float, keys: str | None) -> None:
-    """End the running job (admin role): the workers are told and exit 0 at their next
-    request, the servers take a final checkpoint where the scheduler has --checkpoint-dir,
-    then every server and the scheduler exit 0 (docs/LIFECYCLE.md). Returns once the
-    scheduler has taken the request; exits 1 when it does not answer within --timeout."""
-    reply = call_scheduler(scheduler, "shutdown", None, timeout, keys)
-    checkpoint = ", then a final checkpoint" if reply.get("final_checkpoint") else ""
-    workers = int(reply.get("workers", 0))
-    click.echo(f"stopping the job at {scheduler}: {workers} live worker"
-               f"{'' if workers == 1 else 's'} told to stop{checkpoint}, then the servers and "
-               "the scheduler exit")
-
-
-@main.command("export")
-@option("out", required=True, type=click.Path(file_okay=False),
-        help="directory to write the export into (created; an export already there is "
-        "replaced)")
-@option("since", default=None, type=click.Path(exists=True, file_okay=False),
-        help="an older checkpoint of the same job: export only the embedding rows that "
-        "appeared or changed after it (incremental; dense tables are always whole)")
-@click.option("--scheduler", default=None, callback=address_check(),
-              # no HOGSHARD_SCHEDULER: it changes what is read
-              help="first checkpoint the running job at this scheduler address into SOURCE, "
-              "then export that checkpoint")
-@option("timeout", default=300.0, type=click.FloatRange(min=0.1),
-        help="seconds to wait for the checkpoint round to end")
-@keys_option
-@click.argument("source", type=click.Path(file_okay=False))
-def export(out: str, since: str | None, scheduler: str | None, timeout: float,
-           keys: str | None, source: str) -> None:
-    """Export a checkpoint for serving: the dense weights and every embedding row as plain
-    .npz files with a manifest.json (format: hogshard.proto.export_format), loaded with no
-    servers by hogshard.worker.export.load_exported. SOURCE is a checkpoint (ckpt-N) or the
-    directory whose LATEST names one. Prints the export's path and what it holds; exits 1
-    for a missing, partial or corrupt checkpoint."""
-    from hogshard.ps.export import export_checkpoint
-
-    if scheduler is not None:
-        reply = call_scheduler(scheduler, "checkpoint", {"dir": str(Path(source).resolve())},
-                                timeout, keys)
-        source = reply["path"]
-    manifest = or_exit(lambda: export_checkpoint(Path(source), Path(out),
-                                                 Path(since) if since else None))
-    rows = sum(t["rows"] for t in manifest["embeddings"].values())
-    click.echo(f"{out} ({manifest['kind']} export of {manifest['checkpoint']}: "
-               f"{len(manifest['dense'])} dense tables, {len(manifest['embeddings'])} "
-               f"embedding tables, {rows} rows)")
-
-
-@main.group()
-def policy() -> None:
-    """Inspect or change the consistency policy of a running job."""
-
-
-@policy.command("set")
-@address_option("scheduler", default=DEFAULT_SCHEDULER, help="the scheduler's address")
-@option("timeout", default=5.0, type=click.FloatRange(min=0.1),
-        help="seconds to wait for the scheduler's reply")
-@keys_option
-@click.argument("spec", callback=check_policy)
-def policy_set(scheduler: str, timeout: float, keys: str | None, spec: str) -> None:
-    """Switch the running job to policy SPEC; every server switches at the same clock.
-
-    \b
-    SPEC is one of:
-      async          apply each gradient at once
-      hardsync       one gradient from each live worker per step (BSP)
-      softsync:N     apply the mean of every floor(workers/N) gradients
-      ssp:S          a worker may run at most S clocks ahead of the slowest
-    optionally followed by +lr=staleness, +lr=mean, +dc=LAMBDA or +maxstale=K
-    (docs/POLICIES.md)."""
-    reply = call_scheduler(scheduler, "set_policy", {"policy": spec}, timeout, keys)
-    click.echo(f"policy {reply['policy']} from clock {reply['from_clock']}")
-
-
-@policy.command("show")
-@address_option("scheduler", default=DEFAULT_SCHEDULER, help="the scheduler's address")
-@option("timeout", default=5.0, type=click.FloatRange(min=0.1),
-        help="seconds to wait for the scheduler's reply")
-@keys_option
-def policy_show(scheduler: str, timeout: float, keys: str | None) -> None:
-    """Print the job's current policy."""
-    click.echo(call_scheduler(scheduler, "status", None, timeout, keys)["policy"])
-
-
-@main.command()
-@address_option("scheduler", default=DEFAULT_SCHEDULER, help="the scheduler's address")
-@click.option("--json", "as_json", is_flag=True, help="print the raw status as JSON")
-@option("timeout", default=5.0, type=click.FloatRange(min=0.1),
-        help="seconds to wait for the scheduler's reply")
-@click.option("--watch", "watch_every", default=None, type=click.FloatRange(min=0.1),
-              metavar="SECONDS", help="redraw the table every SECONDS until interrupted")
-@click.option("--count", default=None, type=click.IntRange(min=1),
-              help="with --watch: stop after this many redraws")
-@keys_option
-def status(scheduler: str, as_json: bool, timeout: float, watch_every: float | None,
-           count: int | None, keys: str | None) -> None:
-    """Show members, clocks, the shard map, updates per second, bytes per second and
-    staleness percentiles (a live table with --watch). Exits 1 when the scheduler does not
-    answer within --timeout."""
-    if as_json:
-        reply = call_scheduler(scheduler, "status", None, timeout, keys)
-        click.echo(json.dumps(reply, indent=2, sort_keys=True))
-        return
-    from hogshard.live_status import make_console, status_panel, watch
-
-    console = make_console()
-    if watch_every is None:
-        console.print(status_panel(call_scheduler(scheduler, "status", None, timeout, keys)))
-        return
-    try:
-        watch(lambda: call_scheduler(scheduler, "status", None, timeout, keys), watch_every,
-              console, count)
-    except KeyboardInterrupt:
-        pass
-
-
-@main.group()
-def keys() -> None:
-    """CURVE keys: encryption and authentication of every socket of a cluster."""
-
-
-@keys.command("generate")
-@click.option("--client", "clients", multiple=True, default=("worker", "shard", "admin"),
-              show_default=True,
-              help="client keypair name (repeat for several; each NAME.key is authorised). "
-              "The name's prefix up to the first '-' gives its role: worker, shard (servers) "
-              "or admin; any other name is a worker")
-@click.option("--servers", type=click.IntRange(min=0), default=0, show_default=True,
-              help="give each server rank 0..N-1 its own keypair shard-R.key_secret in place "
-              "of the shared shard.key_secret: server R's key then registers only as rank R "
-              "and sends server-to-server ops only as server-R (0: one shared server key)")
-@click.option("--if-missing", is_flag=True, default=False,
-              help="if DIRECTORY already holds keys, keep them (exit 0) instead of refusing: "
-              "add the client keypairs it lacks altogether (an older folder with one shared "
-              "client.key gets its role keys) and check that every one loads; safe to run "
-              "at every start")
-@click.argument("directory", type=click.Path(file_okay=False))
-def keys_generate(clients: tuple[str, ...], servers: int, if_missing: bool,
-                  directory: str) -> None:
-    """Write a cluster's server keypair and one client keypair per role into DIRECTORY
-    (mode 0600): worker.key_secret for workers, shard.key_secret for shard servers,
-    admin.key_secret for the CLI (status, policy set, policy show, checkpoint, export) and
-    launchers. Every op checks the role of the key that sent it: a worker's key cannot end the
-    job, change the policy or act as a server. Exits 1, changing nothing, when DIRECTORY
-    already holds a server key (unless --if-missing).
-
-    With --servers N each server has its own identity: server R loads shard-R.key_secret
-    (it needs --rank R), and its key cannot register as, or speak for, another rank
-    (FORBIDDEN). --if-missing --servers N adds them to an older folder; then delete
-    authorized/shard.key so the shared server key is no longer admitted.
-
-    \b
-    What each process needs (--keys DIR, HOGSHARD_KEYS):
-      scheduler  server.key, server.key_secret, authorized/
-      server     server.key, server.key_secret, authorized/, shard.key_secret
-                 (with --servers N: shard-R.key_secret of its own rank R instead)
-      worker     server.key, worker.key_secret
-      CLI        server.key, admin.key_secret
-    """
-    from hogshard.proto.security import clients_for, ensure_keys, generate_keys
-
-    make = ensure_keys if if_missing else generate_keys
-    written = or_exit(lambda: make(directory, clients_for(servers, clients)))
-    for path in written:
-        click.echo(str(path))
-    if not written:
-        click.echo(f"{directory} already holds keys: kept", err=True)
-
-
 def _serve(service) -> None:
     import signal
 
@@ -481,14 +286,18 @@ def _serve(service) -> None:
 
 
 def _add_deployment_commands() -> None:
-    """``hogshard slurm``, ``hogshard report``, ``hogshard simulate`` and ``hogshard
-    embeddings`` live in their own modules."""
+    """The commands that act on a running job (``job_cli.py``), ``hogshard keys``
+    (``keys_cli.py``), ``hogshard slurm``, ``hogshard report``, ``hogshard simulate`` and
+    ``hogshard embeddings`` live in their own modules."""
     from hogshard.embeddings_cli import embeddings
+    from hogshard.job_cli import checkpoint, export, policy, status, stop
+    from hogshard.keys_cli import keys
     from hogshard.report import report
     from hogshard.simulate import simulate
     from hogshard.slurm import slurm
 
-    main.add_command(embeddings)
+    for command in (checkpoint, stop, export, policy, status, keys, embeddings):
+        main.add_command(command)
     main.add_command(slurm)
     main.add_command(report)
     main.add_command(simulate)

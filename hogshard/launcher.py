@@ -8,6 +8,9 @@ Example::
     cluster = LocalCluster(servers=2, workers=4, policy="async",
                            command=["python", "examples/fashion_mnist.py", "--epochs", "1"])
     exit_code = cluster.run()
+
+The children's plumbing (environment, prefixed output, progress bar, shutdown) is
+``children.py``'s.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typing import IO, Any
 
 import zmq
 
-from hogshard.proto.config import env_name
+from hogshard.children import Child, JobOutput, spawn, stop_children, worker_environment
 from hogshard.proto.errors import ConfigError, HogshardError, RequestTimeoutError
 from hogshard.proto.manifest import load_manifest, manifest_ranks, resolve_checkpoint
 from hogshard.proto.policy import parse_policy
@@ -37,7 +40,6 @@ from hogshard.proto.transport import RpcChannel
 from hogshard.scheduler.replication import check_replication
 from hogshard.scheduler.resharding import check_slots
 from hogshard.status import ClusterView
-from hogshard.tuning import with_malloc_settings
 
 log = logging.getLogger(__name__)
 
@@ -51,42 +53,6 @@ MAX_RESPAWNS = 200
 FINAL_CHECKPOINT_S = 120.0
 #: The same without a final checkpoint: the servers hear of the end at their next heartbeat.
 END_S = 15.0
-
-
-def worker_environment(
-    scheduler: str, rank: int | None = None, num_workers: int | None = None,
-    threads: int | None = None, base: dict[str, str] | None = None, codec: str | None = None,
-    keys: str | None = None,
-) -> dict[str, str]:
-    """The environment a worker command runs in (what ``PSClient.from_env`` reads)."""
-    env = dict(os.environ if base is None else base)
-    env[env_name("scheduler")] = scheduler
-    if rank is not None:
-        env[env_name("rank")] = str(rank)
-    if num_workers is not None:
-        env[env_name("num_workers")] = str(num_workers)
-    if codec:
-        env[env_name("codec")] = codec
-    if keys:
-        env[env_name("keys")] = str(Path(keys).resolve())
-    if threads is not None:
-        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", env_name("torch_threads")):
-            env.setdefault(var, str(threads))
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    return with_malloc_settings(env)
-
-
-@dataclass
-class Child:
-    role: str
-    rank: int
-    process: subprocess.Popen
-    reader: threading.Thread | None = None
-    replaced: bool = False  # a server that exited and was replaced (--replication 2)
-
-    @property
-    def label(self) -> str:
-        return f"{self.role} {self.rank}"
 
 
 @dataclass
@@ -114,8 +80,7 @@ class LocalCluster:
     respawn: bool = False
     out: IO[str] = field(default_factory=lambda: sys.stdout)
     _children: list[Child] = field(default_factory=list)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-    _bar: Any = None
+    _output: JobOutput = field(init=False)
     _scheduler_address: str = ""
     _workdir: Path | None = None
     _respawns: int = 0
@@ -134,30 +99,15 @@ class LocalCluster:
         parse_policy(self.policy)  # a bad spec is refused before anything starts
         check_replication(self.replication)
         check_slots(self.embedding_slots, self.replication)
+        self._output = JobOutput(self.out, self.progress)
 
     # ---- output -----------------------------------------------------------------------------
 
     def _emit(self, text: str) -> None:
-        with self._lock:
-            if self._bar is not None:
-                self._bar.write(text, file=self.out)
-            else:
-                self.out.write(text + "\n")
-                self.out.flush()
-
-    def _pipe(self, child: Child) -> None:
-        assert child.process.stdout is not None
-        for line in child.process.stdout:
-            self._emit(f"[{child.label}] {line.rstrip()}")
+        self._output.emit(text)
 
     def _spawn(self, role: str, rank: int, argv: Sequence[str], env: dict[str, str]) -> Child:
-        process = subprocess.Popen(
-            list(argv), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, text=True, bufsize=1, start_new_session=True,
-        )
-        child = Child(role, rank, process)
-        child.reader = threading.Thread(target=self._pipe, args=(child,), daemon=True)
-        child.reader.start()
+        child = spawn(self._output, role, rank, argv, env)
         self._children.append(child)
         return child
 
@@ -239,7 +189,7 @@ class LocalCluster:
                              security=load_security(self.keys, Role.ADMIN))
         view = ClusterView({})
         try:
-            self._open_bar()
+            self._output.open_bar()
             while True:
                 self._check_infrastructure()
                 if self._pending_workers:
@@ -248,7 +198,7 @@ class LocalCluster:
                     break
                 try:
                     view = ClusterView(channel.call("status", timeout=2.0).header)
-                    self._update_bar(view)
+                    self._output.update_bar(view)
                 except HogshardError:
                     pass
                 time.sleep(0.5)
@@ -262,7 +212,7 @@ class LocalCluster:
             self._await_scheduler(FINAL_CHECKPOINT_S if self.checkpoint_dir else END_S)
 
         finally:
-            self._close_bar()
+            self._output.close_bar()
             channel.close()
             context.term()
         for line in view.summary_lines():
@@ -359,58 +309,9 @@ class LocalCluster:
             "server", "--scheduler", scheduler, "--rank", str(rank), *self._keys_args(),
             *(["--restore", self.restore] if self.restore and restore else [])), dict(os.environ))
 
-    def _open_bar(self) -> None:
-        if not self.progress:
-            return
-        from tqdm import tqdm
-
-        self._bar = tqdm(total=1, unit="step", file=self.out, dynamic_ncols=True,
-                         mininterval=0.5, disable=None if not self.out.isatty() else False)
-        if self._bar.disable:
-            self._bar = None
-            self._last_line = 0.0
-
-    def _update_bar(self, view: ClusterView) -> None:
-        done, total = view.progress()
-        if total <= 0:
-            return
-        postfix = view.postfix()
-        if self._bar is not None:
-            self._bar.total = total
-            self._bar.n = done
-            self._bar.set_postfix_str(postfix, refresh=False)
-            self._bar.refresh()
-        elif self.progress and time.monotonic() - getattr(self, "_last_line", 0.0) >= 10.0:
-            self._last_line = time.monotonic()
-            self._emit(f"[launch] progress {done}/{total} ({100 * done / total:.0f}%) {postfix}")
-
-    def _close_bar(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
-            self._bar = None
-
     def _stop_all(self, grace: float = 5.0) -> None:
-        alive = [c for c in self._children if c.process.poll() is None]
-        for child in alive:
-            _signal_group(child.process, signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        for child in alive:
-            try:
-                child.process.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                _signal_group(child.process, signal.SIGKILL)
-                child.process.wait()
-        for child in self._children:
-            if child.reader is not None:
-                child.reader.join(timeout=2.0)
+        stop_children(self._children, grace)
 
 
 def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
-
-
-def _signal_group(process: subprocess.Popen, sig: int) -> None:
-    try:
-        os.killpg(process.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass

@@ -6,6 +6,7 @@
 ``service.py``        :class:`ServiceCore`, :class:`Replies`: the request loop of every service
 ``requests.py``       :class:`Request`, :class:`Reply`, ``HELD``: the one handler contract
 ``held.py``           :class:`HeldRequests`: requests answered later, bounded per peer and in all
+``clock_gate.py``     :class:`ClockGate`: workers' clocks and a policy's gate on pulls (joiners too)
 ``ops.py``            :class:`OpSpec`, ``declare_ops``, ``bind_ops``, ``check_header``: op tables
 ``dispatch.py``       ``as_error``: a handler's failure, typed
 ``roles.py``          :class:`Role`, ``roles_of``: who a connection is

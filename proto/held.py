@@ -1,7 +1,8 @@
 """Requests a service answers later: held in arrival order, bounded per peer and in all, and
 offered to a release predicate whenever what they wait for may have changed.
 
-A server holds the pulls its consistency policy holds back, the scheduler the requests that
+A server holds the pulls its consistency policy holds back (and, as a replicated primary, the
+push replies that wait for its backups' acknowledgements), the scheduler the requests that
 wait for a barrier or the servers; the bounds keep any one peer (and all of them together)
 from holding the process's memory.
 
@@ -94,6 +95,11 @@ class HeldRequests(Generic[T]):
         for entry in waiting:
             if not settle(entry.request):
                 self._entries.append(entry)
+
+    def drain(self) -> list[T]:
+        """Let every held request go, in arrival order (to refuse or drop them all)."""
+        drained, self._entries = self._entries, []
+        return [entry.request for entry in drained]
 
     def release_first(self, ready: Callable[[T], bool], settle: Callable[[T], None]) -> None:
         """While ``ready`` says the first held request may go, let it go and ``settle`` it

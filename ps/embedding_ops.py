@@ -142,14 +142,20 @@ class EmbeddingOps:
         ``ssp:S`` table at a clock the slower workers have not reached yet is held."""
         msg = request.message
         clock, bound = msg.get("clock"), self._bound(msg)
-        if clock is not None and bound is not None:
-            sender = self._noted(msg)
-            if not self.gate.may_pull(bound, sender, clock):
-                self._shard(msg)  # refuse a pull this server will not serve before holding it
-                self.gate.hold(request.identity, msg, bound)
-                self._stats.deferred_pulls += 1
-                return HELD
-        return Reply(*self._serve_pull(msg))
+        if clock is None or bound is None:
+            return Reply(*self._serve_pull(msg))
+        sender = self._noted(msg)
+        if not self.gate.may_pull(bound, sender, clock):
+            self._shard(msg)  # refuse a pull this server will not serve before holding it
+            self.gate.hold(request.identity, msg, bound)
+            self._stats.deferred_pulls += 1
+            return HELD
+        admitted = self.gate.admit(sender, clock)  # a joiner: at the slowest live clock
+        fields, rows = self._serve_pull(msg)
+        if admitted > clock:  # (a joiner's pull is never held: the others are ahead)
+            self.gate.joined(sender, admitted)
+            fields["clock"] = admitted
+        return Reply(fields, rows)
 
     def release(self) -> None:
         """Answer the held pulls the workers' clocks now allow (checked again in full: a

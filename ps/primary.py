@@ -138,7 +138,7 @@ class Primary:
         groups = self._replicas.groups
         ready = groups.group_forwarded(updates, each)
         ready += groups.own_forwarded(contribution, fields, needs)
-        self._replicas.held.extend(ready)
+        self._replicas.hold(ready)
         self.release()
 
     def flush_stalled(self, now: float, applier: UpdateApplier) -> None:
@@ -165,7 +165,7 @@ class Primary:
         if not updates:
             return
         _, each = self._replicas.forward(updates, None)
-        self._replicas.held.extend(self._replicas.groups.group_forwarded(updates, each))
+        self._replicas.hold(self._replicas.groups.group_forwarded(updates, each))
         self.release()
 
     # ---- embedding pushes ---------------------------------------------------------------------
@@ -200,7 +200,7 @@ class Primary:
     def hold(self, identity: bytes, request_id: int, fields: dict[str, Any],
              needs: dict[int, int]) -> None:
         """Answer once each backup in ``needs`` has acknowledged that sequence number."""
-        self._replicas.held.append(HeldReply(identity, request_id, fields, needs))
+        self._replicas.hold([HeldReply(identity, request_id, fields, needs)])
         self.release()
 
     def release(self) -> None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +30,7 @@ import numpy as np
 import zmq
 
 from hogshard.proto.errors import NotOwnerError
+from hogshard.proto.held import HeldRequests
 from hogshard.proto.security import Security
 from hogshard.proto.tables import EMBEDDING_MAP
 from hogshard.proto.transport import ERROR, connect_dealer, request_header, send
@@ -101,7 +102,9 @@ class Replicator:
         self.roles: dict[str, dict[int, tuple[int, int]]] = {}
         self.links: dict[int, BackupLink] = {}
         self.links_version = 0  # moves whenever a link is opened or closed
-        self.held: list[HeldReply] = []
+        #: Push replies waiting for their backups' acknowledgements (no bound: a worker's
+        #: pushes in flight bound them).
+        self.held = HeldRequests[HeldReply](per_peer=None, total=None)
         #: Pushes whose gradients wait in a group (their replies are not held yet).
         self.groups = GroupReplies()
         self.recent = RecentPushes()
@@ -135,8 +138,12 @@ class Replicator:
         self.map_epoch = None
         self.lease_until = 0.0
         self.slots.serving[:] = False
-        dropped, self.held = self.held, []
-        return dropped + self.groups.drop()
+        return self.held.drain() + self.groups.drop()
+
+    def hold(self, replies: Iterable[HeldReply]) -> None:
+        """Hold ``replies`` until their backups acknowledge them (:meth:`ready_replies`)."""
+        for reply in replies:
+            self.held.hold(reply.identity, reply)
 
     def check_primary(self, table: str, chunk_ids: list[int], now: float, rank: int) -> None:
         """Raise NotOwnerError unless this server is, under a valid lease, the primary of
@@ -354,13 +361,10 @@ class Replicator:
         if not self.lease_valid(now):
             error = NotOwnerError(f"{self.sender}: lease from the scheduler ran out before the "
                                   "backup acknowledged; retry after a map refresh")
-            refused: list[tuple[HeldReply, NotOwnerError | None]] = [
-                (held, error) for held in self.held]
-            self.held = []
-            return refused
+            return [(held, error) for held in self.held.drain()]
         ready: list[tuple[HeldReply, NotOwnerError | None]] = []
-        waiting: list[HeldReply] = []
-        for held in self.held:
+
+        def settle(held: HeldReply) -> bool:
             links = [self.links.get(r) for r in held.needs]
             fenced = next((lk.fenced for lk in links if lk is not None and lk.fenced), None)
             if fenced:
@@ -368,8 +372,10 @@ class Replicator:
             elif all(lk is None or lk.acked >= held.needs[lk.rank] for lk in links):
                 ready.append((held, None))
             else:
-                waiting.append(held)
-        self.held = waiting
+                return False
+            return True
+
+        self.held.release(settle)
         return ready
 
     def close(self) -> None:

@@ -6,6 +6,9 @@ where a worker's clock is the larger of what the server's :class:`WorkerView` kn
 scheduler's heartbeat replies, this server's dense pushes and pulls) and one more than the
 clock of its latest ``emb_push`` applied here. Until then the pull is held, and checked again
 whenever a clock may have moved. ``async`` tables, and pulls without a clock, are never held.
+A worker the server has no clock for at all (no dense request, no row push) is admitted at the
+slowest other live worker's clock, the joiner rule of :class:`ClockGate`, and told so in the
+reply's ``clock``.
 
 Example::
 
@@ -25,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from hogshard.proto.clock_gate import ClockGate
 from hogshard.proto.held import MAX_HELD, MAX_HELD_PER_PEER, HeldRequests
 from hogshard.proto.policy import SSPPolicy
 from hogshard.proto.wire import Message
@@ -43,22 +47,30 @@ class RowGate:
 
     def __init__(self, view: WorkerView) -> None:
         self._view = view
-        self._pushed: dict[str, int] = {}  # 1 + the clock of each worker's latest row push
+        self._pushed = ClockGate(MAX_LEFT)  # 1 + the clock of each worker's latest row push
         self.held = HeldRequests[HeldPull](MAX_HELD_PER_PEER, MAX_HELD)
 
     def pushed(self, sender: str, clock: int) -> None:
         """``sender``'s row push of step ``clock`` is applied here."""
-        if clock + 1 > self._pushed.get(sender, 0):
-            if sender not in self._pushed and len(self._pushed) >= MAX_LEFT:
-                self._pushed.pop(next(iter(self._pushed)))
-            self._pushed[sender] = clock + 1
+        self._pushed.advance(sender, clock + 1)
 
     def may_pull(self, bound: int, sender: str, clock: int) -> bool:
         """Whether every live worker has reached ``clock - bound`` (``sender`` counts as at
         ``clock``)."""
-        clocks = {w: max(c, self._pushed.get(w, 0))
-                  for w, c in self._view.clocks(sender, clock).items()}
-        return SSPPolicy(staleness=bound).may_pull(clock, clocks)
+        return self._pushed.may_pull(SSPPolicy(staleness=bound), sender, clock,
+                                     self._view.clocks(sender, clock))
+
+    def admit(self, sender: str, clock: int) -> int:
+        """The clock ``sender``'s pull at ``clock`` is admitted at: a worker with no clock
+        here (no row push, no dense request) starts at the slowest other live worker's clock
+        if that is higher (the joiner rule); :meth:`joined` records it once it is served."""
+        if self._view.has_clock(sender):
+            return clock
+        return self._pushed.admit(SSPPolicy(), sender, clock, self._view.clocks(sender, clock))
+
+    def joined(self, sender: str, clock: int) -> None:
+        """``sender`` was admitted at ``clock``: it counts at that clock from now on."""
+        self._pushed.advance(sender, clock)
 
     def hold(self, identity: bytes, message: Message, bound: int) -> None:
         """Keep a pull until :meth:`release` finds it allowed; TooLargeError beyond the caps

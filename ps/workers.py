@@ -27,8 +27,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
+from hogshard.proto.clock_gate import ClockGate
 from hogshard.proto.errors import ConfigError, HogshardError
-from hogshard.proto.policy import ConsistencyPolicy, SSPPolicy, parse_policy
+from hogshard.proto.policy import ConsistencyPolicy, parse_policy
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +44,11 @@ class WorkerView:
         #: Whether a heartbeat reply has listed the workers yet.
         self.known = False
         self._listed: dict[str, int] = {}  # as the scheduler's last reply listed them
-        self._observed: dict[str, int] = {}  # clocks seen in this server's own requests
+        self._observed = ClockGate()  # clocks seen in this server's own requests
         self._newcomers: dict[str, float] = {}  # heard from, not yet listed: when first heard
         self._left: dict[str, float] = {}  # said they left, and when
         self._live: set[str] | None = None  # cache of listed | newcomers
+        self._live_listed: dict[str, int] | None = None  # cache: each live one's listed clock
         self._live_at_pull: dict[str, int] = {}  # live workers when each last pulled
 
     def note(self, sender: str, now: float) -> bool:
@@ -64,17 +66,29 @@ class WorkerView:
         """Live workers and newcomers (kept until either changes; do not modify it)."""
         if self._live is None:
             self._live = set(self._listed) | set(self._newcomers)
+            self._live_listed = None
         return self._live
+
+    def _reported(self) -> dict[str, int]:
+        """Each live worker's clock as the scheduler listed it (kept until the live set
+        changes)."""
+        live = self.live()
+        if self._live_listed is None:
+            self._live_listed = {w: self._listed.get(w, 0) for w in live}
+        return self._live_listed
 
     def clocks(self, requester: str, clock: int) -> dict[str, int]:
         """The clock of every live worker, ``requester`` at ``clock`` at least."""
-        clocks = {w: max(self._listed.get(w, 0), self._observed.get(w, 0)) for w in self.live()}
-        clocks[requester] = max(clocks.get(requester, 0), clock)
-        return clocks
+        return self._observed.live_clocks(requester, clock, self._reported())
+
+    def has_clock(self, sender: str) -> bool:
+        """Whether this server has seen a clock of ``sender`` (it is no joiner)."""
+        return sender in self._observed
 
     def may_pull(self, policy: ConsistencyPolicy, sender: str, clock: int | None) -> bool:
         """Whether the policy lets ``sender`` at ``clock`` read now (no clock: always)."""
-        return clock is None or policy.may_pull(clock, self.clocks(sender, clock))
+        return clock is None or self._observed.may_pull(policy, sender, clock,
+                                                        self._reported())
 
     def admit(self, policy: ConsistencyPolicy, sender: str, clock: int) -> tuple[int, bool]:
         """Take the clock of ``sender``'s pull for step ``clock``: the clock it is admitted at,
@@ -82,25 +96,18 @@ class WorkerView:
         or back under a dead one's name) is admitted at the slowest other live worker's clock
         if that is higher, so that every live worker stays within the policy's window of the
         others (docs/POLICIES.md, "Staleness bounds")."""
-        if isinstance(policy, SSPPolicy) and sender not in self._observed:
-            others = [c for w, c in self.clocks(sender, clock).items() if w != sender]
-            if others and min(others) > clock:
-                clock = min(others)
+        clock = self._observed.admit(policy, sender, clock, self._reported())
         return clock, self.pulled(sender, clock)
 
     def pushed(self, sender: str, clock: int) -> None:
         """``sender`` finished the push of step ``clock``: it is at ``clock + 1``."""
-        if clock + 1 > self._observed.get(sender, 0):
-            self._observed[sender] = clock + 1
+        self._observed.advance(sender, clock + 1)
 
     def pulled(self, sender: str, clock: int) -> bool:
         """``sender`` pulls for step ``clock`` (its pushes of earlier steps came first on its
         connection, so they are all in); True if that moved its clock."""
         self._live_at_pull[sender] = len(self.live())
-        if clock > self._observed.get(sender, 0):
-            self._observed[sender] = clock
-            return True
-        return False
+        return self._observed.advance(sender, clock)
 
     def bound_workers(self, sender: str) -> int:
         """How many workers a staleness bound counts for a gradient of ``sender``: those live
@@ -119,7 +126,7 @@ class WorkerView:
         self._live = None
 
     def _forget(self, sender: str) -> None:
-        self._observed.pop(sender, None)
+        self._observed.forget(sender)
         self._live_at_pull.pop(sender, None)
 
     def listed(self, workers: Mapping[str, int], asked_at: float) -> None:
@@ -139,11 +146,11 @@ class WorkerView:
     @property
     def observed(self) -> dict[str, int]:
         """The clocks seen in this server's own requests (written into checkpoints)."""
-        return dict(self._observed)
+        return self._observed.clocks
 
     def restore(self, clocks: Mapping[str, int]) -> None:
         """Adopt the clocks a checkpoint recorded."""
-        self._observed = dict(clocks)
+        self._observed.restore(clocks)
 
 
 class PolicySchedule:

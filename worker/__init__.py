@@ -22,6 +22,7 @@ param_groups.py               GroupHyper: param_groups as a table's rule and a p
 overlap.py                    GradientBuckets: pushes while backward still runs
 device.py, cuda.py            HostMirror, CudaMirror: weights on the model's device
 embedding.py                  RemoteEmbeddingBag: a torch embedding bag on the servers
+row_fetch.py                  FetchedRows, pull_fetched: a bag's rows for one batch, pulled, landed
 row_cache.py                  RowCache: hot embedding rows with bounded staleness
 compression.py                Compressor, ErrorFeedback, DGC: compressed pushes
 compression_policy.py         CompressionPolicy, TableRule: which codec each table uses

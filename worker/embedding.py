@@ -47,7 +47,6 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any, cast
 
 import numpy as np
@@ -59,137 +58,11 @@ from hogshard.proto.errors import ConfigError
 from hogshard.proto.policy import promises_fresh_reads
 from hogshard.proto.tables import row_staleness_bound
 from hogshard.worker.client import PSClient
-from hogshard.worker.device import host_empty, to_device, to_host
+from hogshard.worker.device import to_device, to_host
 from hogshard.worker.futures import Future
 from hogshard.worker.row_cache import DEFAULT_CAPACITY, RowCache
+from hogshard.worker.row_fetch import BagStep, FetchedRows, pull_fetched
 from hogshard.worker.sparse import EmbeddingHandle
-
-
-class _Fetched:
-    """Rows pulled for one batch of indices: the unique ids, the inverse map, the rows."""
-
-    def __init__(self, indices: torch.Tensor, dim: int, device: torch.device,
-                 counted: bool) -> None:
-        flat = indices.detach().reshape(-1).to("cpu", torch.int64).numpy()
-        self.key = indices
-        self.counts: np.ndarray | None = None  # lookups per unique id: ``counted`` (a cache)
-        if counted:
-            self.ids, inverse, self.counts = np.unique(flat, return_inverse=True,
-                                                       return_counts=True)
-        else:
-            self.ids, inverse = np.unique(flat, return_inverse=True)
-        self.inverse = torch.from_numpy(inverse.reshape(indices.shape).astype(np.int64,
-                                                                               copy=False))
-        self.rows_tensor = host_empty((self.ids.size, dim), device)  # pinned for a GPU
-        self.rows = self.rows_tensor.numpy()
-        self.future: Future | None = None
-        self.missed: np.ndarray | None = None  # positions pulled while the rest came cached
-        self.missed_rows = np.empty((0, dim), np.float32)
-        self.clock = 0  # the clock of the step that uses the rows (cache lookups)
-        self.pulled_at = 0  # the clock whose pushes the rows show (cache inserts)
-        self.behind_push = False  # announced ("exact"): pulled behind this step's row push
-        self.landing: _Landing | None = None
-
-    def pulled(self) -> np.ndarray:
-        """The positions whose rows come from the servers (the others from the cache)."""
-        return np.arange(self.ids.size) if self.missed is None else self.missed
-
-    def wait(self, timeout: float) -> None:
-        """Wait for the pull of these rows."""
-        if self.future is not None:
-            self.future.result(timeout)
-
-    def place(self) -> None:
-        """Once the pull is done: put the pulled rows beside the cached ones."""
-        if self.missed is not None:
-            self.rows[self.missed] = self.missed_rows
-
-
-@dataclass(slots=True)
-class BagStep:
-    """A bag's state from one step to the next."""
-
-    prefetched: _Fetched | None = None  # rows pulled for the next forward
-    touched: list[tuple[np.ndarray, torch.Tensor]] = field(default_factory=list)  # (ids, leaf)
-    pushing: Future | None = None  # the row push not yet waited for (pipeline)
-
-
-def _by_cache(pairs: Sequence[tuple[RemoteEmbeddingBag, _Fetched]]
-              ) -> list[tuple[RowCache, list[int], list[_Fetched]]]:
-    """The fetches of bags with a cache, by cache: (cache, the bags' table numbers in it,
-    their fetches)."""
-    groups: dict[int, tuple[RowCache, list[int], list[_Fetched]]] = {}
-    for bag, f in pairs:
-        if bag.cache is not None:
-            group = groups.setdefault(id(bag.cache), (bag.cache, [], []))
-            group[1].append(bag.cache_table)
-            group[2].append(f)
-    return list(groups.values())
-
-
-class _Landing:
-    """The fetches of one pull (one per bag), landed together at the first forward that needs
-    one of them: rows put in place, then cached in one pass per cache."""
-
-    def __init__(self, pairs: Sequence[tuple[RemoteEmbeddingBag, _Fetched]]) -> None:
-        self.pairs = list(pairs)
-        self.landed = False
-        for _, f in self.pairs:
-            f.landing = self
-
-    def land(self, timeout: float) -> None:
-        if self.landed:
-            return
-        self.landed = True
-        for _, f in self.pairs:
-            f.wait(timeout)
-            f.place()
-        for cache, tables, fetched in _by_cache(self.pairs):
-            missed = [f.pulled() for f in fetched]
-            cache.insert_tables(tables, [f.ids[m] for f, m in zip(fetched, missed, strict=True)],
-                                [f.rows[m] for f, m in zip(fetched, missed, strict=True)],
-                                fetched[0].pulled_at)
-        for _, f in self.pairs:
-            f.missed = None
-
-
-def _pull(bags: Sequence[RemoteEmbeddingBag], fetched: Sequence[_Fetched],
-          upcoming: bool = False) -> Future | None:
-    """Pull the rows of each batch that its bag's cache does not hold fresh enough, in one
-    request per server (None when every row was cached). ``upcoming``: for the next step.
-    Each cache is looked up once for all its bags."""
-    client = bags[0].client
-    pairs = list(zip(bags, fetched, strict=True))
-    for bag, f in pairs:
-        f.clock = client.clock + int(upcoming)
-        # "exact" rows are pulled behind this step's push: as fresh as pulled next step
-        f.pulled_at = f.clock if bag.pipeline == "exact" else client.clock
-    for cache, tables, cached in _by_cache(pairs):
-        missed = cache.split_tables(tables, [f.ids for f in cached], cached[0].clock,
-                                    [f.rows for f in cached],
-                                    [cast(np.ndarray, f.counts) for f in cached])  # counted
-        for f, positions in zip(cached, missed, strict=True):
-            f.missed = positions
-            f.missed_rows = np.empty((positions.size, f.rows.shape[1]), np.float32)
-    handles, ids, outs = [], [], []
-    for bag, f in zip(bags, fetched, strict=True):
-        if f.missed is None:
-            handles.append(bag.handle)
-            ids.append(f.ids)
-            outs.append(f.rows)
-        elif f.missed.size:
-            handles.append(bag.handle)
-            ids.append(f.ids[f.missed])
-            outs.append(f.missed_rows)
-    _Landing(pairs)
-    return client.pull_rows(handles, ids, outs, _gated_clock(handles, fetched[0].clock)) \
-        if handles else None
-
-
-def _gated_clock(handles: Sequence[EmbeddingHandle], clock: int) -> int | None:
-    """The clock a row pull carries: the step that uses the rows, where one of its tables
-    runs ``ssp:S`` (the servers hold the pull for slower workers); None for ``async``."""
-    return clock if any(h.spec.staleness_bound is not None for h in handles) else None
 
 
 class RemoteEmbeddingBag(nn.Module):
@@ -265,10 +138,10 @@ class RemoteEmbeddingBag(nn.Module):
         return (f"{self.handle.name!r}, {self.num_embeddings}, {self.embedding_dim}, "
                 f"mode={self.mode!r}")
 
-    def fetch(self, indices: torch.Tensor) -> _Fetched:
+    def fetch(self, indices: torch.Tensor) -> FetchedRows:
         """Start pulling the rows of ``indices`` (used by :func:`prefetch`)."""
-        fetched = _Fetched(indices, self.embedding_dim, self.device, self.cache is not None)
-        fetched.future = _pull([self], [fetched])
+        fetched = FetchedRows(indices, self.embedding_dim, self.device, self.cache is not None)
+        fetched.future = pull_fetched([self], [fetched])
         return fetched
 
     def prefetch(self, next_indices: torch.Tensor) -> None:
@@ -326,9 +199,9 @@ def prefetch(pairs: Sequence[tuple[RemoteEmbeddingBag, torch.Tensor]]) -> Future
     forward on that same ``indices`` tensor uses them."""
     if not pairs:
         return None
-    fetched = [_Fetched(indices, bag.embedding_dim, bag.device, bag.cache is not None)
+    fetched = [FetchedRows(indices, bag.embedding_dim, bag.device, bag.cache is not None)
                for bag, indices in pairs]
-    future = _pull([bag for bag, _ in pairs], fetched)
+    future = pull_fetched([bag for bag, _ in pairs], fetched)
     for (bag, _), f in zip(pairs, fetched, strict=True):
         f.future = future
         bag.in_flight.prefetched = f
@@ -345,9 +218,9 @@ def prefetch_next(pairs: Sequence[tuple[RemoteEmbeddingBag, torch.Tensor]]) -> F
     if off:
         raise ConfigError(f"tables {off}: announcing the next batch needs "
                           "RemoteEmbeddingBag(pipeline='exact' or 'stale')")
-    now: list[tuple[RemoteEmbeddingBag, _Fetched]] = []
+    now: list[tuple[RemoteEmbeddingBag, FetchedRows]] = []
     for bag, indices in pairs:
-        f = _Fetched(indices, bag.embedding_dim, bag.device, bag.cache is not None)
+        f = FetchedRows(indices, bag.embedding_dim, bag.device, bag.cache is not None)
         bag.in_flight.prefetched = f
         if bag.pipeline == "exact":
             f.behind_push = True
@@ -355,7 +228,7 @@ def prefetch_next(pairs: Sequence[tuple[RemoteEmbeddingBag, torch.Tensor]]) -> F
             now.append((bag, f))
     if not now:
         return None
-    future = _pull([bag for bag, _ in now], [f for _, f in now], upcoming=True)
+    future = pull_fetched([bag for bag, _ in now], [f for _, f in now], upcoming=True)
     for _, f in now:
         f.future = future
     return future
@@ -407,7 +280,7 @@ def _pull_announced(bags: Sequence[RemoteEmbeddingBag]) -> None:
     if not pairs:
         return
     fetched = [f for _, f in pairs]
-    future = _pull([bag for bag, _ in pairs], fetched, upcoming=True)
+    future = pull_fetched([bag for bag, _ in pairs], fetched, upcoming=True)
     for f in fetched:
         f.behind_push = False
         f.future = future

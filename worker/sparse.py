@@ -241,6 +241,9 @@ def pull_rows(
                 if len(message.arrays) != 1:
                     raise ProtocolError(f"a packed emb_pull's reply carries one array; got "
                                         f"{len(message.arrays)}")
+                admitted = message.get("clock")  # a joiner admitted at the slowest live clock
+                if type(admitted) is int and admitted > client.clock:
+                    client.clock = admitted
                 flat = message.arrays[0] if decoder is None else decode_weights(
                     decoder, message.arrays)[0]
                 rows = split_rows(flat, counts, dims, "rows")

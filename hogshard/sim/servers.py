@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from hogshard.proto.clock_gate import ClockGate
 from hogshard.proto.errors import HogshardError
 from hogshard.proto.held import HeldRequests
 from hogshard.proto.policy import ConsistencyPolicy
@@ -94,7 +95,8 @@ class VirtualServer:
         self.live: set[str] = set(learners)
         self.refused = 0
         #: Steps finished by each live learner: what the policy gate reads, kept as it changes.
-        self._clocks: dict[str, int] = dict.fromkeys(self.live, 0)
+        self._clocks = ClockGate()
+        self._clocks.restore(dict.fromkeys(self.live, 0))
         self._queue: deque[_Job] = deque()
         #: On a shared host: its message work runs on the host's cores, and waiting messages
         #: are taken one per learner in turn (a ZeroMQ ROUTER's fair queueing), replies first.
@@ -187,15 +189,15 @@ class VirtualServer:
             return
         self.stats.pushes += 1
         self.stats.bytes_in += self.nbytes
-        self._clocks[learner] = max(self._clocks.get(learner, 0), clock)
+        self._clocks.advance(learner, clock)
         self._release()
 
     def _allowed(self, learner: str, clock: int) -> bool:
         if self.applier.waiting_on(learner, TABLE, self.ids):
             return False
-        if learner in self.live and clock > self._clocks.get(learner, 0):
-            self._clocks[learner] = clock
-        return self.policy.may_pull(clock, self._clocks)
+        if learner in self.live:  # a learner with no clock joins at the slowest live clock
+            self._clocks.advance(learner, self._clocks.admit(self.policy, learner, clock))
+        return self._clocks.may_pull(self.policy, learner, clock)
 
     def _pull(self, learner: str, clock: int, reply: Reply) -> None:
         self.stats.pulls += 1
@@ -236,7 +238,7 @@ class VirtualServer:
     def leave(self, learner: str) -> None:
         """A learner finished: it leaves lambda and the clock minimum, open groups complete."""
         self.live.discard(learner)
-        self._clocks.pop(learner, None)
+        self._clocks.forget(learner)
         self.applier.complete_groups(self.live)
         self._release()
 

@@ -8,6 +8,7 @@ import re
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -90,3 +91,33 @@ def test_what_ssp0_rows_refuse_and_what_a_server_reports(cluster_factory) -> Non
             RemoteEmbeddingBag(client, "t", 30, 4)
     finally:
         client.close()
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(60, method="signal")
+def test_a_joiner_of_an_ssp_table_is_admitted_at_the_slowest_row_clock(cluster_factory) -> None:
+    """A worker the server has no clock for pulls at clock 0 while the other has pushed 5
+    steps of rows: it is admitted at 5 (the reply's clock, which it adopts), and the other's
+    next pull is not held for it."""
+    address = cluster_factory(servers=1).address
+    first = PSClient(ClientSettings(scheduler=address, request_timeout=30.0))
+    joiner = None
+    try:
+        table = first.embedding_table("t", 4, 30, policy="ssp:1")
+        ids, out = np.arange(3), np.zeros((3, 4), np.float32)
+        for step in range(5):
+            first.pull_rows([table], [ids], [out], clock=step).result(30.0)
+            first.push_rows([table], [ids], [np.ones((3, 4), np.float32)],
+                            clock=step).result(30.0)
+        joiner = PSClient(ClientSettings(scheduler=address, request_timeout=30.0))
+        assert joiner.clock == 0
+        late = joiner.embedding_table("t", 4, 30, policy="ssp:1")
+        joiner.pull_rows([late], [ids], [out], clock=0).result(30.0)
+        assert joiner.clock == 5
+        first.pull_rows([table], [ids], [out], clock=6).result(10.0)  # not held for the joiner
+        (stats,) = embedding_stats(first).values()
+        assert stats["held_pulls"] == 0
+    finally:
+        first.close()
+        if joiner is not None:
+            joiner.close()

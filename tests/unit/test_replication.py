@@ -124,18 +124,18 @@ def test_primary_check_needs_role_and_lease(replicas: Replicator) -> None:
 
 def test_held_replies_fail_once_the_lease_runs_out(replicas: Replicator) -> None:
     replicas.renew_lease(heartbeat_sent_at=0.0)
-    replicas.held.append(HeldReply(b"w", 7, {"staleness": [0]}, needs={}))
+    replicas.hold([HeldReply(b"w", 7, {"staleness": [0]}, needs={})])
     assert [(h.request_id, e) for h, e in replicas.ready_replies(now=0.1)] == [(7, None)]
-    replicas.held.append(HeldReply(b"w", 8, {"staleness": [0]}, needs={1: 3}))
+    replicas.hold([HeldReply(b"w", 8, {"staleness": [0]}, needs={1: 3})])
     (held, error), = replicas.ready_replies(now=5.0)
     assert held.request_id == 8 and isinstance(error, NotOwnerError)
 
 
 def test_forgetting_roles_returns_the_held_replies(replicas: Replicator) -> None:
     replicas.roles["m"] = {0: (0, 1)}
-    replicas.held.append(HeldReply(b"w", 9, {}, needs={1: 1}))
+    replicas.hold([HeldReply(b"w", 9, {}, needs={1: 1})])
     assert [h.request_id for h in replicas.forget_roles()] == [9]
-    assert replicas.roles == {"m": {}} and replicas.held == [] and replicas.map_epoch is None
+    assert replicas.roles == {"m": {}} and not replicas.held and replicas.map_epoch is None
 
 
 @dataclass
