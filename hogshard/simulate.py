@@ -15,9 +15,8 @@ from typing import Any
 
 import click
 
+from hogshard import sim_defaults as defaults
 from hogshard.proto.errors import HogshardError
-
-DEFAULT_COMPUTE_MS = 20.0
 
 
 def _policy(ctx: click.Context, param: click.Parameter, value: str) -> str:
@@ -34,11 +33,11 @@ def _positive(**kwargs: Any) -> click.FloatRange:
 
 
 @click.command()
-@click.option("--learners", default=4, show_default=True, type=click.IntRange(min=1),
+@click.option("--learners", default=defaults.LEARNERS, show_default=True, type=click.IntRange(min=1),
               help="virtual learners (lambda)")
-@click.option("--servers", default=1, show_default=True, type=click.IntRange(min=1),
+@click.option("--servers", default=defaults.SERVERS, show_default=True, type=click.IntRange(min=1),
               help="virtual shard servers (the model is cut into one chunk per server)")
-@click.option("--policy", default="async", show_default=True, callback=_policy,
+@click.option("--policy", default=defaults.POLICY, show_default=True, callback=_policy,
               help="consistency policy, as for the scheduler: async, hardsync, softsync:N, "
               "ssp:S, with +lr=staleness, +lr=mean, +dc=LAMBDA, +maxstale=K (+lr=mean "
               "divides the step by the mean staleness under sgd and momentum, by its square "
@@ -46,28 +45,28 @@ def _positive(**kwargs: Any) -> click.FloatRange:
 @click.option("--data", type=click.Path(exists=True, file_okay=False, path_type=Path),
               default=None, help="Fashion-MNIST idx folder (default: the shared data; the "
               "example's fallback when absent)")
-@click.option("--model", default="cnn", show_default=True, type=click.Choice(["cnn", "mlp"]),
+@click.option("--model", default=defaults.MODEL, show_default=True, type=click.Choice(["cnn", "mlp"]),
               help="cnn: the Fashion-MNIST example's model; mlp: one hidden layer of 64, a "
               "tenth of the compute per gradient")
 @click.option("--seed", default=0, show_default=True, type=int,
               help="fixes the model, the data order and every simulated time")
 @click.option("--report", type=click.Path(dir_okay=False, path_type=Path), required=True,
               help="write the JSON report here")
-@click.option("--rule", default="adam", show_default=True,
+@click.option("--rule", default=defaults.RULE, show_default=True,
               type=click.Choice(["sgd", "momentum", "adagrad", "adam", "adamw", "rmsprop"]),
               help="server update rule")
-@click.option("--lr", default=1e-3, show_default=True, type=_positive(), help="learning rate")
-@click.option("--momentum", default=0.9, show_default=True, type=click.FloatRange(0, 1),
+@click.option("--lr", default=defaults.LR, show_default=True, type=_positive(), help="learning rate")
+@click.option("--momentum", default=defaults.MOMENTUM, show_default=True, type=click.FloatRange(0, 1),
               help="with --rule momentum")
-@click.option("--batch", default=64, show_default=True, type=click.IntRange(min=1),
+@click.option("--batch", default=defaults.BATCH, show_default=True, type=click.IntRange(min=1),
               help="per-learner batch (mu)")
-@click.option("--epochs", default=1, show_default=True, type=click.IntRange(min=1),
+@click.option("--epochs", default=defaults.EPOCHS, show_default=True, type=click.IntRange(min=1),
               help="passes of each learner over its share of the training data")
 @click.option("--limit", default=None, type=click.IntRange(min=1),
               help="use only the first N training images")
-@click.option("--compute-ms", default=DEFAULT_COMPUTE_MS, show_default=True, type=_positive(),
+@click.option("--compute-ms", default=defaults.COMPUTE_S * 1000, show_default=True, type=_positive(),
               help="a learner's mean compute time per step, in simulated milliseconds")
-@click.option("--jitter", default=0.1, show_default=True, type=click.FloatRange(min=0),
+@click.option("--jitter", default=defaults.JITTER, show_default=True, type=click.FloatRange(min=0),
               help="coefficient of variation of the compute time (log-normal)")
 @click.option("--first-step-ms", default=0.0, show_default=True, type=click.FloatRange(min=0),
               help="every learner's first step takes this much longer (a real worker's "
@@ -102,7 +101,7 @@ def _positive(**kwargs: Any) -> click.FloatRange:
 @click.option("--eval-every", default=None, type=_positive(),
               help="sample test accuracy every this many simulated seconds (the report's "
               "history)")
-@click.option("--eval-subset", default=1000, show_default=True, type=click.IntRange(min=1),
+@click.option("--eval-subset", default=defaults.EVAL_SUBSET, show_default=True, type=click.IntRange(min=1),
               help="test images per history sample (the final accuracy uses all)")
 @click.option("--torch-threads", default=1, show_default=True, type=click.IntRange(min=1),
               help="torch threads of this process (the real compute of the gradients)")
@@ -110,7 +109,7 @@ def _positive(**kwargs: Any) -> click.FloatRange:
               help="timing only: a synthetic model of this many float32 parameters whose "
               "gradients cost nothing to compute (no data, no accuracy: test_accuracy is null); "
               "for questions of scale")
-@click.option("--steps", default=20, show_default=True, type=click.IntRange(min=1),
+@click.option("--steps", default=defaults.STEPS, show_default=True, type=click.IntRange(min=1),
               help="with --parameters: each learner's steps per epoch")
 def simulate(learners: int, servers: int, policy: str, data: Path | None, model: str,
              seed: int, report: Path, rule: str, lr: float, momentum: float, batch: int, epochs: int,
@@ -122,8 +121,12 @@ def simulate(learners: int, servers: int, policy: str, data: Path | None, model:
              eval_every: float | None, eval_subset: int, torch_threads: int,
              parameters: int | None, steps: int) -> None:
     """Simulate a job of LEARNERS learners and SERVERS servers in this process: the real
-    policies, server stores and update rules, the example's model and data, on a
-    discrete-event clock. Writes test accuracy, staleness, clock gap and server load."""
+    policies, server stores and update rules and a real model on the example's data, on a
+    discrete-event clock. Writes test accuracy, staleness, clock gap and server load.
+
+    The defaults are Rudra's recipe (sgd at a constant 0.05, batch 16, one epoch) on a small
+    MLP, under which softsync:N+lr=mean ends within a point of hardsync; --model cnn --rule
+    adam --lr 1e-3 --batch 64 runs the Fashion-MNIST example's own recipe."""
     if quantum_ms is not None and cores is None:
         raise click.BadParameter("time slices need --cores (without it every learner has a "
                                  "core of its own)", param_hint="'--quantum-ms'")

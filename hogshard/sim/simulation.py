@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from hogshard import sim_defaults as defaults
 from hogshard.proto.errors import ConfigError
 from hogshard.proto.policy import parse_policy
 from hogshard.ps.stats import summarise_histogram
@@ -51,35 +52,37 @@ class SimConfig:
     """One simulated job. ``compute.step_s`` is a learner's step at ``batch``; ``limit`` uses
     the first N training images; ``eval_every_s`` samples accuracy (on ``eval_subset`` test
     images) every so many simulated seconds; ``chunk_elems`` defaults to one chunk a server;
-    ``model`` is the example's ``"cnn"`` or the smaller ``"mlp"`` (hogshard/sim/workload.py);
+    ``model`` is the smaller ``"mlp"`` or the example's ``"cnn"`` (hogshard/sim/workload.py);
+    the defaults are hogshard/sim_defaults.py's (Rudra's recipe: sgd 0.05, batch 16, the MLP);
     ``cores`` shares that many cores among the learners' compute (``Host``; None: a core
     each), e.g. ``SimConfig(learners=4, cores=2)``: a step takes twice ``step_s`` while all
     four compute."""
 
-    learners: int = 4
-    servers: int = 1
-    policy: str = "async"
-    rule: str = "adam"
-    lr: float = 1e-3
-    momentum: float = 0.9
-    batch: int = 64
-    epochs: int = 1
+    learners: int = defaults.LEARNERS
+    servers: int = defaults.SERVERS
+    policy: str = defaults.POLICY
+    rule: str = defaults.RULE
+    lr: float = defaults.LR
+    momentum: float = defaults.MOMENTUM
+    batch: int = defaults.BATCH
+    epochs: int = defaults.EPOCHS
     limit: int | None = None
     seed: int = 0
-    compute: ComputeModel = field(default_factory=lambda: ComputeModel(step_s=0.02))
+    compute: ComputeModel = field(default_factory=lambda: ComputeModel(defaults.COMPUTE_S,
+                                                                       defaults.JITTER))
     network: NetworkModel = field(default_factory=NetworkModel)
     start_spread_s: float = 0.0
     #: Learner k starts at ``start_offsets_s[k]`` simulated seconds (instead of the spread).
     start_offsets_s: tuple[float, ...] | None = None
     chunk_elems: int | None = None
     eval_every_s: float | None = None
-    eval_subset: int = 1000
+    eval_subset: int = defaults.EVAL_SUBSET
     data_dir: Path | None = None
-    model: str = "cnn"
+    model: str = defaults.MODEL
     #: Timing only: a model of this many parameters whose gradients cost nothing (no accuracy).
     parameters: int | None = None
     #: With ``parameters``: each learner's steps per epoch.
-    steps: int = 20
+    steps: int = defaults.STEPS
     #: Cores the learners' compute shares (None: a core each); ``compute.step_s`` is then a
     #: step on a core of its own (hogshard/sim/host.py).
     cores: int | None = None
