@@ -17,6 +17,7 @@
 ``live_status.py``     ``status_panel``, ``watch``: the ``hogshard status`` table drawn with rich
 ``embeddings_cli.py``  ``hogshard embeddings``: embedding slots moved between servers
 ``simulate.py``        ``hogshard simulate``: a whole job in one process (``sim/``)
+``sim_defaults.py``    the simulator's defaults (Rudra's recipe), read by ``SimConfig`` and the CLI
 ``report.py``          ``hogshard report``: loss, accuracy and staleness of runs, plotted
 ``tuning.py``          ``tune_server_process``, ``single_threaded_blas``: settings for large frames
 ``datasets.py``        ``load_image_dataset``, ``load_fashion_mnist``: data sets from local files
