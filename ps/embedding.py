@@ -32,6 +32,7 @@ Example::
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -113,6 +114,10 @@ class EmbeddingTable:
         """The slots and ids of every row this table holds (in slot order)."""
         slots = self.index.live()
         return slots, self.index.ids_at(slots)
+
+    def live_blocks(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """:meth:`live` in parts (one here; a block of ids at a time for a disk table)."""
+        yield self.live()
 
     # ---- rows -------------------------------------------------------------------------------
 
