@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -246,6 +247,7 @@ def main() -> int:
     if args.quick:
         args.rows, args.ram_rows, args.fill = 2 * 10**6, 10**5, 10**6
         args.rounds, args.steps, args.batch = 3, 4, 16384
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # clean up on a plain kill
     work = Path(tempfile.mkdtemp(prefix="hogshard-disk-bench-", dir=args.dir))
     cgroup = Cgroup(args.memory_limit)
     try:

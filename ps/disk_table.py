@@ -31,6 +31,7 @@ Example::
 
 from __future__ import annotations
 
+import mmap
 import os
 import tempfile
 from collections.abc import Iterator
@@ -95,18 +96,23 @@ class DiskTier:
 
 
 def _mapped(directory: Path, prefix: str, dtype: np.dtype, shape: tuple[int, ...]
-            ) -> np.memmap:
+            ) -> np.ndarray:
     """A zero-filled array of ``shape`` in a sparse file of ``directory``, unlinked once
-    mapped (no page of it is written until a row is)."""
+    mapped (no page of it is written until a row is). The mapping is advised random access:
+    a fault reads its page, not the pages around it (read-ahead of scattered rows would fill
+    the page cache with rows nobody asked for)."""
     fd, path = tempfile.mkstemp(dir=directory, prefix=prefix)
     try:
-        os.ftruncate(fd, max(1, int(np.prod(shape)) * dtype.itemsize))
-        with os.fdopen(fd, "r+b", closefd=False) as f:
-            array = np.memmap(f, dtype=dtype, mode="r+", shape=shape)
+        size = max(1, int(np.prod(shape)) * dtype.itemsize)
+        os.ftruncate(fd, size)
+        mapping = mmap.mmap(fd, size, flags=mmap.MAP_SHARED,
+                            prot=mmap.PROT_READ | mmap.PROT_WRITE)
     finally:
         os.close(fd)
         os.unlink(path)
-    return array
+    if hasattr(mmap, "MADV_RANDOM"):
+        mapping.madvise(mmap.MADV_RANDOM)
+    return np.frombuffer(mapping, dtype, count=int(np.prod(shape))).reshape(shape)
 
 
 class _Rows:
