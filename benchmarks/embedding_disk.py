@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +125,16 @@ def start(work: Path, cgroup: Cgroup, args: argparse.Namespace, restore: Path | 
     return address, server
 
 
+def rows_held(ckpt: Path) -> dict[str, int]:
+    """Rows per table in the checkpoint's embedding file (read from the array headers)."""
+    from hogshard.ps.npz_stream import member_header, read_member
+
+    with zipfile.ZipFile(next(ckpt.rglob("shard-0.emb.npz"))) as zf:
+        specs = json.loads(b"".join(bytes(b) for b in read_member(zf, "specs")).decode())
+        return {spec["table"]: member_header(zf, f"{i}.ids")[1][0]
+                for i, spec in enumerate(specs)}
+
+
 def client_for(address: str) -> Any:
     from hogshard.proto.config import ClientSettings
     from hogshard.worker.client import PSClient
@@ -200,6 +211,7 @@ def run(args: argparse.Namespace, work: Path, cgroup: Cgroup) -> dict[str, Any]:
             raise RuntimeError(f"checkpoint failed: {out.stderr[-2000:]}")
         result["checkpoint_bytes"] = sum(p.stat().st_size for p in (work / "ckpt").rglob("*")
                                          if p.is_file())
+        result["rows_held"] = rows_held(work / "ckpt")
     finally:
         client.close()
     result["peak_rss"] = peak_rss(server.pid)

@@ -115,6 +115,23 @@ def _mapped(directory: Path, prefix: str, dtype: np.dtype, shape: tuple[int, ...
     return np.frombuffer(mapping, dtype, count=int(np.prod(shape))).reshape(shape)
 
 
+def _will_need(array: np.ndarray, ids: np.ndarray) -> None:
+    """``madvise(MADV_WILLNEED)`` over the pages that rows ``ids`` of the mapped ``array``
+    span, one call per run of consecutive pages."""
+    mapping = array.base
+    while mapping is not None and not isinstance(mapping, mmap.mmap):
+        mapping = getattr(mapping, "base", None)
+    if mapping is None or not ids.size or not hasattr(mmap, "MADV_WILLNEED"):
+        return
+    row = array.strides[0]
+    pages = np.union1d(ids * row // mmap.PAGESIZE, ((ids + 1) * row - 1) // mmap.PAGESIZE)
+    breaks = np.flatnonzero(np.diff(pages) != 1) + 1
+    starts, ends = pages[np.r_[0, breaks]], pages[np.r_[breaks - 1, pages.size - 1]]
+    for start, end in zip(starts.tolist(), ends.tolist(), strict=True):
+        mapping.madvise(mmap.MADV_WILLNEED, start * mmap.PAGESIZE,
+                        (end - start + 1) * mmap.PAGESIZE)
+
+
 class _Rows:
     """Stands where a RAM table's row block stands: the mapped weights and state, read and
     written by slot (= id)."""
@@ -136,6 +153,12 @@ class _Rows:
     def nbytes(self) -> int:
         """Bytes the files span (sparse: disk holds only the pages of rows written)."""
         return int(self.weights.nbytes + sum(a.nbytes for a in self.state.values()))
+
+    def prefetch(self, ids: np.ndarray) -> None:
+        """Ask the kernel to read the pages of these rows and their state at once (many reads
+        in flight, where the gather would fault them in one at a time)."""
+        for array in (self.weights, *self.state.values()):
+            _will_need(array, ids)
 
     def rows_at(self, slots: np.ndarray) -> np.ndarray:
         rows = self.weights[slots]
@@ -213,6 +236,7 @@ class DiskTable(EmbeddingTable):
 
     def slots_for(self, ids: np.ndarray, found: Found | None = None,
                   new_rows: np.ndarray | None = None) -> np.ndarray:
+        self.files.prefetch(ids)
         slots, new_ids = self.missing(ids) if found is None else found
         if new_ids.size:
             self.install(new_ids, new_ids,

@@ -11,9 +11,12 @@ import numpy as np
 import pytest
 
 from hogshard.proto.errors import HogshardError
+from hogshard.proto.hashing import shard_of
 from hogshard.proto.tables import EmbeddingSpec
 from hogshard.ps.disk_table import DiskTable, DiskTier, DiskTierError
 from hogshard.ps.embedding_checkpoint import load_tables
+from hogshard.ps.embedding_replica import install_snapshot, snapshot
+from hogshard.ps.embedding_slots import SlotRoles
 from hogshard.ps.embedding_store import EmbeddingStore
 from hogshard.ps.npz_stream import read_member
 from hogshard.ps.row_bitmap import RowBitmap
@@ -160,3 +163,28 @@ def test_a_truncated_checkpoint_is_a_typed_error(tmp_path: Path) -> None:
     path.write_bytes(path.read_bytes()[:-200])
     with pytest.raises(HogshardError, match="cannot load"):
         EmbeddingStore(DiskTier(tmp_path, min_rows=1)).load(path)
+
+
+def test_a_slot_hand_off_reads_and_drops_a_disk_table_in_blocks(tmp_path: Path) -> None:
+    spec = EmbeddingSpec("t", 4, 1 << 23, {"rule": "rowwise_adagrad", "lr": 0.1}, seed=2)
+    ids = np.unique(np.random.default_rng(3).integers(0, 1 << 23, 5000)).astype(np.int64)
+    ram, disk = EmbeddingStore(), EmbeddingStore(DiskTier(tmp_path, min_rows=1))
+    for store in (ram, disk):
+        store.create(spec)
+        store.push(["t"], [ids], [np.ones((ids.size, 4), np.float32)])
+    moving = [1, 5]
+    sent = [snapshot(store, moving, 8) for store in (ram, disk)]
+    assert sent[0][0] == sent[1][0]
+    assert [a.tobytes() for a in sent[0][1]] == [a.tobytes() for a in sent[1][1]]
+    (tmp_path / "next").mkdir()
+    taker = EmbeddingStore(DiskTier(tmp_path / "next", min_rows=1))
+    assert install_snapshot(taker, *sent[1]) == sent[1][1][0].size
+    roles = SlotRoles()
+    roles.count = 8
+    dropped = roles.drop(disk, np.array(moving))
+    assert dropped == sent[1][1][0].size
+    kept = shard_of(ids, 8)
+    left = disk.table("t").index.lookup(ids) >= 0
+    assert (left == ~np.isin(kept, moving)).all()
+    assert (taker.table("t").index.lookup(ids) >= 0).tolist() == (~left).tolist()
+    assert disk.table("t").rows == int(left.sum())
