@@ -42,6 +42,7 @@ scheduler_link.py             SchedulerLink, Registration: registration and hear
 shard_report.py               register_fields, heartbeat_fields, table_report: the reports
 checkpoint.py                 ShardCheckpointer, save_shard, restore_shard
 export.py                     export_checkpoint: a checkpoint rewritten in the serving format
+export_rows.py                CheckpointRows, merged, changed: an export's rows, streamed
 shm_plane.py                  ShmPlane: the server's side of the shared-memory fast path
 doorbells.py                  Doorbells: co-located workers' request pipes, beside the ROUTER
 stats.py, metrics.py          ServerStats; ServerCollector (Prometheus)
