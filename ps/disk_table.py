@@ -1,8 +1,9 @@
 """An embedding table whose rows live on disk, direct-mapped (``hogshard server
 --embedding-disk DIR``; docs/EMBEDDINGS.md): row ``id`` of a table with a declared
-``num_embeddings`` sits at position ``id`` of memory-mapped files, one for the weights (the
-table's storage dtype) and one per array of row-wise optimizer state, created sparse in
-``DIR`` and unlinked once mapped (their space returns when the server exits). A bitmap
+``num_embeddings`` is record ``id`` of a memory-mapped file: the row in the table's storage
+dtype and its row-wise optimizer state side by side (one page written per row updated, not one
+per array), created sparse in ``DIR`` and unlinked once mapped (its space returns when the
+server exits). A bitmap
 (ps/row_bitmap.py, 1 bit per id) says which rows exist; there is no hash index and no per-row
 bookkeeping, so RAM holds the bitmap and the operating system's page cache holds the hot rows.
 
@@ -144,21 +145,25 @@ class _Rows:
         n = int(spec.num_embeddings or 0)
         self.codec = pull_codec(None if spec.storage == "fp32" else spec.storage)
         dtype = FLOAT32 if self.codec is None else STORE_DTYPES[spec.storage]
+        # one record per id: its row and its state side by side, so that a row's update
+        # dirties one page (two where a record straddles a page boundary), not one per array
+        record = np.dtype([("w", dtype, (spec.dim,)),
+                           *((f"s.{key}", np.dtype(kind), shape)
+                             for key, (shape, kind) in layout.items())])
         stem = f"hogshard-{spec.name.replace(os.sep, '_')[:64]}."
-        self.weights = _mapped(directory, stem + "weights.", dtype, (n, spec.dim))
-        self.state = {key: _mapped(directory, f"{stem}{key}.", np.dtype(kind), (n, *shape))
-                      for key, (shape, kind) in layout.items()}
+        self.records = _mapped(directory, stem, record, (n,))
+        self.weights = self.records["w"]
+        self.state = {key: self.records[f"s.{key}"] for key in layout}
+
+    def prefetch(self, ids: np.ndarray) -> None:
+        """Ask the kernel to read the pages of these rows at once (many reads in flight,
+        where the gather would fault them in one at a time)."""
+        _will_need(self.records, ids)
 
     @property
     def nbytes(self) -> int:
-        """Bytes the files span (sparse: disk holds only the pages of rows written)."""
-        return int(self.weights.nbytes + sum(a.nbytes for a in self.state.values()))
-
-    def prefetch(self, ids: np.ndarray) -> None:
-        """Ask the kernel to read the pages of these rows and their state at once (many reads
-        in flight, where the gather would fault them in one at a time)."""
-        for array in (self.weights, *self.state.values()):
-            _will_need(array, ids)
+        """Bytes the file spans (sparse: disk holds only the pages of rows written)."""
+        return int(self.records.nbytes)
 
     def rows_at(self, slots: np.ndarray) -> np.ndarray:
         rows = self.weights[slots]
