@@ -55,6 +55,10 @@ __all__ = ["DiskTable", "DiskTier", "DiskTierError", "check_disk_spec"]
 
 
 
+#: The most ids a disk table may declare (its bitmap: 2 GiB).
+MAX_DISK_ROWS = 1 << 34
+
+
 class DiskTierError(ConflictError):
     """A table the disk tier cannot hold (code ``CONFLICT``: the server is configured so)."""
 
@@ -65,6 +69,10 @@ def check_disk_spec(spec: EmbeddingSpec) -> None:
         raise DiskTierError(f"table {spec.name!r}: a disk table needs 'num_embeddings' (row id "
                             "lives at position id of its files); this server keeps tables on "
                             "disk (--embedding-disk)")
+    if spec.num_embeddings > MAX_DISK_ROWS:
+        raise DiskTierError(f"table {spec.name!r}: a disk table holds at most 2^34 ids (its "
+                            f"bitmap alone would take {spec.num_embeddings // 8:,} bytes); got "
+                            f"num_embeddings {spec.num_embeddings}")
     unsupported = [key for key in ("max_rows", "ttl") if getattr(spec, key) is not None]
     if spec.admit_after is not None and spec.admit_after > 1:
         unsupported.append("admit_after")
@@ -182,7 +190,11 @@ class DiskTable(EmbeddingTable):
         rule = make_row_rule(spec.rule)  # a bad rule raises before any file is made
         super().__init__(spec, initial_capacity=0)  # the (empty) RAM block is never used
         self.rule = rule
-        self.files = _Rows(spec, rule.state_layout(spec.dim), Path(directory))
+        try:
+            self.files = _Rows(spec, rule.state_layout(spec.dim), Path(directory))
+        except OSError as err:
+            raise DiskTierError(f"table {spec.name!r}: cannot map its file in {directory}: "
+                                f"{err.strerror or err}") from None
         self.index = RowBitmap(int(spec.num_embeddings or 0))  # type: ignore[assignment]
 
     @property

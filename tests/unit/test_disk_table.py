@@ -77,6 +77,15 @@ def test_per_row_bookkeeping_is_refused(tmp_path: Path, extra: dict) -> None:
     store.create(EmbeddingSpec("t", 4, 100, {"rule": "sgd"}))  # the server goes on
 
 
+def test_a_table_the_tier_cannot_map_is_refused(tmp_path: Path) -> None:
+    store = EmbeddingStore(DiskTier(tmp_path / "missing", min_rows=1))
+    with pytest.raises(DiskTierError, match="cannot map"):
+        store.create(EmbeddingSpec("t", 4, 100, {"rule": "sgd"}))
+    with pytest.raises(DiskTierError, match="at most 2"):
+        store.create(EmbeddingSpec("u", 4, 1 << 40, {"rule": "sgd"}))
+    assert store.tables == {}
+
+
 def test_a_bad_rule_makes_no_file(tmp_path: Path) -> None:
     with pytest.raises(HogshardError):
         DiskTable(EmbeddingSpec("t", 4, 100, {"rule": "nope"}), tmp_path)
