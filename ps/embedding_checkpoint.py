@@ -1,9 +1,10 @@
 """An embedding store's checkpoint file: every table's live rows, row-wise optimizer state and
 admission sketch, in one ``.npz`` (entries ``specs``, ``{i}.ids``, ``{i}.weights``,
-``{i}.state.{key}``, ``{i}.sketch``; docs/CHECKPOINTS.md). Written and read one block of rows at
-a time (ps/npz_stream.py): a disk table (ps/disk_table.py) goes through it without its rows or
-its ids ever being whole in memory, and a checkpoint of a disk table restores into a RAM table
-and back (the file is the same).
+``{i}.state.{key}``, ``{i}.sketch``; docs/CHECKPOINTS.md). Written and read one block of rows
+at a time (ps/npz_stream.py): a disk table (ps/disk_table.py) goes through it without its rows
+or its ids ever being whole in memory, its records read once (each block's state waits in an
+unnamed scratch file beside the checkpoint while the weights are written); and a checkpoint of
+a disk table restores into a RAM table and back (the file is the same).
 
 Example::
 
@@ -14,6 +15,7 @@ Example::
 from __future__ import annotations
 
 import json
+import tempfile
 import zipfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -42,14 +44,43 @@ def _blocks(table: EmbeddingTable) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         yield slots, ids
 
 
-def _write_table(zf: zipfile.ZipFile, i: int, table: EmbeddingTable) -> int:
+def _spooled(file: IO[bytes], dtype: np.dtype, tail: tuple[int, ...], rows: int
+             ) -> Iterator[np.ndarray]:
+    """The ``rows`` rows a scratch file holds, a block at a time."""
+    file.seek(0)
+    width = dtype.itemsize * int(np.prod(tail, dtype=np.int64))
+    for start in range(0, rows, BLOCK_ROWS):
+        count = min(BLOCK_ROWS, rows - start)
+        yield np.frombuffer(file.read(count * width), dtype).reshape(count, *tail)
+
+
+def _write_table(zf: zipfile.ZipFile, i: int, table: EmbeddingTable, scratch: Path) -> int:
     rows, dim = len(table.index), table.spec.dim
     write_member(zf, f"{i}.ids", INT64, (rows,), (ids for _, ids in _blocks(table)))
-    write_member(zf, f"{i}.weights", FLOAT32, (rows, dim),
-                 (table.rows_at(slots) for slots, _ in _blocks(table)))
-    for key, array in table.state.items():
-        write_member(zf, f"{i}.state.{key}", array.dtype, (rows, *array.shape[1:]),
-                     (array[slots] for slots, _ in _blocks(table)))
+    if not isinstance(table.index, RowBitmap):
+        write_member(zf, f"{i}.weights", FLOAT32, (rows, dim),
+                     (table.rows_at(slots) for slots, _ in _blocks(table)))
+        for key, array in table.state.items():
+            write_member(zf, f"{i}.state.{key}", array.dtype, (rows, *array.shape[1:]),
+                         (array[slots] for slots, _ in _blocks(table)))
+    else:  # a disk table: read each record once; its state waits in scratch files
+        spools = {key: tempfile.TemporaryFile(dir=scratch) for key in table.state}
+        try:
+            def weights() -> Iterator[np.ndarray]:
+                for slots, _ in _blocks(table):
+                    block = table.rows_at(slots)
+                    for key, array in table.state.items():
+                        spools[key].write(np.ascontiguousarray(array[slots]).data)
+                    yield block
+
+            write_member(zf, f"{i}.weights", FLOAT32, (rows, dim), weights())
+            for key, array in table.state.items():
+                tail = array.shape[1:]
+                write_member(zf, f"{i}.state.{key}", array.dtype, (rows, *tail),
+                             _spooled(spools[key], array.dtype, tail, rows))
+        finally:
+            for spool in spools.values():
+                spool.close()
     if table.sketch is not None:  # ids on their way to admission keep their counts
         counts = table.sketch.counts
         write_member(zf, f"{i}.sketch", counts.dtype, counts.shape, [counts])
@@ -64,7 +95,7 @@ def save_tables(tables: Iterable[EmbeddingTable], path: Path) -> int:
     def write(f: IO[bytes]) -> None:
         with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
             for i, table in enumerate(tables):
-                written[0] += _write_table(zf, i, table)
+                written[0] += _write_table(zf, i, table, Path(path).parent)
             specs = json.dumps([t.spec.to_wire() for t in tables]).encode()
             write_member(zf, "specs", np.dtype(np.uint8), (len(specs),),
                          [np.frombuffer(specs, np.uint8)])
