@@ -46,14 +46,12 @@ from hogshard.proto.codecs.pull import decode_weights, encode_weights, pull_code
 from hogshard.proto.config import DEFAULT_EMBEDDING_DISK_MIN_ROWS
 from hogshard.proto.errors import ConflictError
 from hogshard.proto.tables import EmbeddingSpec
-from hogshard.ps.embedding import FLOAT32, EmbeddingTable, Found
+from hogshard.ps.embedding import FLOAT32, EmbeddingTable, Found, summed_duplicates
 from hogshard.ps.row_bitmap import BLOCK_IDS, RowBitmap
 from hogshard.ps.row_block import STORE_DTYPES
 from hogshard.ps.row_rules import make_row_rule
 
 __all__ = ["DiskTable", "DiskTier", "DiskTierError", "check_disk_spec"]
-
-
 
 #: The most ids a disk table may declare (its bitmap: 2 GiB).
 MAX_DISK_ROWS = 1 << 34
@@ -67,7 +65,7 @@ def check_disk_spec(spec: EmbeddingSpec) -> None:
     """Raise :class:`DiskTierError` unless a disk table can hold ``spec``."""
     if spec.num_embeddings is None:
         raise DiskTierError(f"table {spec.name!r}: a disk table needs 'num_embeddings' (row id "
-                            "lives at position id of its files); this server keeps tables on "
+                            "is record id of its file); this server keeps tables on "
                             "disk (--embedding-disk)")
     if spec.num_embeddings > MAX_DISK_ROWS:
         raise DiskTierError(f"table {spec.name!r}: a disk table holds at most 2^34 ids (its "
@@ -268,12 +266,7 @@ class DiskTable(EmbeddingTable):
         return rows
 
     def apply(self, ids: np.ndarray, grads: np.ndarray) -> None:
-        ordered = np.sort(ids)
-        if ids.size > 1 and (ordered[1:] == ordered[:-1]).any():
-            uniq, inverse = np.unique(ids, return_inverse=True)
-            summed = np.zeros((uniq.size, self.spec.dim), FLOAT32)
-            np.add.at(summed, inverse, grads)
-            ids, grads = uniq, summed
+        ids, grads = summed_duplicates(ids, grads)
         self.push_clock += 1
         slots = self.slots_for(ids)
         state = {key: array[slots] for key, array in self.files.state.items()}

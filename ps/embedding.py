@@ -50,6 +50,18 @@ _NO_IDS = np.empty(0, INT64)
 Found = tuple[np.ndarray, np.ndarray]
 
 
+def summed_duplicates(ids: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``ids`` and their gradient rows, an id given twice or more once with their sum (then
+    sorted); as given where every id is unique."""
+    ordered = np.sort(ids)
+    if ids.size > 1 and (ordered[1:] == ordered[:-1]).any():
+        uniq, inverse = np.unique(ids, return_inverse=True)
+        summed = np.zeros((uniq.size, grads.shape[1]), FLOAT32)
+        np.add.at(summed, inverse, grads)
+        return uniq, summed
+    return ids, grads
+
+
 class EmbeddingTable:
     """One table's rows on this shard (in ``block`` under table ``number``; its own block if
     none is given)."""
@@ -231,12 +243,7 @@ class EmbeddingTable:
 
     def apply(self, ids: np.ndarray, grads: np.ndarray) -> None:
         """Apply one gradient row per id (validated first; duplicate ids are summed)."""
-        ordered = np.sort(ids)
-        if ids.size > 1 and (ordered[1:] == ordered[:-1]).any():
-            uniq, inverse = np.unique(ids, return_inverse=True)
-            summed = np.zeros((uniq.size, self.spec.dim), FLOAT32)
-            np.add.at(summed, inverse, grads)
-            ids, grads = uniq, summed
+        ids, grads = summed_duplicates(ids, grads)
         if self.sketch is not None:
             ids, grads = self._admitted(ids, grads)
         self.push_clock += 1
