@@ -14,6 +14,7 @@ import pytest
 
 from hogshard.proto.config import ClientSettings
 from hogshard.proto.errors import HogshardError
+from hogshard.proto.transport import RpcChannel
 from hogshard.worker.client import PSClient
 from tests.integration.conftest import start_scheduler
 
@@ -91,3 +92,65 @@ def test_disk_tables_train_checkpoint_and_restore(procs, cluster_factory,
         assert not np.array_equal(_rows(client, ids)[0], before[0])
     finally:
         client.close()
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(150, method="signal")
+def test_a_drain_moves_disk_rows_block_by_block_and_loses_no_push(procs, tmp_path: Path) -> None:
+    address_file = tmp_path / "scheduler.address"
+    scheduler = procs.hogshard("scheduler", "scheduler", "--bind", "tcp://127.0.0.1:0",
+                               "--address-file", str(address_file), "--servers", "2",
+                               "--embedding-slots", "64", "--heartbeat-interval", "0.2",
+                               "--heartbeat-timeout", "3")
+    procs.wait_until(lambda: address_file.exists() or not scheduler.alive(), 30.0,
+                     "the scheduler's address file", on_timeout=scheduler.tail)
+    address = address_file.read_text().strip()
+    for rank in range(2):
+        procs.hogshard(f"server{rank}", "server", "--scheduler", address, "--rank", str(rank),
+                       *_disk_args(tmp_path, rank))
+    client = PSClient(ClientSettings(scheduler=address, request_timeout=60.0,
+                                     connect_timeout=30.0))
+    ids = np.arange(0, BIG, BIG // 2048, dtype=np.int64)
+    rng = np.random.default_rng(4)
+    try:
+        table = client.embedding_table("big", DIM, BIG, {"rule": "sgd", "lr": 1.0}, seed=5)
+        expected = np.empty((ids.size, DIM), np.float32)
+        client.pull_rows([table], [ids], [expected]).result(30.0)
+
+        def push() -> None:
+            subset = np.sort(rng.choice(ids, 128, replace=False))
+            client.push_rows([table], [subset], [np.full((128, DIM), 0.25, np.float32)]
+                             ).result(60.0)
+            expected[np.searchsorted(ids, subset)] -= 0.25  # acknowledged: applied once
+
+        for _ in range(10):
+            push()
+        drain = procs.hogshard("drain", "embeddings", "drain", "--scheduler", address,
+                               "--wait", "60", "0")
+        procs.wait_until(lambda: push() or not drain.alive(), 90.0, "the drain to return",
+                         on_timeout=procs.report)
+        assert drain.wait(10.0) == 0, drain.tail()
+        for _ in range(5):
+            push()  # served by server 1 alone
+        rows = np.empty_like(expected)
+        client.pull_rows([table], [ids], [rows]).result(30.0)
+        stats = [procs.wait_until(lambda r=rank: _table_stats(client, r, rows=r == 1), 10.0,
+                                  f"server {rank}'s rows", on_timeout=procs.report)
+                 for rank in range(2)]
+    finally:
+        client.close()
+    np.testing.assert_array_equal(rows, expected)
+    assert [s["tier"] for s in stats] == ["disk", "disk"]
+    assert [s["rows"] for s in stats] == [0, ids.size]  # every row moved, none left twice
+
+
+def _table_stats(client: PSClient, rank: int, rows: bool) -> dict | None:
+    """Server ``rank``'s ``emb_stats`` of table big, once it holds rows (``rows``) or none."""
+    member = next(m for m in client.status()["members"]
+                  if m["node_id"] == f"server-{rank}" and m["state"] == "alive")
+    probe = RpcChannel(client.channel.context, member["address"], sender="test")
+    try:
+        table = dict(probe.call("emb_stats", timeout=5.0).header)["tables"]["big"]
+    finally:
+        probe.close()
+    return table if bool(table["rows"]) == rows else None

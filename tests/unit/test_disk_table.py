@@ -36,7 +36,7 @@ def _requests(n: int, dim: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]
     return out
 
 
-@pytest.mark.parametrize("storage", ["fp32", "bf16"])
+@pytest.mark.parametrize("storage", ["fp32", "fp16", "bf16"])
 @pytest.mark.parametrize("rule", RULES, ids=[r["rule"] for r in RULES])
 def test_same_rows_as_a_ram_table(tmp_path: Path, rule: dict, storage: str) -> None:
     spec = EmbeddingSpec("t", dim=8, num_embeddings=5000, rule=rule, seed=3, storage=storage)
