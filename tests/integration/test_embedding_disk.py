@@ -1,7 +1,9 @@
 """Embedding tables on the disk tier with real processes: two servers started with
 ``--embedding-disk``, a worker pulling and pushing a big (disk) and a small (RAM) table, a
 checkpoint, kill -9 of everything, a restart with ``--restore``: the restored rows are
-bit-identical and training goes on; a table the tier cannot hold is refused with CONFLICT."""
+bit-identical and training goes on; a table the tier cannot hold is refused with CONFLICT; and
+under ``--embedding-slots`` a drained server's disk rows move to the other server's disk table
+with no push lost."""
 
 from __future__ import annotations
 
