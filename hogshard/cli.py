@@ -168,9 +168,11 @@ def scheduler(bind: str, policy: str, servers: int, heartbeat_interval: float,
 @option("embedding-disk", default=None,
         type=click.Path(file_okay=False, dir_okay=True, writable=True, exists=True),
         help="keep every embedding table declaring num_embeddings >= --embedding-disk-min-rows "
-        "in sparse memory-mapped files in this folder (row id at position id; the page "
-        "cache holds the hot rows; see docs/EMBEDDINGS.md); unset: every table in RAM")
-@option("embedding-disk-min-rows", default=DEFAULT_EMBEDDING_DISK_MIN_ROWS, type=click.IntRange(min=1),
+        "in a sparse memory-mapped file in this folder (record id: row id and its optimizer "
+        "state; the page cache holds the hot rows; max_rows, ttl and admit_after are "
+        "refused; see docs/EMBEDDINGS.md); unset: every table in RAM")
+@option("embedding-disk-min-rows", default=DEFAULT_EMBEDDING_DISK_MIN_ROWS,
+        type=click.IntRange(min=1),
         help="with --embedding-disk: the smallest num_embeddings that goes to disk (smaller "
         "tables, and tables without num_embeddings, stay in RAM)")
 @metrics_options
