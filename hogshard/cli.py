@@ -36,6 +36,7 @@ from hogshard.cli_options import (
     start_metrics,
 )
 from hogshard.proto.config import (
+    DEFAULT_EMBEDDING_DISK_MIN_ROWS,
     DEFAULT_HEARTBEAT_INTERVAL,
     DEFAULT_HEARTBEAT_TIMEOUT,
     DEFAULT_SCHEDULER,
@@ -164,20 +165,33 @@ def scheduler(bind: str, policy: str, servers: int, heartbeat_interval: float,
 @option("update-threads", default=None, type=click.IntRange(min=0),
         help="threads that apply update rules off the socket loop (0: on the loop); unset: "
               "0 below 8 usable cores, else one per 4 cores up to 4 (see docs/TUNING.md)")
+@option("embedding-disk", default=None,
+        type=click.Path(file_okay=False, dir_okay=True, writable=True, exists=True),
+        help="keep every embedding table declaring num_embeddings >= --embedding-disk-min-rows "
+        "in a sparse memory-mapped file in this folder (record id: row id and its optimizer "
+        "state; the page cache holds the hot rows; max_rows, ttl and admit_after are "
+        "refused; see docs/EMBEDDINGS.md); unset: every table in RAM")
+@option("embedding-disk-min-rows", default=DEFAULT_EMBEDDING_DISK_MIN_ROWS,
+        type=click.IntRange(min=1),
+        help="with --embedding-disk: the smallest num_embeddings that goes to disk (smaller "
+        "tables, and tables without num_embeddings, stay in RAM)")
 @metrics_options
 @server_restore_option
 @keys_option
 @insecure_option
 def server(scheduler: str, bind: str, advertise: str | None, rank: int | None,
            max_message_bytes: int, check_finite: bool, update_threads: int | None,
+           embedding_disk: str | None, embedding_disk_min_rows: int,
            metrics_port: int | None, metrics_host: str, restore: str | None, keys: str | None,
            insecure: bool) -> None:
     """Run one parameter-server shard. Exits 0 when the scheduler ends the job."""
     from hogshard.tuning import default_update_threads, tune_server_process
 
     tune_server_process()
+    from hogshard.ps.disk_table import DiskTier
     from hogshard.ps.server import ShardServer
 
+    disk = DiskTier(embedding_disk, embedding_disk_min_rows) if embedding_disk else None
     if update_threads is None:
         update_threads = default_update_threads()
     security = process_security(keys, bind, insecure, role="server", rank=rank)
@@ -185,7 +199,8 @@ def server(scheduler: str, bind: str, advertise: str | None, rank: int | None,
                                           max_message_bytes=max_message_bytes,
                                           restore=restore, security=security,
                                           check_finite=check_finite,
-                                          update_threads=update_threads))
+                                          update_threads=update_threads,
+                                          embedding_disk=disk))
     start_metrics(service, "server", metrics_port, metrics_host)
     _serve(service)
 

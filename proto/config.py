@@ -28,6 +28,8 @@ DEFAULT_SCHEDULER = "tcp://127.0.0.1:7000"
 DEFAULT_HEARTBEAT_INTERVAL = 0.5
 DEFAULT_HEARTBEAT_TIMEOUT = 5.0
 LOG_FORMATS = ("text", "logfmt", "json")
+#: Declared rows from which a server with --embedding-disk keeps a table on disk.
+DEFAULT_EMBEDDING_DISK_MIN_ROWS = 1 << 20
 
 
 def env_name(option: str) -> str:

@@ -14,6 +14,10 @@ dense.py                      DenseStore, DenseTable, DenseChunk
 embedding.py                  EmbeddingTable: sparse rows created on first touch, row-wise state
 embedding_store.py            EmbeddingStore: all embedding tables; requests checked whole
 row_block.py                  RowBlock, TableKeys: rows and state shared by same-shaped tables
+disk_table.py                 DiskTable, DiskTier: a table direct-mapped in files (--embedding-disk)
+row_bitmap.py                 RowBitmap: which rows of a disk table exist, one bit per id
+embedding_checkpoint.py       save_tables, load_tables: the embedding file of a checkpoint
+npz_stream.py                 write_member, read_member: .npz arrays a block of rows at a time
 embedding_fused.py            fused_pull, fused_push: one pass over a request's tables of a block
 row_checks.py                 check_ids, check_grads: a row request checked before rows change
 row_bounds.py                 CountMinSketch: row admission that bounds a table's memory
@@ -38,6 +42,7 @@ scheduler_link.py             SchedulerLink, Registration: registration and hear
 shard_report.py               register_fields, heartbeat_fields, table_report: the reports
 checkpoint.py                 ShardCheckpointer, save_shard, restore_shard
 export.py                     export_checkpoint: a checkpoint rewritten in the serving format
+export_rows.py                CheckpointRows, merged, changed: an export's rows, streamed
 shm_plane.py                  ShmPlane: the server's side of the shared-memory fast path
 doorbells.py                  Doorbells: co-located workers' request pipes, beside the ROUTER
 stats.py, metrics.py          ServerStats; ServerCollector (Prometheus)

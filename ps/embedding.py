@@ -32,6 +32,7 @@ Example::
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -47,6 +48,18 @@ __all__ = ["FLOAT32", "INT64", "STORE_DTYPES", "EmbeddingTable", "Found"]
 _NO_IDS = np.empty(0, INT64)
 #: What :meth:`EmbeddingTable.missing` finds: each id's slot (-1: no row) and the missing ids.
 Found = tuple[np.ndarray, np.ndarray]
+
+
+def summed_duplicates(ids: np.ndarray, grads: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``ids`` and their gradient rows, an id given twice or more once with their sum (then
+    sorted); as given where every id is unique."""
+    ordered = np.sort(ids)
+    if ids.size > 1 and (ordered[1:] == ordered[:-1]).any():
+        uniq, inverse = np.unique(ids, return_inverse=True)
+        summed = np.zeros((uniq.size, grads.shape[1]), FLOAT32)
+        np.add.at(summed, inverse, grads)
+        return uniq, summed
+    return ids, grads
 
 
 class EmbeddingTable:
@@ -113,6 +126,10 @@ class EmbeddingTable:
         """The slots and ids of every row this table holds (in slot order)."""
         slots = self.index.live()
         return slots, self.index.ids_at(slots)
+
+    def live_blocks(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """:meth:`live` in parts (one here; a block of ids at a time for a disk table)."""
+        yield self.live()
 
     # ---- rows -------------------------------------------------------------------------------
 
@@ -226,12 +243,7 @@ class EmbeddingTable:
 
     def apply(self, ids: np.ndarray, grads: np.ndarray) -> None:
         """Apply one gradient row per id (validated first; duplicate ids are summed)."""
-        ordered = np.sort(ids)
-        if ids.size > 1 and (ordered[1:] == ordered[:-1]).any():
-            uniq, inverse = np.unique(ids, return_inverse=True)
-            summed = np.zeros((uniq.size, self.spec.dim), FLOAT32)
-            np.add.at(summed, inverse, grads)
-            ids, grads = uniq, summed
+        ids, grads = summed_duplicates(ids, grads)
         if self.sketch is not None:
             ids, grads = self._admitted(ids, grads)
         self.push_clock += 1

@@ -29,10 +29,12 @@ def shard_rows(table: EmbeddingTable, shard: int | Sequence[int], shards: int
                ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
     """The ids, rows and row state of the rows ``table`` holds for ``shard`` of ``shards``
     (or for every shard in a list of them)."""
-    live, ids = table.live()
-    keep = np.isin(shard_of(ids, shards), np.asarray(shard, dtype=np.int64))
-    slots = live[keep]
-    return ids[keep], table.rows_at(slots), {k: a[slots] for k, a in table.state.items()}
+    wanted = np.asarray(shard, dtype=np.int64)
+    parts = [(live[keep], ids[keep]) for live, ids in table.live_blocks()
+             for keep in [np.isin(shard_of(ids, shards), wanted)]]
+    slots = np.concatenate([p[0] for p in parts]) if parts else np.empty(0, np.int64)
+    ids = np.concatenate([p[1] for p in parts]) if parts else np.empty(0, np.int64)
+    return ids, table.rows_at(slots), {k: a[slots] for k, a in table.state.items()}
 
 
 def install_rows(table: EmbeddingTable, ids: np.ndarray, rows: np.ndarray,

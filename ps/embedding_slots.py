@@ -150,10 +150,10 @@ class SlotRoles:
         """Forget every row of ``slots`` (handed off); returns the rows dropped."""
         dropped = 0
         for table in embeddings.tables.values():
-            live, ids = table.live()
-            gone = live[np.isin(shard_of(ids, self.count), slots)]
-            table.drop(gone)
-            dropped += int(gone.size)
+            for live, ids in table.live_blocks():
+                gone = live[np.isin(shard_of(ids, self.count), slots)]
+                table.drop(gone)
+                dropped += int(gone.size)
         self.moved["slots_out"] += int(slots.size)
         self.moved["rows_out"] += dropped
         sent = [self._sent_at.pop(int(s)) for s in slots if int(s) in self._sent_at]

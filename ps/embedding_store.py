@@ -22,18 +22,26 @@ Example::
 from __future__ import annotations
 
 import json
+import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from hogshard.proto.errors import ConflictError, HogshardError, ProtocolError, UnknownTableError
+from hogshard.proto.errors import (
+    CheckpointError,
+    ConflictError,
+    HogshardError,
+    ProtocolError,
+    UnknownTableError,
+)
 from hogshard.proto.hashing import init_rows_of_tables
-from hogshard.proto.manifest import atomic_write
 from hogshard.proto.packed_rows import pack
 from hogshard.proto.tables import EmbeddingSpec
-from hogshard.ps.embedding import FLOAT32, EmbeddingTable, Found
+from hogshard.ps.disk_table import DiskTable, DiskTier
+from hogshard.ps.embedding import EmbeddingTable, Found
+from hogshard.ps.embedding_checkpoint import load_tables, save_tables
 from hogshard.ps.embedding_fused import fused_pull, fused_push
 from hogshard.ps.row_block import ID_SPAN, MAX_TABLES, RowBlock
 from hogshard.ps.row_checks import check_finite, check_grads, check_ids
@@ -68,7 +76,8 @@ def _by_block(tables: Sequence[EmbeddingTable]) -> list[list[int]]:
 class EmbeddingStore:
     """All embedding tables held by one server."""
 
-    def __init__(self) -> None:
+    def __init__(self, disk: DiskTier | None = None) -> None:
+        self.disk = disk  # where tables big enough go to disk (None: every table in RAM)
         self.tables: dict[str, EmbeddingTable] = {}
         self.blocks: dict[str, list[RowBlock]] = {}  # shared blocks by what their tables share
 
@@ -76,6 +85,8 @@ class EmbeddingStore:
         """A table for ``spec``, in a shared block where it can join one: tables of one dim,
         storage and rule, with declared sizes up to 2^56 and no admission."""
         n = spec.num_embeddings
+        if self.disk is not None and self.disk.holds(spec):
+            return DiskTable(spec, self.disk.directory)
         if n is None or n > ID_SPAN or (spec.admit_after is not None and spec.admit_after > 1):
             return EmbeddingTable(spec)
         table = EmbeddingTable(spec, block=RowBlock(spec.dim, spec.storage, {}, 0))  # checks
@@ -192,44 +203,17 @@ class EmbeddingStore:
 
     def save(self, path: str | Path) -> int:
         """Write every table's touched rows, optimizer state and admission sketch to ``path``
-        (an ``.npz``, written atomically and fsynced); returns the rows written."""
-        arrays: dict[str, np.ndarray] = {}
-        specs, total = [], 0
-        for i, table in enumerate(self.tables.values()):
-            ids, slots = table.index.items()
-            specs.append(table.spec.to_wire())
-            arrays[f"{i}.ids"], arrays[f"{i}.weights"] = ids, table.rows_at(slots)
-            for key, array in table.state.items():
-                arrays[f"{i}.state.{key}"] = array[slots]
-            if table.sketch is not None:  # ids on their way to admission keep their counts
-                arrays[f"{i}.sketch"] = table.sketch.counts
-            total += ids.size
-        arrays["specs"] = np.frombuffer(json.dumps(specs).encode(), dtype=np.uint8)
-
-        def write(f: Any) -> None:
-            np.savez(f, **arrays)  # type: ignore[arg-type]  # stubs: ** meets allow_pickle
-
-        atomic_write(Path(path), write)  # a failed write leaves no temporary file
-        return total
+        (an ``.npz``, written atomically and fsynced, a block of rows at a time:
+        ps/embedding_checkpoint.py); returns the rows written."""
+        return save_tables(self.tables.values(), Path(path))
 
     def load(self, path: str | Path) -> None:
-        """Replace every table with the contents of a checkpoint written by :meth:`save`."""
+        """Replace every table with the contents of a checkpoint written by :meth:`save`
+        (into disk tables where this store keeps tables on disk)."""
+        loaded = EmbeddingStore(self.disk)
         try:
-            with np.load(Path(path)) as data:
-                specs = json.loads(bytes(data["specs"]).decode())
-                loaded = EmbeddingStore()
-                for i, fields in enumerate(specs):
-                    spec = EmbeddingSpec.from_wire(fields)
-                    loaded.create(spec)
-                    table = loaded.table(spec.name)
-                    ids = data[f"{i}.ids"]
-                    slots = table.block.allocate(ids.size)
-                    table.set_rows(slots, data[f"{i}.weights"].astype(FLOAT32))
-                    for key in table.state:
-                        table.state[key][slots] = data[f"{i}.state.{key}"]
-                    table.index.insert(ids, slots)
-                    if table.sketch is not None and f"{i}.sketch" in data.files:
-                        table.sketch.restore(data[f"{i}.sketch"])
-        except (OSError, KeyError, ValueError) as err:
-            raise HogshardError(f"cannot load embedding checkpoint {path}: {err}") from None
+            load_tables(loaded, Path(path))
+        except (OSError, KeyError, ValueError, zipfile.BadZipFile, CheckpointError) as err:
+            why = err.message if isinstance(err, CheckpointError) else err
+            raise HogshardError(f"cannot load embedding checkpoint {path}: {why}") from None
         self.tables, self.blocks = loaded.tables, loaded.blocks

@@ -1,10 +1,11 @@
 """Export for serving: a complete checkpoint's dense weights and embedding rows, rewritten in
 the plain format of :mod:`hogshard.proto.export_format` (what ``hogshard export`` runs).
 
-Each rank's shard files are restored into a scratch store, one rank at a time (the checkpoint
-is verified by its manifest first); a dense chunk is taken from its primary's file and an
-embedding row from the file of its shard's primary (a backup's copy is skipped), so every
-value is written once. With ``since`` (an older checkpoint of the same job) only the rows that
+Each rank's dense file is restored into a scratch store, one rank at a time (the checkpoint
+is verified by its manifest first), and the embedding files are streamed a block of rows at a
+time (ps/export_rows.py), never a table whole; a dense chunk is taken from its primary's file
+and an embedding row from the file of its shard's primary (a backup's copy is skipped), so
+every value is written once. With ``since`` (an older checkpoint of the same job) only the rows that
 appeared or changed after it are written: an incremental export, applied on top of a full one.
 
 Example::
@@ -19,8 +20,8 @@ Example::
 from __future__ import annotations
 
 import json
+import zipfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
@@ -34,7 +35,6 @@ from hogshard.proto.export_format import (
     VERSION,
     embedding_file,
 )
-from hogshard.proto.hashing import shard_of
 from hogshard.proto.manifest import (
     atomic_write,
     atomic_write_bytes,
@@ -47,53 +47,28 @@ from hogshard.proto.tables import EMBEDDING_MAP, Chunk
 from hogshard.ps.checkpoint import restore_shard
 from hogshard.ps.dense import DenseStore
 from hogshard.ps.embedding_store import EmbeddingStore
+from hogshard.ps.export_rows import CheckpointRows, changed, write_rows
 
 INT64, FLOAT32 = np.dtype("<i8"), np.dtype("<f4")
 
 
-@dataclass
-class Rows:
-    """One embedding table gathered from every shard: sorted unique ids and their rows."""
-
-    spec: dict[str, Any]
-    ids: np.ndarray
-    weights: np.ndarray
-
-
-@dataclass
-class Snapshot:
-    """What a checkpoint holds, as a model: flat dense tables and embedding rows."""
-
-    name: str
-    dense: dict[str, np.ndarray] = field(default_factory=dict)
-    embeddings: dict[str, Rows] = field(default_factory=dict)
-
-
-def read_checkpoint(path: Path) -> Snapshot:
-    """The dense tables and embedding rows of the complete checkpoint ``path`` means (a
-    ``ckpt-N`` directory, or a parent whose ``LATEST`` names one), every file verified."""
-    ckpt = resolve_checkpoint(Path(path))
-    manifest = load_manifest(ckpt)
-    ranks = manifest_ranks(manifest)
-    if not ranks:
-        raise CheckpointError(f"{ckpt}: the manifest names no servers")
+def _dense(ckpt: Path, manifest: dict[str, Any], ranks: list[int]) -> dict[str, np.ndarray]:
+    """The flat dense tables of a checkpoint, each chunk from its primary's file."""
     views = manifest.get("tables", {})
     placed = {name: [Chunk.from_wire(c) for c in view["chunks"]]
-              for name, view in views.items()}
-    shard_primary = np.array([c.server for c in sorted(placed.pop(EMBEDDING_MAP, []),
-                                                       key=lambda c: c.chunk_id)], INT64)
-    snapshot = Snapshot(ckpt.name)
+              for name, view in views.items() if name != EMBEDDING_MAP}
+    dense = {}
     for name, chunks in placed.items():
         size = int(views[name]["table"]["size"])
         if sum(c.length for c in chunks) != size:
             raise CheckpointError(f"{ckpt}: the chunks of dense table {name!r} do not cover "
                                   f"its {size} elements")
-        snapshot.dense[name] = np.empty(size, FLOAT32)
-    pieces: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
-    specs: dict[str, dict[str, Any]] = {}
+        dense[name] = np.empty(size, FLOAT32)
+    # the embedding files are streamed (ps/export_rows.py), not restored into memory
+    files = [e for e in manifest.get("files", []) if e.get("kind") != "embedding"]
     for rank in ranks:
-        store, embeddings = DenseStore(), EmbeddingStore()
-        restore_shard(store, embeddings, manifest, rank, ckpt)
+        store = DenseStore()
+        restore_shard(store, EmbeddingStore(), {**manifest, "files": files}, rank, ckpt)
         for name, chunks in placed.items():
             for chunk in chunks:
                 if chunk.server != rank:
@@ -103,35 +78,30 @@ def read_checkpoint(path: Path) -> Snapshot:
                     raise CheckpointError(f"{ckpt}: rank {rank}'s file lacks chunk "
                                           f"{chunk.chunk_id} of {name!r}")
                 weights = held.chunks[chunk.chunk_id].weights
-                snapshot.dense[name][chunk.offset:chunk.offset + weights.size] = weights
-        for table in embeddings.tables.values():
-            ids, slots = table.index.items()
-            if shard_primary.size:  # replicated: keep the rows whose shard this rank leads
-                mine = shard_primary[shard_of(ids, shard_primary.size)] == rank
-                ids, slots = ids[mine], slots[mine]
-            spec = table.spec.to_wire()
-            if specs.setdefault(table.name, spec) != spec:
-                raise CheckpointError(f"{ckpt}: table {table.name!r} has different specs on "
-                                      f"different shards: {specs[table.name]} and {spec}")
-            pieces.setdefault(table.name, []).append((ids, table.rows_at(slots)))
-    for name, parts in pieces.items():
-        ids = np.concatenate([p[0] for p in parts]).astype(INT64, copy=False)
-        weights = np.concatenate([p[1] for p in parts]).astype(FLOAT32, copy=False)
-        ids, first = np.unique(ids, return_index=True)
-        snapshot.embeddings[name] = Rows(specs[name], ids, weights[first])
-    return snapshot
+                dense[name][chunk.offset:chunk.offset + weights.size] = weights
+    return dense
 
 
-def changed_rows(new: Rows, old: Rows | None) -> Rows:
-    """The rows of ``new`` that ``old`` lacks or holds with other values."""
-    if old is None or not old.ids.size:
-        return new
-    pos = np.minimum(np.searchsorted(old.ids, new.ids), old.ids.size - 1)
-    known = old.ids[pos] == new.ids
-    same = known.copy()
-    same[known] = (old.weights[pos[known]] == new.weights[known]).all(axis=1)
-    keep = ~same
-    return Rows(new.spec, new.ids[keep], new.weights[keep])
+def open_checkpoint(path: Path, dense: bool = True
+                    ) -> tuple[str, dict[str, np.ndarray], CheckpointRows]:
+    """The name, dense tables (with ``dense``) and embedding rows (open for streaming) of the
+    complete checkpoint ``path`` means (a ``ckpt-N`` directory, or a parent whose ``LATEST``
+    names one), every file verified."""
+    ckpt = resolve_checkpoint(Path(path))
+    manifest = load_manifest(ckpt)
+    ranks = manifest_ranks(manifest)
+    if not ranks:
+        raise CheckpointError(f"{ckpt}: the manifest names no servers")
+    shard_map = manifest.get("tables", {}).get(EMBEDDING_MAP, {}).get("chunks", [])
+    shard_primary = np.array([c.server for c in sorted(
+        (Chunk.from_wire(c) for c in shard_map), key=lambda c: c.chunk_id)], INT64)
+    files = {int(e["rank"]): ckpt / e["file"] for e in manifest.get("files", [])
+             if e.get("kind") == "embedding" and e.get("rank") in ranks}
+    try:
+        rows = CheckpointRows(files, shard_primary)
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile) as err:
+        raise CheckpointError(f"cannot read the embedding files of {ckpt}: {err}") from None
+    return ckpt.name, _dense(ckpt, manifest, ranks) if dense else {}, rows
 
 
 def _npz(arrays: dict[str, np.ndarray]) -> Callable[[IO[bytes]], None]:
@@ -143,28 +113,37 @@ def _npz(arrays: dict[str, np.ndarray]) -> Callable[[IO[bytes]], None]:
 def export_checkpoint(path: Path, out: Path, since: Path | None = None) -> dict[str, Any]:
     """Write the export of checkpoint ``path`` into directory ``out`` (created; its manifest
     written last) and return the manifest. With ``since``, an incremental export of the rows
-    changed after that checkpoint."""
-    snapshot = read_checkpoint(path)
-    base = read_checkpoint(since) if since is not None else None
+    changed after that checkpoint. Embedding rows are streamed a block at a time."""
+    name, dense, rows = open_checkpoint(path)
+    base_name, _, base = open_checkpoint(since, dense=False) if since is not None \
+        else (None, {}, None)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / MANIFEST).unlink(missing_ok=True)  # a half-rewritten export is never read as whole
-    keys = {name: f"d{i}" for i, name in enumerate(snapshot.dense)}
-    arrays = {keys[name]: a for name, a in snapshot.dense.items()}
+    keys = {table: f"d{i}" for i, table in enumerate(dense)}
+    arrays = {keys[table]: a for table, a in dense.items()}
     files = [file_entry(atomic_write(out / DENSE_FILE, _npz(arrays)))]
     tables: dict[str, Any] = {}
-    for i, (name, rows) in enumerate(snapshot.embeddings.items()):
+    try:
+        for i, (table, spec) in enumerate(rows.specs.items()):
+            blocks = rows.rows(table)
+            if base is not None:
+                blocks = changed(blocks, base.rows(table))
+            try:
+                file, count = write_rows(out / embedding_file(i), blocks, int(spec["dim"]))
+            except (KeyError, ValueError, zipfile.BadZipFile) as err:
+                raise CheckpointError(f"cannot read the rows of {table!r}: {err}") from None
+            files.append(file_entry(file))
+            tables[table] = {"file": file.name, "spec": spec, "rows": count}
+    finally:
+        rows.__exit__()
         if base is not None:
-            rows = changed_rows(rows, base.embeddings.get(name))
-        file = atomic_write(out / embedding_file(i), _npz({"ids": rows.ids,
-                                                           "weights": rows.weights}))
-        files.append(file_entry(file))
-        tables[name] = {"file": file.name, "spec": rows.spec, "rows": int(rows.ids.size)}
+            base.__exit__()
     manifest = {"format": FORMAT, "version": VERSION,
                 "kind": "full" if base is None else "incremental",
-                "checkpoint": snapshot.name, "since": None if base is None else base.name,
-                "dense": {name: {"key": keys[name], "size": int(a.size)}
-                          for name, a in snapshot.dense.items()},
+                "checkpoint": name, "since": base_name,
+                "dense": {table: {"key": keys[table], "size": int(a.size)}
+                          for table, a in dense.items()},
                 "embeddings": tables, "files": files}
     atomic_write_bytes(out / MANIFEST, json.dumps(manifest, indent=1).encode())
     return manifest

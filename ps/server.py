@@ -51,6 +51,7 @@ from hogshard.ps.checkpoint import ShardCheckpointer
 from hogshard.ps.chunk_moves import ChunkMoves
 from hogshard.ps.dense import DenseStore
 from hogshard.ps.dense_ops import DenseOps
+from hogshard.ps.disk_table import DiskTier
 from hogshard.ps.doorbells import Doorbells
 from hogshard.ps.embedding_ops import EmbeddingOps
 from hogshard.ps.embedding_store import EmbeddingStore
@@ -74,7 +75,8 @@ log = logging.getLogger(__name__)
 class ShardServer:
     """One parameter-server shard. Construct (registers with the scheduler), then
     ``serve_forever``; ``stop()`` ends the loop from any thread. ``update_threads`` > 0 runs
-    the update rules on that many threads off the loop (ps/executor.py)."""
+    the update rules on that many threads off the loop (ps/executor.py); ``embedding_disk``
+    keeps the big embedding tables in files (ps/disk_table.py)."""
 
     def __init__(
         self,
@@ -90,6 +92,7 @@ class ShardServer:
         security: Security | None = None,
         check_finite: bool = True,
         update_threads: int = 0,
+        embedding_disk: DiskTier | None = None,
     ) -> None:
         if update_threads < 0:
             raise ValueError(f"update_threads must be 0 (inline) or more; got {update_threads}")
@@ -100,7 +103,7 @@ class ShardServer:
                                         max_message_bytes=max_message_bytes)
         self.address = advertise or bound
         self.store = DenseStore(check_finite)
-        self.embeddings = EmbeddingStore()
+        self.embeddings = EmbeddingStore(embedding_disk)
         self.stats = ServerStats()
         self._core = ServiceCore(self._sock, self.OPS, "a server", self.stats.errors, log, limits,
                                  authenticated=security is not None)
