@@ -111,8 +111,7 @@ def start(work: Path, cgroup: Cgroup, args: argparse.Namespace, restore: Path | 
     address_file = work / f"scheduler-{tag}.address"
     again = ["--restore", str(restore)] if restore else []
     scheduler = spawn([*hog, "scheduler", "--bind", "tcp://127.0.0.1:0", "--servers", "1",
-                       "--address-file", str(address_file), "--heartbeat-timeout", "600",
-                       *again], work / f"scheduler-{tag}.log")
+                       "--address-file", str(address_file), *again], work / f"scheduler-{tag}.log")
     address = wait_file(address_file, scheduler, work / f"scheduler-{tag}.log")
     disk = work / f"rows-{tag}"
     disk.mkdir()

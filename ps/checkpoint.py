@@ -31,6 +31,7 @@ from hogshard.proto.manifest import (
     resolve_checkpoint,
 )
 from hogshard.ps.dense import FLOAT32, DenseChunk, DenseStore, DenseTable
+from hogshard.ps.embedding_checkpoint import Tick
 from hogshard.ps.embedding_store import EmbeddingStore
 
 log = logging.getLogger(__name__)
@@ -47,8 +48,10 @@ def embedding_file(rank: int) -> str:
 
 
 def save_shard(store: DenseStore, embeddings: EmbeddingStore, rank: int,
-               clocks: dict[str, int], ckpt: Path) -> list[dict[str, Any]]:
-    """Write this shard's files into ``ckpt``; returns their manifest entries."""
+               clocks: dict[str, int], ckpt: Path, tick: Tick | None = None
+               ) -> list[dict[str, Any]]:
+    """Write this shard's files into ``ckpt``; returns their manifest entries. ``tick`` is
+    called after the dense file and after each block of embedding rows."""
     arrays: dict[str, np.ndarray] = {}
     tables = []
     for i, table in enumerate(store.tables.values()):
@@ -71,11 +74,13 @@ def save_shard(store: DenseStore, embeddings: EmbeddingStore, rank: int,
         np.savez(f, **arrays)  # type: ignore[arg-type]  # numpy stubs: ** meets allow_pickle
 
     path = atomic_write(Path(ckpt) / shard_file(rank), write)
+    if tick is not None:
+        tick()
     held = {table.name: sorted(table.chunks) for table in store.tables.values()}
     entries = [file_entry(path, rank=rank, kind="dense", chunks=held)]
     if embeddings.tables:
         emb = Path(ckpt) / embedding_file(rank)
-        embeddings.save(emb)  # written through a temporary name, fsynced and renamed
+        embeddings.save(emb, tick)  # written through a temporary name, fsynced and renamed
         entries.append(file_entry(emb, rank=rank, kind="embedding"))
     return entries
 
@@ -152,17 +157,17 @@ class ShardCheckpointer:
         self.report: dict[str, Any] | None = None
 
     def write(self, request: dict[str, Any], rank: int, clocks: dict[str, int],
-              about: dict[str, Any]) -> bool:
+              about: dict[str, Any], tick: Tick | None = None) -> bool:
         """Write this shard into ``request["path"]`` (once per path); ``about`` goes into
-        the report of a written one (updates, incarnation). Returns whether a new report is
-        to be sent. A failed write (a full or read-only disk) removes this rank's files from
+        the report of a written one (updates, incarnation); ``tick`` between its blocks (see
+        :func:`save_shard`). Returns whether a new report is to be sent. A failed write (a full or read-only disk) removes this rank's files from
         the folder, reports the error, and leaves the shard serving as before."""
         path = request.get("path")
         if not isinstance(path, str) or (self.report or {}).get("path") == path:
             return False
         try:
             Path(path).mkdir(parents=True, exist_ok=True)
-            files = save_shard(self._store, self._embeddings, rank, clocks, Path(path))
+            files = save_shard(self._store, self._embeddings, rank, clocks, Path(path), tick)
             self.report = {"path": path, "files": files, **about}
             log.info("wrote checkpoint %s", path)
         except (OSError, HogshardError, ValueError) as err:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import tempfile
 import zipfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
@@ -33,18 +33,28 @@ if TYPE_CHECKING:
     from hogshard.ps.embedding_store import EmbeddingStore
 
 
-def _blocks(table: EmbeddingTable) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+#: Called between the blocks of a checkpoint (the server keeps its heartbeats on time).
+Tick = Callable[[], None]
+
+
+def _no_tick() -> None:
+    pass
+
+
+def _blocks(table: EmbeddingTable, tick: Tick) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """(slots, ids) of the table's rows, sorted by id: in blocks of ids for a disk table, in
-    one piece for a RAM table."""
+    one piece for a RAM table; ``tick`` after each block."""
     if isinstance(table.index, RowBitmap):
         for ids in table.index.blocks():
             yield ids, ids
+            tick()
     else:
         ids, slots = table.index.items()
         yield slots, ids
+        tick()
 
 
-def _spooled(file: IO[bytes], dtype: np.dtype, tail: tuple[int, ...], rows: int
+def _spooled(file: IO[bytes], dtype: np.dtype, tail: tuple[int, ...], rows: int, tick: Tick
              ) -> Iterator[np.ndarray]:
     """The ``rows`` rows a scratch file holds, a block at a time."""
     file.seek(0)
@@ -52,22 +62,24 @@ def _spooled(file: IO[bytes], dtype: np.dtype, tail: tuple[int, ...], rows: int
     for start in range(0, rows, BLOCK_ROWS):
         count = min(BLOCK_ROWS, rows - start)
         yield np.frombuffer(file.read(count * width), dtype).reshape(count, *tail)
+        tick()
 
 
-def _write_table(zf: zipfile.ZipFile, i: int, table: EmbeddingTable, scratch: Path) -> int:
+def _write_table(zf: zipfile.ZipFile, i: int, table: EmbeddingTable, scratch: Path,
+                 tick: Tick) -> int:
     rows, dim = len(table.index), table.spec.dim
-    write_member(zf, f"{i}.ids", INT64, (rows,), (ids for _, ids in _blocks(table)))
+    write_member(zf, f"{i}.ids", INT64, (rows,), (ids for _, ids in _blocks(table, tick)))
     if not isinstance(table.index, RowBitmap):
         write_member(zf, f"{i}.weights", FLOAT32, (rows, dim),
-                     (table.rows_at(slots) for slots, _ in _blocks(table)))
+                     (table.rows_at(slots) for slots, _ in _blocks(table, tick)))
         for key, array in table.state.items():
             write_member(zf, f"{i}.state.{key}", array.dtype, (rows, *array.shape[1:]),
-                         (array[slots] for slots, _ in _blocks(table)))
+                         (array[slots] for slots, _ in _blocks(table, tick)))
     else:  # a disk table: read each record once; its state waits in scratch files
         spools = {key: tempfile.TemporaryFile(dir=scratch) for key in table.state}
         try:
             def weights() -> Iterator[np.ndarray]:
-                for slots, _ in _blocks(table):
+                for slots, _ in _blocks(table, tick):
                     block = table.rows_at(slots)
                     for key, array in table.state.items():
                         spools[key].write(np.ascontiguousarray(array[slots]).data)
@@ -77,7 +89,7 @@ def _write_table(zf: zipfile.ZipFile, i: int, table: EmbeddingTable, scratch: Pa
             for key, array in table.state.items():
                 tail = array.shape[1:]
                 write_member(zf, f"{i}.state.{key}", array.dtype, (rows, *tail),
-                             _spooled(spools[key], array.dtype, tail, rows))
+                             _spooled(spools[key], array.dtype, tail, rows, tick))
         finally:
             for spool in spools.values():
                 spool.close()
@@ -87,15 +99,18 @@ def _write_table(zf: zipfile.ZipFile, i: int, table: EmbeddingTable, scratch: Pa
     return rows
 
 
-def save_tables(tables: Iterable[EmbeddingTable], path: Path) -> int:
-    """Write ``tables`` to ``path`` (atomically, fsynced); returns the rows written."""
+def save_tables(tables: Iterable[EmbeddingTable], path: Path, tick: Tick | None = None) -> int:
+    """Write ``tables`` to ``path`` (atomically, fsynced); returns the rows written. ``tick``
+    is called after each block of rows read from a table (a server sends its heartbeats
+    there while a large table is written)."""
     tables = list(tables)
     written = [0]
+    beat = tick or _no_tick
 
     def write(f: IO[bytes]) -> None:
         with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as zf:
             for i, table in enumerate(tables):
-                written[0] += _write_table(zf, i, table, Path(path).parent)
+                written[0] += _write_table(zf, i, table, Path(path).parent, beat)
             specs = json.dumps([t.spec.to_wire() for t in tables]).encode()
             write_member(zf, "specs", np.dtype(np.uint8), (len(specs),),
                          [np.frombuffer(specs, np.uint8)])

@@ -41,7 +41,7 @@ from hogshard.proto.packed_rows import pack
 from hogshard.proto.tables import EmbeddingSpec
 from hogshard.ps.disk_table import DiskTable, DiskTier
 from hogshard.ps.embedding import EmbeddingTable, Found
-from hogshard.ps.embedding_checkpoint import load_tables, save_tables
+from hogshard.ps.embedding_checkpoint import Tick, load_tables, save_tables
 from hogshard.ps.embedding_fused import fused_pull, fused_push
 from hogshard.ps.row_block import ID_SPAN, MAX_TABLES, RowBlock
 from hogshard.ps.row_checks import check_finite, check_grads, check_ids
@@ -201,11 +201,11 @@ class EmbeddingStore:
 
     # ---- checkpoint -------------------------------------------------------------------------
 
-    def save(self, path: str | Path) -> int:
+    def save(self, path: str | Path, tick: Tick | None = None) -> int:
         """Write every table's touched rows, optimizer state and admission sketch to ``path``
         (an ``.npz``, written atomically and fsynced, a block of rows at a time:
-        ps/embedding_checkpoint.py); returns the rows written."""
-        return save_tables(self.tables.values(), Path(path))
+        ps/embedding_checkpoint.py; ``tick`` after each block); returns the rows written."""
+        return save_tables(self.tables.values(), Path(path), tick)
 
     def load(self, path: str | Path) -> None:
         """Replace every table with the contents of a checkpoint written by :meth:`save`

@@ -259,6 +259,14 @@ class ShardServer:
             self.stats, self.embeddings, self.replicas, self.chunk_moves,
             self.checkpoints.report, self.incarnation, self._workers_epoch))
 
+    def _keep_heartbeats(self) -> None:
+        """Between the blocks of a checkpoint that takes the loop for long (a large disk
+        table): send the heartbeats that fall due, so that the scheduler does not declare this
+        server dead while it writes. Their replies are read once the checkpoint is written."""
+        now = time.monotonic()
+        if self.link.due(now):
+            self._send_heartbeat(now)
+
     def _report_handoffs(self) -> None:
         """A slot's next owner acknowledged its rows: tell the scheduler at once."""
         ready = len(self.replicas.slots.ready(self.replicas.links))
@@ -283,7 +291,8 @@ class ShardServer:
                 self.link.hurry()  # say soon that this map is known (a worker may wait on it)
             if isinstance(checkpoint, dict) and self.checkpoints.write(
                     checkpoint, self.rank, self.view.observed,
-                    {"updates": self.stats.updates, "incarnation": self.incarnation}):
+                    {"updates": self.stats.updates, "incarnation": self.incarnation},
+                    self._keep_heartbeats):
                 self.link.now()  # report at once
             if reply.get("shutdown"):
                 log.info("%s: scheduler ended the job", self.node_id)

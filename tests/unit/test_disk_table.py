@@ -197,3 +197,22 @@ def test_a_slot_hand_off_reads_and_drops_a_disk_table_in_blocks(tmp_path: Path) 
     assert (left == ~np.isin(kept, moving)).all()
     assert (taker.table("t").index.lookup(ids) >= 0).tolist() == (~left).tolist()
     assert disk.table("t").rows == int(left.sum())
+
+
+def test_a_checkpoint_ticks_between_its_blocks(tmp_path: Path) -> None:
+    """A server sends its heartbeats from ``tick`` while a large table is written: every block
+    of rows read, in each pass over the table, is followed by one."""
+    (tmp_path / "rows").mkdir()
+    store = EmbeddingStore(DiskTier(tmp_path / "rows", min_rows=100))
+    blocks = 3
+    store.create(EmbeddingSpec("t", 4, blocks << 22, {"rule": "rowwise_adagrad", "lr": 0.1}))
+    ids = np.array([5, (1 << 22) + 7, (2 << 22) + 9], dtype=np.int64)  # one in each block
+    store.push(["t"], [ids], [np.ones((3, 4), np.float32)])
+    ticks: list[int] = []
+    assert store.save(tmp_path / "emb.npz", tick=lambda: ticks.append(1)) == 3
+    # a tick per block of ids in the ids' and the weights' passes (each record read once),
+    # and one for the row state spooled meanwhile (3 rows: one block of rows)
+    assert len(ticks) == 2 * blocks + 1
+    restored = EmbeddingStore()
+    restored.load(tmp_path / "emb.npz")
+    assert restored.table("t").rows == 3
