@@ -36,9 +36,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from procs import reap, spawn, wait_file  # this script's folder is on sys.path
+from procs import reap, spawn, stop, wait_file  # this script's folder is on sys.path
 
 CGROUP_ROOT = Path("/sys/fs/cgroup/memory")
+#: A server's exit drops gigabytes of dirty mapped pages: longer than other children's waits.
+SERVER_EXIT_S = 600.0
 MULTIPLIER = 2654435761  # odd and not a multiple of 5: a bijection of [0, 10^k)
 
 
@@ -134,17 +136,6 @@ def rows_held(ckpt: Path) -> dict[str, int]:
                 for i, spec in enumerate(specs)}
 
 
-def stop(server: subprocess.Popen) -> None:
-    """Stop the server and wait for it: its exit drops gigabytes of dirty mapped pages, which
-    takes longer than the harness's reap waits."""
-    server.terminate()
-    try:
-        server.wait(timeout=600)
-    except subprocess.TimeoutExpired:
-        server.kill()
-        server.wait(timeout=600)
-
-
 def client_for(address: str) -> Any:
     from hogshard.proto.config import ClientSettings
     from hogshard.worker.client import PSClient
@@ -226,7 +217,7 @@ def run(args: argparse.Namespace, work: Path, cgroup: Cgroup) -> dict[str, Any]:
         client.close()
     result["peak_rss"] = peak_rss(server.pid)
     result["cgroup_peak"] = cgroup.peak()
-    stop(server)
+    stop(server, timeout=SERVER_EXIT_S)
     reap()
     cgroup.reset()
     t = time.perf_counter()
@@ -242,7 +233,7 @@ def run(args: argparse.Namespace, work: Path, cgroup: Cgroup) -> dict[str, Any]:
         result["restored_cgroup_peak"] = cgroup.peak()
     finally:
         client.close()
-        stop(server)
+        stop(server, timeout=SERVER_EXIT_S)
         reap()
     result["oom_kills"] = cgroup.oom_kills()
     return result

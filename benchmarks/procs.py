@@ -20,17 +20,21 @@ from pathlib import Path
 _children: list[subprocess.Popen] = []
 
 
+def stop(proc: subprocess.Popen, timeout: float = 5.0) -> None:
+    """SIGTERM ``proc`` if it still runs, SIGKILL it after ``timeout`` seconds; wait for it."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=timeout)
+
+
 def reap() -> None:
     """Stop every child :func:`spawn` started that still runs (SIGTERM, then SIGKILL)."""
     while _children:
-        proc = _children.pop()
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=5)
+        stop(_children.pop())
 
 
 atexit.register(reap)

@@ -268,15 +268,7 @@ class DiskTable(EmbeddingTable):
     def apply(self, ids: np.ndarray, grads: np.ndarray) -> None:
         ids, grads = summed_duplicates(ids, grads)
         self.push_clock += 1
-        slots = self.slots_for(ids)
-        state = {key: array[slots] for key, array in self.files.state.items()}
-        w = self.rows_at(slots)
-        self.rule.apply(w, grads, state)
-        self.set_rows(slots, w)
-        for key, array in state.items():
-            self.files.state[key][slots] = array
-        self.counters["pushes"] += 1
-        self.counters["ids_pushed"] += int(ids.size)
+        self._update_rows(self.slots_for(ids), grads)
 
     def stats(self) -> dict[str, Any]:
         return {**super().stats(), "tier": "disk", "file_bytes": self.files.nbytes,

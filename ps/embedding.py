@@ -248,16 +248,21 @@ class EmbeddingTable:
             ids, grads = self._admitted(ids, grads)
         self.push_clock += 1
         slots = self.slots_for(ids, None if self.sketch is not None else self._recall(ids))
-        state = {key: array[slots] for key, array in self.block.state.items()}
+        self._update_rows(slots, grads)
+        self.block.last_push[slots] = self.push_clock
+        self.expire()
+
+    def _update_rows(self, slots: np.ndarray, grads: np.ndarray) -> None:
+        """Run the row rule on the rows in ``slots`` (one gradient row each) and write the rows
+        and their state back; count the push."""
+        state = {key: array[slots] for key, array in self.state.items()}
         w = self.rows_at(slots)
         self.rule.apply(w, grads, state)
         self.set_rows(slots, w)
         for key, array in state.items():
-            self.block.state[key][slots] = array
-        self.block.last_push[slots] = self.push_clock
+            self.state[key][slots] = array
         self.counters["pushes"] += 1
-        self.counters["ids_pushed"] += int(ids.size)
-        self.expire()
+        self.counters["ids_pushed"] += int(slots.size)
 
     def _recall(self, ids: np.ndarray) -> Found | None:
         """The slots of ``ids`` as a recent pull of exactly these ids found them, if no row has

@@ -30,11 +30,14 @@ def shard_rows(table: EmbeddingTable, shard: int | Sequence[int], shards: int
     """The ids, rows and row state of the rows ``table`` holds for ``shard`` of ``shards``
     (or for every shard in a list of them)."""
     wanted = np.asarray(shard, dtype=np.int64)
-    parts = [(live[keep], ids[keep]) for live, ids in table.live_blocks()
-             for keep in [np.isin(shard_of(ids, shards), wanted)]]
-    slots = np.concatenate([p[0] for p in parts]) if parts else np.empty(0, np.int64)
-    ids = np.concatenate([p[1] for p in parts]) if parts else np.empty(0, np.int64)
-    return ids, table.rows_at(slots), {k: a[slots] for k, a in table.state.items()}
+    slot_parts, id_parts = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
+    for live, ids in table.live_blocks():
+        keep = np.isin(shard_of(ids, shards), wanted)
+        slot_parts.append(live[keep])
+        id_parts.append(ids[keep])
+    slots = np.concatenate(slot_parts)
+    return np.concatenate(id_parts), table.rows_at(slots), {k: a[slots] for k, a in
+                                                             table.state.items()}
 
 
 def install_rows(table: EmbeddingTable, ids: np.ndarray, rows: np.ndarray,

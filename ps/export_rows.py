@@ -27,8 +27,8 @@ from hogshard.proto.errors import CheckpointError
 from hogshard.proto.hashing import shard_of
 from hogshard.proto.manifest import atomic_write
 from hogshard.ps.npz_stream import BLOCK_ROWS, read_member, write_member
+from hogshard.ps.row_block import FLOAT32, INT64
 
-INT64, FLOAT32 = np.dtype("<i8"), np.dtype("<f4")
 Block = tuple[np.ndarray, np.ndarray]  # sorted unique ids and their float32 rows
 
 

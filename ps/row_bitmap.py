@@ -22,7 +22,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
-INT64 = np.dtype("<i8")
+from hogshard.ps.row_block import INT64
+
 #: Ids a block of :meth:`RowBitmap.blocks` covers by default (2^22: 512 KiB of bitmap).
 BLOCK_IDS = 1 << 22
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,11 +74,12 @@ def rpc_channel(zmq_ctx: zmq.Context) -> Iterator[Callable[..., RpcChannel]]:
             each.close()
 
 
-def start_scheduler(procs: Any, workdir: Path, *args: str) -> tuple[Any, str]:
+def start_scheduler(procs: Any, workdir: Path, *args: str, name: str = "scheduler"
+                    ) -> tuple[Any, str]:
     """``hogshard scheduler --bind tcp://127.0.0.1:0 --address-file F ARGS``; returns the
     process and the address it bound, once it has written it."""
     address_file = workdir / "scheduler.address"
-    proc = procs.hogshard("scheduler", "scheduler", "--bind", "tcp://127.0.0.1:0",
+    proc = procs.hogshard(name, "scheduler", "--bind", "tcp://127.0.0.1:0",
                           "--address-file", str(address_file), *args)
 
     def address() -> str | None:
@@ -87,6 +89,25 @@ def start_scheduler(procs: Any, workdir: Path, *args: str) -> tuple[Any, str]:
 
     return proc, procs.wait_until(address, STARTUP_S, "the scheduler's address file",
                             on_timeout=proc.tail)
+
+
+def restart_from_checkpoint(cluster: Cluster, ckpt: Path, workdir: Path,
+                            server_args: Callable[[int], Sequence[str]] = lambda rank: ()
+                            ) -> str:
+    """kill -9 the cluster's scheduler and servers, then start a scheduler and as many servers
+    again with ``--restore ckpt`` (each server with its rank and ``server_args(rank)``);
+    returns the new scheduler's address."""
+    for proc in [cluster.scheduler, *cluster.servers]:
+        proc.signal_group(signal.SIGKILL)
+        proc.wait(10.0)
+    workdir.mkdir()
+    servers = len(cluster.servers)
+    _, address = start_scheduler(cluster.procs, workdir, "--servers", str(servers), "--restore",
+                                 str(ckpt), "--heartbeat-interval", "0.2", name="scheduler2")
+    for rank in range(servers):
+        cluster.procs.hogshard(f"restored{rank}", "server", "--scheduler", address, "--rank",
+                               str(rank), "--restore", str(ckpt), *server_args(rank))
+    return address
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ to the checkpointed ones and training goes on; a partial or truncated checkpoint
 from __future__ import annotations
 
 import shutil
-import signal
 import sys
 from pathlib import Path
 
@@ -15,22 +14,10 @@ import zmq
 
 from hogshard.proto.config import ClientSettings
 from hogshard.worker.client import DenseHandle, PSClient
+from tests.integration.conftest import restart_from_checkpoint
 
 STARTUP_S = 30.0
 
-
-def start_scheduler(procs, workdir: Path, *args: str) -> tuple[object, str]:
-    """``hogshard scheduler --bind tcp://127.0.0.1:0 ARGS``, and its address once written."""
-    address_file = workdir / "scheduler.address"
-    proc = procs.hogshard("scheduler2", "scheduler", "--bind", "tcp://127.0.0.1:0",
-                          "--address-file", str(address_file), *args)
-
-    def address() -> str | None:
-        assert proc.alive(), proc.tail()
-        return address_file.read_text().strip() if address_file.exists() else None
-
-    return proc, procs.wait_until(address, STARTUP_S, "the scheduler's address file",
-                                  on_timeout=proc.tail)
 
 PYTHON = sys.executable
 TRAIN_WORKER = str(Path(__file__).with_name("train_worker.py"))
@@ -72,17 +59,7 @@ def test_checkpoint_kill_everything_restore_bit_identical(
     before, versions = _weights(cluster.address, zmq_ctx)
     assert min(versions) >= 15
 
-    for proc in [cluster.scheduler, *cluster.servers]:  # kill -9 everything
-        proc.signal_group(signal.SIGKILL)
-        proc.wait(10.0)
-
-    workdir = tmp_path / "restart"
-    workdir.mkdir()
-    _, address = start_scheduler(procs, workdir, "--servers", "2", "--restore", str(ckdir),
-                                 "--heartbeat-interval", "0.2")
-    for rank in range(2):
-        procs.hogshard(f"restored{rank}", "server", "--scheduler", address, "--rank", str(rank),
-                       "--restore", str(ckdir))
+    address = restart_from_checkpoint(cluster, ckdir, tmp_path / "restart")  # kill -9 all
     after, restored_versions = _weights(address, zmq_ctx)
     assert after.tobytes() == before.tobytes()  # bit-identical
     assert restored_versions == versions

@@ -7,7 +7,6 @@ with no push lost."""
 
 from __future__ import annotations
 
-import signal
 import sys
 from pathlib import Path
 
@@ -18,7 +17,7 @@ from hogshard.proto.config import ClientSettings
 from hogshard.proto.errors import HogshardError
 from hogshard.proto.transport import RpcChannel
 from hogshard.worker.client import PSClient
-from tests.integration.conftest import start_scheduler
+from tests.integration.conftest import restart_from_checkpoint, start_scheduler
 
 PYTHON = sys.executable
 BIG, SMALL, DIM = 1_000_000, 100, 8
@@ -74,16 +73,8 @@ def test_disk_tables_train_checkpoint_and_restore(procs, cluster_factory,
         client.close()
     assert [p.name for p in (tmp_path / "disk0").iterdir()] == []  # unlinked once mapped
 
-    for proc in [cluster.scheduler, *cluster.servers]:  # kill -9 everything
-        proc.signal_group(signal.SIGKILL)
-        proc.wait(10.0)
-    workdir = tmp_path / "restart"
-    workdir.mkdir()
-    _, address = start_scheduler(procs, workdir, "--servers", "2", "--restore", str(ckdir),
-                                 "--heartbeat-interval", "0.2")
-    for rank in range(2):
-        procs.hogshard(f"restored{rank}", "server", "--scheduler", address, "--rank",
-                       str(rank), "--restore", str(ckdir), *_disk_args(tmp_path, rank))
+    address = restart_from_checkpoint(cluster, ckdir, tmp_path / "restart",  # kill -9 all
+                                      lambda rank: _disk_args(tmp_path, rank))
     client = PSClient(ClientSettings(scheduler=address, request_timeout=30.0,
                                      connect_timeout=30.0))
     try:
@@ -99,14 +90,8 @@ def test_disk_tables_train_checkpoint_and_restore(procs, cluster_factory,
 @pytest.mark.integration
 @pytest.mark.timeout(150, method="signal")
 def test_a_drain_moves_disk_rows_block_by_block_and_loses_no_push(procs, tmp_path: Path) -> None:
-    address_file = tmp_path / "scheduler.address"
-    scheduler = procs.hogshard("scheduler", "scheduler", "--bind", "tcp://127.0.0.1:0",
-                               "--address-file", str(address_file), "--servers", "2",
-                               "--embedding-slots", "64", "--heartbeat-interval", "0.2",
-                               "--heartbeat-timeout", "3")
-    procs.wait_until(lambda: address_file.exists() or not scheduler.alive(), 30.0,
-                     "the scheduler's address file", on_timeout=scheduler.tail)
-    address = address_file.read_text().strip()
+    _, address = start_scheduler(procs, tmp_path, "--servers", "2", "--embedding-slots", "64",
+                                 "--heartbeat-interval", "0.2", "--heartbeat-timeout", "3")
     for rank in range(2):
         procs.hogshard(f"server{rank}", "server", "--scheduler", address, "--rank", str(rank),
                        *_disk_args(tmp_path, rank))
