@@ -96,11 +96,13 @@ def main(ctx: click.Context, config_file: str | None, log_level: str, log_format
 @option("heartbeat-timeout", default=DEFAULT_HEARTBEAT_TIMEOUT, type=click.FloatRange(min=0.05),
         help="seconds of silence after which a member is declared dead")
 @option("replication", default=1, type=click.IntRange(min=1, max=2),
-        help="copies of each dense chunk: 2 keeps a backup on another server")
+        help="copies of each dense chunk and embedding shard or slot: 2 keeps a backup on "
+        "another server")
 @option("embedding-slots", default=0, type=click.IntRange(min=0, max=1 << 16),
         help="place embedding rows in this many virtual slots (4096 is a good size), so that "
-        "'hogshard embeddings add/drain' can move them between servers mid-job; 0: rows "
-        "hashed over the --servers servers, fixed")
+        "'hogshard embeddings add/drain' can move them between servers mid-job (under "
+        "--replication 2 each slot has a backup too); 0: rows hashed over the --servers "
+        "servers, fixed")
 @option("num-workers", default=None, type=click.IntRange(min=1),
         help="workers in the job: worker ranks stay below it (a worker asking for a higher "
         "rank, or one more than it while every rank is held, is refused); unset: no limit")
@@ -126,7 +128,7 @@ def scheduler(bind: str, policy: str, servers: int, heartbeat_interval: float,
     the job ends (`hogshard stop`, or --exit-when-done); see docs/LIFECYCLE.md."""
     from hogshard.scheduler.service import Scheduler
 
-    check_slot_flags(embedding_slots, replication)
+    check_slot_flags(embedding_slots)
     security = process_security(keys, bind, insecure, role=None)
     service = or_exit(lambda: Scheduler(bind, policy, servers, heartbeat_interval,
                                         heartbeat_timeout, checkpoint_every=checkpoint_every,
@@ -239,11 +241,12 @@ def worker(scheduler: str, rank: int | None, num_workers: int | None, codec: str
 @option("heartbeat-timeout", default=DEFAULT_HEARTBEAT_TIMEOUT, type=click.FloatRange(min=0.05),
         help="seconds of silence after which a member is declared dead")
 @option("replication", default=1, type=click.IntRange(min=1, max=2),
-        help="copies of each dense chunk: 2 keeps a backup on another server")
+        help="copies of each dense chunk and embedding shard or slot: 2 keeps a backup on "
+        "another server")
 @option("embedding-slots", default=0, type=click.IntRange(min=0, max=1 << 16),
         help="the scheduler's --embedding-slots: embedding rows in this many virtual slots, "
-        "which 'hogshard embeddings add/drain' can move between servers mid-job (with "
-        "--replication 1); 0: rows hashed over the servers, fixed")
+        "which 'hogshard embeddings add/drain' can move between servers mid-job (under "
+        "--replication 2 each slot has a backup too); 0: rows hashed over the servers, fixed")
 @codec_option()
 @click.option("--progress/--no-progress", default=True, show_default=True,
               help="show a progress bar")
@@ -270,7 +273,7 @@ def launch(servers: int, workers: int, policy: str, heartbeat_timeout: float, re
     from hogshard.launcher import LocalCluster
 
     check_command(command)
-    check_slot_flags(embedding_slots, replication)
+    check_slot_flags(embedding_slots)
     cluster = or_exit(lambda: LocalCluster(servers, workers, policy, list(command),
                                            heartbeat_timeout=heartbeat_timeout,
                                            replication=replication,

@@ -46,13 +46,19 @@ def _wait_option(command: Any) -> Any:
                   "at once)")(command)
 
 
+def _per_server(counts: dict[str, int]) -> str:
+    return ", ".join(f"server {rank}: {count}" for rank, count in
+                     sorted(counts.items(), key=lambda kv: int(kv[0])))
+
+
 def _line(placement: dict[str, Any]) -> str:
-    owners = ", ".join(f"server {rank}: {count}" for rank, count in
-                       sorted(placement["owners"].items(), key=lambda kv: int(kv[0])))
     chunks = placement.get("chunks_moving") or 0
     moving = placement["moving"] - chunks
-    return (f"{placement['slots']} slots on members {placement['members']} ({owners}); "
-            f"{moving} moving, {placement['moved']} moved so far"
+    backups = placement.get("backups")  # --replication 2
+    return (f"{placement['slots']} slots on members {placement['members']} "
+            f"({_per_server(placement['owners'])})"
+            + (f", backed up on ({_per_server(backups)})" if backups is not None else "")
+            + f"; {moving} moving, {placement['moved']} moved so far"
             + (f"; {chunks} dense chunks moving" if chunks else ""))
 
 

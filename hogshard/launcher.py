@@ -98,7 +98,7 @@ class LocalCluster:
         load_security(self.keys, Role.ADMIN)  # a bad keys folder is refused before anything starts
         parse_policy(self.policy)  # a bad spec is refused before anything starts
         check_replication(self.replication)
-        check_slots(self.embedding_slots, self.replication)
+        check_slots(self.embedding_slots)
         self._output = JobOutput(self.out, self.progress)
 
     # ---- output -----------------------------------------------------------------------------

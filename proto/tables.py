@@ -27,17 +27,22 @@ DEFAULT_CHUNK_ELEMS = 1 << 20
 @dataclass(frozen=True)
 class Chunk:
     """One contiguous slice ``[offset, offset + length)`` of a dense table, owned by ``server``
-    (the primary, which workers talk to) and copied on ``backup`` (-1: no copy)."""
+    (the primary, which workers talk to) and copied on ``backup`` (-1: no copy). An embedding
+    slot of a replicated job that moves names its next owner, ``moving_to`` (-1: none)."""
 
     chunk_id: int
     offset: int
     length: int
     server: int
     backup: int = -1
+    moving_to: int = -1
 
     def to_wire(self) -> list[int]:
-        """``[chunk_id, offset, length, server]``, with ``backup`` as a fifth entry if any."""
+        """``[chunk_id, offset, length, server]``, with ``backup`` as a fifth entry if any,
+        and ``moving_to`` as a sixth (after the backup, -1 if none) while a slot moves."""
         head = [self.chunk_id, self.offset, self.length, self.server]
+        if self.moving_to >= 0:
+            return [*head, self.backup, self.moving_to]
         return head if self.backup < 0 else [*head, self.backup]
 
     @classmethod
@@ -61,6 +66,8 @@ class DenseTableSpec:
 #: The map of embedding shards under replication: a pseudo-table whose "chunk" i is embedding
 #: shard i (rows with ``splitmix64(id) % S == i``), placed and promoted like dense chunks.
 EMBEDDING_MAP = "__embeddings__"
+#: The most embedding slots a job may have (the slot map travels in ``get_table`` replies).
+MAX_SLOTS = 1 << 16
 
 #: How a shard may hold a table's rows (``EmbeddingSpec.storage``).
 ROW_STORAGE = ("fp32", "fp16", "bf16")

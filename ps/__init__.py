@@ -35,8 +35,9 @@ replication.py                Replicator: roles, links to backups, leases, recen
 primary.py                    Primary: replicated pushes, held replies
 group_replies.py              GroupReplies, HeldReply: replies waiting for their groups, backups
 peer_gate.py                  PeerGate: who may send the server-to-server ops
-embedding_replica.py          shard_rows, install_rows: embedding shards between servers
+embedding_replica.py          shard_rows, snapshot_messages: embedding shards between servers
 embedding_slots.py            SlotRoles: embedding slots served, handed off, dropped
+slot_pushes.py                SlotPushes: which slots of each recent push a server holds
 chunk_moves.py                ChunkMoves: dense chunks handed to another server by a drain
 scheduler_link.py             SchedulerLink, Registration: registration and heartbeats
 shard_report.py               register_fields, heartbeat_fields, table_report: the reports

@@ -24,16 +24,19 @@ import numpy as np
 
 from hogshard.proto.codecs.pull import decode_weights, encode_weights, pull_codec
 from hogshard.proto.errors import HogshardError, NotOwnerError, ProtocolError
+from hogshard.proto.hashing import shard_of
 from hogshard.proto.ops import Field
-from hogshard.proto.packed_rows import counts_of, split_ids, split_rows
+from hogshard.proto.packed_rows import counts_of, pack, split_ids, split_rows
 from hogshard.proto.requests import HELD, Reply, Request, Result
 from hogshard.proto.service import Replies
 from hogshard.proto.tables import EMBEDDING_MAP, EmbeddingSpec
 from hogshard.proto.wire import Message
+from hogshard.ps.embedding_slots import INT64, SlotRoles
 from hogshard.ps.embedding_store import EmbeddingStore
 from hogshard.ps.primary import Primary
 from hogshard.ps.replication import Replicator
 from hogshard.ps.row_gate import RowGate
+from hogshard.ps.slot_pushes import SlotPushes
 from hogshard.ps.stats import ServerStats
 from hogshard.ps.workers import WorkerView
 
@@ -67,6 +70,65 @@ def pushed_rows(embeddings: EmbeddingStore, msg: Message
     dims = [table.spec.dim for table in embeddings.resolve(names)]
     flat = arrays[1] if codec is None else decode_weights(codec, arrays[1:])[0]
     return split_ids(arrays[0], counts), split_rows(flat, counts, dims, "gradients"), flat
+
+
+def pushed_ids(msg: Message) -> list[np.ndarray]:
+    """An ``emb_push``'s id array per table, split from a packed push's one id array."""
+    counts = msg.get("counts")
+    if counts is None:
+        return msg.arrays[0::2]
+    if not msg.arrays:
+        raise ProtocolError("a packed emb_push carries an id array and a gradient array")
+    return split_ids(msg.arrays[0], counts_of(counts, len(msg.get("tables"))))
+
+
+def slot_forwards(slots: SlotRoles, embeddings: EmbeddingStore, msg: Message
+                  ) -> list[tuple[int, dict[str, Any], list[np.ndarray]]]:
+    """The ``emb_replicate`` messages a push to replicated embedding slots goes on as, one per
+    server that backs up (or is about to own) some of its slots: (rank, fields, arrays). A
+    server that takes every row gets the push as it came; another gets its rows, decoded."""
+    forwards: list[tuple[int, dict[str, Any], list[np.ndarray]]] = []
+    base = {"tables": msg.get("tables"), "slots": slots.count, "push_id": msg.get("push_id")}
+    decoded: tuple[list[np.ndarray], list[np.ndarray]] | None = None
+    for rank, masks in slots.replicas(pushed_ids(msg)).items():
+        if masks is None:
+            forwards.append((rank, {**base, "codec": msg.get("codec"),
+                                    "counts": msg.get("counts")}, list(msg.arrays)))
+            continue
+        if decoded is None:
+            decoded = pushed_rows(embeddings, msg)[:2]
+        ids = [i[m] for i, m in zip(decoded[0], masks, strict=True)]
+        grads = [g[m] for g, m in zip(decoded[1], masks, strict=True)]
+        forwards.append((rank, {**base, "counts": [int(i.size) for i in ids]},
+                         [pack(ids), pack(grads)]))
+    return forwards
+
+
+def fresh_rows(pushes: SlotPushes, count: int, embeddings: EmbeddingStore, msg: Message
+               ) -> Message | None:
+    """A push (or forwarded push) to replicated embedding slots, of ``count``, as far as this
+    server has not applied it yet (ps/slot_pushes.py): the push itself, a push of the rows of
+    its other slots (one sent again after an owner died), or None where every row is applied
+    here already. The slots are remembered as applied."""
+    push_id, ids = msg.get("push_id"), pushed_ids(msg)
+    if push_id is None or not all(i.dtype == INT64 and i.ndim == 1 for i in ids):
+        return msg  # (bad ids are refused by the push itself)
+    keys = [shard_of(i, count) for i in ids]
+    every = np.concatenate(keys) if len(keys) > 1 else keys[0] if keys else \
+        np.empty(0, INT64)
+    seen = pushes.seen(push_id, every)
+    if seen.size and seen.all():
+        return None
+    pushes.add(push_id, every[~seen])
+    if not seen.any():
+        return msg
+    masks = np.split(~seen, np.cumsum([i.size for i in ids])[:-1])
+    decoded_ids, grads, _ = pushed_rows(embeddings, msg)
+    fresh_ids = [i[m] for i, m in zip(decoded_ids, masks, strict=True)]
+    header = {k: v for k, v in msg.header.items() if k != "codec"}
+    header["counts"] = [int(i.size) for i in fresh_ids]
+    return Message(header, [pack(fresh_ids), pack([g[m] for g, m in zip(grads, masks,
+                                                                         strict=True)])])
 
 
 def apply_rows(embeddings: EmbeddingStore, stats: ServerStats, msg: Message) -> dict[str, Any]:
@@ -113,6 +175,8 @@ class EmbeddingOps:
         if shard is None:  # --embedding-slots: every id's slot must be ours
             self._replicas.slots.check(msg.get("slots"), msg.arrays[0::2] if msg.op == "emb_push"
                                        else msg.arrays, self._rank, self._replicas.map_epoch)
+            if self._replicas.slots.replicated:  # a backup may have been promoted meanwhile
+                self._replicas.check_lease(time.monotonic(), self._rank)
             return None
         if not self._replicas.replicated(EMBEDDING_MAP):
             raise NotOwnerError(f"server {self._rank} has no embedding shard {shard!r} (yet); "
@@ -193,6 +257,14 @@ class EmbeddingOps:
         shard = self._shard(msg)
         if shard is not None:
             self._primary.emb_push(request.identity, msg, shard, self._apply)
+            return HELD
+        if self._replicas.slots.replicated:
+            slots = self._replicas.slots
+            fresh = fresh_rows(slots.pushes, slots.count, self._embeddings, msg)
+            self._primary.emb_push(
+                request.identity, msg if fresh is None else fresh, None, self._apply,
+                [] if fresh is None else slot_forwards(self._replicas.slots, self._embeddings,
+                                                       fresh), duplicate=fresh is None)
             return HELD
         return Reply(self._apply(msg))
 

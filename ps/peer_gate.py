@@ -80,8 +80,10 @@ class PeerGate:
         roles = replicas.roles.get(table, {})
         for chunk_id in ids:
             role = roles.get(chunk_id) if type(chunk_id) is int else None
-            if role is not None and role == (primary, rank):
-                continue
+            if role is not None and (role == (primary, rank) or (
+                    table == EMBEDDING_MAP and role[0] == primary
+                    and replicas.slots.receives(chunk_id, rank))):
+                continue  # its backup, or the next owner of a replicated slot
             if role is not None and role[1] != rank:
                 raise NotOwnerError(
                     f"server {rank} is no longer the backup of table {table!r} chunk "

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
 import zmq
 
 from hogshard.proto.service import Replies
@@ -170,13 +171,18 @@ class Primary:
 
     # ---- embedding pushes ---------------------------------------------------------------------
 
-    def emb_push(self, identity: bytes, msg: Message, shard: int,
-                 apply: Callable[[Message], dict[str, Any]]) -> None:
+    def emb_push(self, identity: bytes, msg: Message, shard: int | None,
+                 apply: Callable[[Message], dict[str, Any]],
+                 forwards: list[tuple[int, dict[str, Any], list[np.ndarray]]] | None = None,
+                 duplicate: bool = False) -> None:
         """An ``emb_push`` to a replicated embedding shard: ``apply``'d once per push id,
-        forwarded to the shard's backup, answered once the backup holds it."""
+        forwarded to the shard's backup, answered once the backup holds it. ``shard`` None:
+        a push to replicated embedding slots (``duplicate``: every row of it is applied
+        here already), forwarded as ``forwards`` says."""
         push_id = msg.get("push_id")
         needs: dict[int, int] = {}
-        if push_id is not None and (push_id, shard) in self._replicas.recent:
+        if duplicate or shard is not None and push_id is not None \
+                and (push_id, shard) in self._replicas.recent:
             self._stats.duplicates += 1
             counts = msg.get("counts")
             fields: dict[str, Any] = {"rows": counts if counts is not None
@@ -185,9 +191,13 @@ class Primary:
             needs = self._replicas.forwarded_so_far()
         else:
             fields = apply(msg)
-            if push_id is not None:
+            if push_id is not None and shard is not None:
                 self._replicas.recent.add(push_id, shard)
-            backup = self._replicas.roles[EMBEDDING_MAP].get(shard, (-1, -1))[1]
+            for rank, header, arrays in forwards or []:
+                if rank in self._replicas.links:
+                    needs[rank] = self._replicas.send(rank, "emb_replicate", header, arrays)
+            backup = -1 if shard is None else \
+                self._replicas.roles[EMBEDDING_MAP].get(shard, (-1, -1))[1]
             if backup in self._replicas.links:
                 needs[backup] = self._replicas.send(backup, "emb_replicate", {
                     "tables": msg.get("tables"), "shard": shard, "push_id": push_id,

@@ -24,12 +24,14 @@ from typing import Any
 import numpy as np
 
 from hogshard.proto.errors import ConflictError, ProtocolError
+from hogshard.proto.hashing import shard_of
 from hogshard.proto.ops import Field
 from hogshard.proto.requests import HELD, Reply, Request, Result
-from hogshard.proto.tables import EMBEDDING_MAP
+from hogshard.proto.tables import EMBEDDING_MAP, MAX_SLOTS
 from hogshard.ps.dense import FLOAT32, DenseChunk, DenseStore, DenseTable, check_arrays
-from hogshard.ps.embedding_ops import apply_rows
+from hogshard.ps.embedding_ops import apply_rows, fresh_rows, pushed_ids
 from hogshard.ps.embedding_replica import install_snapshot
+from hogshard.ps.embedding_slots import INT64
 from hogshard.ps.embedding_store import EmbeddingStore
 from hogshard.ps.peer_gate import PeerGate
 from hogshard.ps.replication import Replicator
@@ -126,17 +128,29 @@ class BackupOps:
         return Reply({"seq": msg.get("seq")})
 
     def emb_replicate(self, request: Request) -> Result:
-        """Apply a forwarded ``emb_push`` of embedding ``shard`` (this server is its backup)."""
+        """Apply a forwarded ``emb_push`` of embedding ``shard`` (this server is its backup),
+        or of the rows of replicated embedding slots (``slots``: their number) this server
+        backs up or is about to own."""
         msg = request.message
-        shard = msg.header["shard"]
-        if len(msg.arrays) % 2:
+        shard, count = msg.get("shard"), msg.get("slots")
+        if (shard is None) == (count is None):
+            raise ProtocolError("'emb_replicate' names its embedding 'shard', or with "
+                                "embedding slots their number, 'slots'")
+        if msg.get("counts") is None and len(msg.arrays) % 2:
             raise ProtocolError("'emb_replicate' carries (ids, grads) array pairs; got "
                                 f"{len(msg.arrays)} arrays")
-        if not self._admit(request, EMBEDDING_MAP, [shard]):
+        keys = [shard] if shard is not None else _slots_of(pushed_ids(msg), count)
+        if not self._admit(request, EMBEDDING_MAP, keys):
             return HELD
-        apply_rows(self._embeddings, self._stats, msg)
-        if msg.get("push_id") is not None:
-            self._replicas.recent.add(msg.header["push_id"], shard)
+        push_id = msg.get("push_id")
+        if shard is not None:
+            apply_rows(self._embeddings, self._stats, msg)
+            if push_id is not None:
+                self._replicas.recent.add(push_id, shard)
+        else:  # rows of slots: those of a push applied here before are not applied again
+            fresh = fresh_rows(self._replicas.slots.pushes, count, self._embeddings, msg)
+            if fresh is not None:
+                apply_rows(self._embeddings, self._stats, fresh)
         self._stats.replicated += 1
         return Reply({"seq": msg.get("seq")})
 
@@ -152,12 +166,23 @@ class BackupOps:
             return HELD
         rows_in = install_snapshot(self._embeddings, msg.header, msg.arrays)
         self._replicas.mark_replicated(EMBEDDING_MAP)
-        if msg.get("shards") is not None:  # slots handed to this server (their next owner)
-            self._replicas.slots.moved["slots_in"] += len(shards)
+        slots = self._replicas.slots
+        if msg.get("shards") is not None and (not slots.replicated or any(
+                slots.receives(s, self._rank) for s in shards)):  # slots coming here
             self._replicas.slots.moved["rows_in"] += rows_in
             self._replicas.slots.moved["bytes_in"] += sum(int(a.nbytes) for a in msg.arrays)
         return Reply({"seq": msg.get("seq")})
 
+
+def _slots_of(id_arrays: list[np.ndarray], count: int) -> list[int]:
+    """The embedding slots (of ``count``) of the ids a forwarded push carries."""
+    if not 1 <= count <= MAX_SLOTS:
+        raise ProtocolError(f"'emb_replicate': field 'slots' must be 1 .. {MAX_SLOTS}; got "
+                            f"{count}")
+    if not all(a.dtype == INT64 and a.ndim == 1 for a in id_arrays):
+        raise ProtocolError("'emb_replicate': ids must be 1-D int64 arrays")
+    every = np.concatenate(id_arrays) if id_arrays else np.empty(0, INT64)
+    return np.unique(shard_of(every, count)).tolist()
 
 
 #: Their headers (checked by the service core before the handler runs).
@@ -167,9 +192,9 @@ FIELDS = {
     "replica_snapshot": (Field("table", str, required=True), Field("rule", dict, required=True),
                          Field("chunks", list, required=True), Field("seq", int),
                          Field("map_epoch", int)),
-    "emb_replicate": (Field("shard", int, required=True), Field("tables", list, required=True),
-                      Field("push_id", int), Field("seq", int), Field("map_epoch", int),
-                      Field("counts", list)),
+    "emb_replicate": (Field("shard", int), Field("slots", int),
+                      Field("tables", list, required=True), Field("push_id", int),
+                      Field("seq", int), Field("map_epoch", int), Field("counts", list)),
     "emb_snapshot": (Field("shard", int), Field("shards", list), Field("tables", list, required=True),
                      Field("state_keys", list, required=True), Field("sketches", list),
                      Field("seq", int), Field("map_epoch", int)),

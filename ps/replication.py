@@ -36,7 +36,7 @@ from hogshard.proto.tables import EMBEDDING_MAP
 from hogshard.proto.transport import ERROR, connect_dealer, request_header, send
 from hogshard.proto.wire import Message, decode
 from hogshard.ps.dense import DenseChunk, DenseStore, DenseTable
-from hogshard.ps.embedding_replica import snapshot
+from hogshard.ps.embedding_replica import snapshot_messages
 from hogshard.ps.embedding_slots import SlotRoles
 from hogshard.ps.embedding_store import EmbeddingStore
 from hogshard.ps.group_replies import Contribution, GroupReplies, HeldReply
@@ -145,13 +145,17 @@ class Replicator:
         for reply in replies:
             self.held.hold(reply.identity, reply)
 
+    def check_lease(self, now: float, rank: int) -> None:
+        """Raise NotOwnerError once the lease from the scheduler has run out."""
+        if not self.lease_valid(now):
+            raise NotOwnerError(f"server {rank}: lease from the scheduler ran out "
+                                f"{now - self.lease_until:.2f} s ago; retry after a map refresh")
+
     def check_primary(self, table: str, chunk_ids: list[int], now: float, rank: int) -> None:
         """Raise NotOwnerError unless this server is, under a valid lease, the primary of
         every chunk in ``chunk_ids`` of the replicated ``table``."""
         roles = self.roles[table]
-        if not self.lease_valid(now):
-            raise NotOwnerError(f"server {rank}: lease from the scheduler ran out "
-                                f"{now - self.lease_until:.2f} s ago; retry after a map refresh")
+        self.check_lease(now, rank)
         for chunk_id in chunk_ids:
             role = roles.get(chunk_id) if isinstance(chunk_id, int) else None
             if role is None or role[0] != rank:
@@ -170,22 +174,30 @@ class Replicator:
             return
         self.map_epoch = reply.get("map_epoch")
         old_roles, self.roles = self.roles, {t: {} for t in self.roles}
+        moving: dict[int, int] = {}  # replicated slots that move: their next owners
         for name, view in assignments.items():
             roles = self.roles.setdefault(name, {})
-            for chunk_id, _offset, _length, primary, backup in view.get("chunks", []):
+            for chunk_id, _offset, _length, primary, backup, *next_owner in view.get("chunks",
+                                                                                      []):
                 roles[chunk_id] = (primary, backup)
+                if next_owner:
+                    moving[chunk_id] = next_owner[0]
             if name == EMBEDDING_MAP:
                 self.embedding_shards = int(view["table"]["size"])
                 if view.get("slots"):
-                    gone = self.slots.adopt(self.embedding_shards, roles, rank)
+                    gone = self.slots.adopt(self.embedding_shards, roles, rank, moving,
+                                            replicated=(view.get("replication") or 1) > 1)
                     if gone.size and embeddings is not None:
                         self.slots.drop(embeddings, gone)
         in_use = {backup for roles in self.roles.values()
                   for primary, backup in roles.values() if primary == rank and backup >= 0}
+        in_use |= {n for slot, n in moving.items()
+                   if self.roles[EMBEDDING_MAP][slot][0] == rank and n >= 0}
         incarnations = reply.get("incarnations")
         replaced = self._update_links(
             in_use, {int(r): (a, incarnations.get(r) if isinstance(incarnations, dict) else None)
                      for r, a in servers.items()})
+        self.slots.resend(replaced)
         snapshots: dict[int, int] = {}
         for name, roles in self.roles.items():
             for chunk_id, (primary, backup) in roles.items():
@@ -193,6 +205,8 @@ class Replicator:
                 if primary == rank and backup >= 0 and (
                         before is None or before[1] != backup or backup in replaced):
                     self._pending_snapshots.setdefault(name, set()).add(chunk_id)
+        if self.slots.pending_next:
+            self._pending_snapshots.setdefault(EMBEDDING_MAP, set())
         for name in list(self._pending_snapshots):
             if name == EMBEDDING_MAP:
                 if embeddings is not None:
@@ -283,8 +297,9 @@ class Replicator:
             backup = self.roles.get(EMBEDDING_MAP, {}).get(shard, (-1, -1))[1]
             if backup not in self.links:
                 continue
-            fields, arrays = snapshot(embeddings, shard, self.embedding_shards)
-            sent[backup] = self.send(backup, "emb_snapshot", {"shard": shard, **fields}, arrays)
+            for fields, arrays in snapshot_messages(embeddings, shard, self.embedding_shards):
+                sent[backup] = self.send(backup, "emb_snapshot", {"shard": shard, **fields},
+                                         arrays)
         return sent
 
     def forward(self, applied: Sequence[AppliedUpdate], push_id: int | None,

@@ -151,8 +151,9 @@ def restore_job(path: Path, expected_servers: int) -> RestoredJob:
     # next owner was not asked for it); backups of an unreplicated table are such moves
     tables = {name: PlacedTable(DenseTableSpec(**view["table"]),
                                 [Chunk.from_wire(c[:4] if (view.get("replication") or 1) < 2
-                                                 else c) for c in view["chunks"]],
-                                ready=True, slots=int(view.get("slots") or 0))
+                                                 else c[:5]) for c in view["chunks"]],
+                                ready=True, replication=int(view.get("replication") or 1),
+                                slots=int(view.get("slots") or 0))
               for name, view in manifest.get("tables", {}).items()}
     job = RestoredJob(ckpt, manifest, parse_policy(manifest["policy"]), tables,
                       min(manifest.get("clocks", {}).values(), default=0),

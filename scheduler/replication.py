@@ -78,14 +78,17 @@ def drop_server(chunks: list[Chunk], dead: int) -> tuple[list[Chunk], list[int]]
 def assignments_for(tables: dict[str, PlacedTable], rank: int) -> dict[str, Any]:
     """What server ``rank`` must know of the replicated tables (and of the embedding slot
     map): for each, its spec and every chunk it is primary or backup of, as ``[id, offset,
-    length, primary, backup]``."""
+    length, primary, backup]``; a replicated slot that moves has its next owner as a sixth
+    entry, and is listed to that server too."""
     mine: dict[str, Any] = {}
     for name, table in tables.items():
         if table.replication < 2 and not table.slots:
             continue
         chunks = [[c.chunk_id, c.offset, c.length, c.server, c.backup]
-                  for c in table.chunks if rank in (c.server, c.backup)]
+                  + ([c.moving_to] if c.moving_to >= 0 else [])
+                  for c in table.chunks if rank in (c.server, c.backup, c.moving_to)]
         mine[name] = {"table": table.spec.to_wire(), "chunks": chunks}
-        if table.slots:  # the embedding slot map: a backup is the slot's next owner
+        if table.slots:  # the slot map: unreplicated, a backup is the slot's next owner
             mine[name]["slots"] = table.slots
+            mine[name]["replication"] = table.replication
     return mine

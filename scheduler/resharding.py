@@ -12,6 +12,14 @@ A slot that must move keeps its owner as primary and names the new owner as its 
 it moves. The owner stops serving it, copies its rows (values and optimizer state) to the new
 owner, and reports the copy in a heartbeat once the new owner has acknowledged it; then the
 slot is the new owner's (:meth:`Resharding.handed_off`). The map epoch moves at each step.
+
+Under ``--replication 2`` every slot also has a backup on another member, promoted when its
+owner dies as a dense chunk's is. A slot that moves names its next owner apart
+(``moving_to``); its owner keeps serving it, copies its rows to the next owner and forwards
+every push to it as to the backup, and once the next owner has acknowledged the copy the
+next owner becomes the primary, the backup staying (or the old owner taking its place when the
+next owner was the backup). A slot whose owner dies mid-move goes to its backup, and the move
+is called off.
 A drained server's dense chunks move the same way (scheduler/chunk_moves.py), so it can then
 be stopped.
 
@@ -34,28 +42,23 @@ import numpy as np
 
 from hogshard.proto.errors import ConfigError, ConflictError, ProtocolError
 from hogshard.proto.hashing import splitmix64
-from hogshard.proto.tables import EMBEDDING_MAP, Chunk, DenseTableSpec
+from hogshard.proto.tables import EMBEDDING_MAP, MAX_SLOTS, Chunk, DenseTableSpec
 from hogshard.scheduler import chunk_moves
 from hogshard.scheduler.membership import Member
 from hogshard.scheduler.placement import PlacedTable
 
 log = logging.getLogger(__name__)
 
-#: The most slots a job may have (the slot map travels in ``get_table`` replies).
-MAX_SLOTS = 1 << 16
 #: How many of the latest changes (add, drain) ``status`` lists.
 MOVES_KEPT = 8
 #: Mixed into a member's rank before hashing, so rank 0 is not a fixed point.
 _RANK_SALT = 0x632BE59BD9B4E019
 
 
-def check_slots(slots: int, replication: int) -> None:
+def check_slots(slots: int) -> None:
     """Refuse a slot count hogshard cannot use."""
     if not 0 <= slots <= MAX_SLOTS:
         raise ConfigError(f"embedding slots must be 0 (off) or 1 .. {MAX_SLOTS}; got {slots}")
-    if slots and replication > 1:
-        raise ConfigError("--embedding-slots works with --replication 1 only; a replicated "
-                          "job keeps one embedding shard per server")
 
 
 def rendezvous_scores(slots: int, members: Sequence[int]) -> np.ndarray:
@@ -81,19 +84,29 @@ def rendezvous_owners(slots: int, members: Sequence[int]) -> np.ndarray:
 
 
 class SlotTables(Protocol):
-    """What resharding needs of the shard map: its tables and a way to move its epoch."""
+    """What resharding needs of the shard map: its tables, its replication, a way to move its
+    epoch and one to give backups to chunks (slots) that have none."""
 
     tables: dict[str, PlacedTable]
+    replication: int
 
     def changed(self, event: str) -> None: ...
 
+    def fill_backups(self) -> None: ...
 
-def slot_table(slots: int, members: Sequence[int]) -> PlacedTable:
-    """The slot map of a new job: every slot on its rendezvous owner among ``members``."""
-    owners = rendezvous_owners(slots, members)
+
+def slot_table(slots: int, owners: Sequence[int] | np.ndarray, replication: int = 1
+               ) -> PlacedTable:
+    """The slot map of a job: slot ``s`` on server ``owners[s]`` (backups placed apart).
+
+    Example::
+
+        >>> slot_table(4, rendezvous_owners(4, [0, 1])).slots
+        4
+    """
     spec = DenseTableSpec(EMBEDDING_MAP, slots, 1, {})
     return PlacedTable(spec, [Chunk(s, s, 1, int(r)) for s, r in enumerate(owners)],
-                       ready=True, slots=slots)
+                       ready=True, replication=replication, slots=slots)
 
 
 def parse_slot_report(report: Any, slots: int) -> list[int]:
@@ -163,8 +176,10 @@ class Resharding:
         if self._reports and (self._place_reported(now) or not self._grace_over(now)):
             return
         self.members = [m.rank for m in servers]
-        self._map.tables[EMBEDDING_MAP] = slot_table(self.slots, self.members)
+        self._map.tables[EMBEDDING_MAP] = slot_table(
+            self.slots, rendezvous_owners(self.slots, self.members), self._map.replication)
         self._map.changed(f"embedding slots placed on servers {self.members}")
+        self._map.fill_backups()
 
     def _grace_over(self, now: float) -> bool:
         return self._first_report_at is None or now - self._first_report_at >= self.grace
@@ -193,20 +208,27 @@ class Resharding:
                       "initial rows", int(missing.sum()), self.grace, members)
             owners[missing] = rendezvous_owners(self.slots, members)[missing]
         self.members = members
-        spec = DenseTableSpec(EMBEDDING_MAP, self.slots, 1, {})
-        self._map.tables[EMBEDDING_MAP] = PlacedTable(
-            spec, [Chunk(s, s, 1, int(r)) for s, r in enumerate(owners)], ready=True,
-            slots=self.slots)
+        self._map.tables[EMBEDDING_MAP] = slot_table(self.slots, owners, self._map.replication)
         self._reports.clear()
         self._map.changed(f"embedding slots placed where servers {members} reported them")
+        self._map.fill_backups()
         log.info("embedding slots: placement relearnt from the servers (members %s)", members)
         return True
+
+    @property
+    def replicated(self) -> bool:
+        """Whether each slot has a backup (``--replication 2``): its next owner is then named
+        apart (``moving_to``), not as the slot's backup."""
+        return self._map.replication > 1
 
     def moving(self) -> int:
         """Slots moving now, and dense chunks leaving a drained server."""
         table = self.table
-        slots = 0 if table is None else sum(1 for c in table.chunks if c.backup >= 0)
+        slots = 0 if table is None else sum(1 for c in table.chunks if self._next_of(c) >= 0)
         return slots + self.chunks_moving()
+
+    def _next_of(self, chunk: Chunk) -> int:
+        return chunk.moving_to if self.replicated else chunk.backup
 
     def chunks_moving(self) -> int:
         return chunk_moves.moving(self._map.tables)
@@ -252,10 +274,19 @@ class Resharding:
         table = self.table
         assert table is not None
         owners = rendezvous_owners(self.slots, members)
-        table.chunks = [c if c.server == owners[c.chunk_id] else
-                        Chunk(c.chunk_id, c.offset, c.length, c.server, int(owners[c.chunk_id]))
-                        for c in table.chunks]
+        if self.replicated:  # a backup on a server that leaves is placed anew (fill_backups)
+            table.chunks = [Chunk(c.chunk_id, c.offset, 1, c.server,
+                                  c.backup if c.backup in members else -1,
+                                  -1 if c.server == owners[c.chunk_id]
+                                  else int(owners[c.chunk_id]))
+                            for c in table.chunks]
+        else:
+            table.chunks = [c if c.server == owners[c.chunk_id] else
+                            Chunk(c.chunk_id, c.offset, c.length, c.server,
+                                  int(owners[c.chunk_id]))
+                            for c in table.chunks]
         self.members = members
+        self._map.fill_backups()
         moving = self.moving()
         self.moves.append({"event": why, "slots": moving - chunks, "chunks": chunks,
                            "started_at": time.time(), "seconds": None if moving else 0.0})
@@ -291,16 +322,28 @@ class Resharding:
                     and 0 <= report[0] < len(table.chunks)):
                 continue
             chunk = table.chunks[report[0]]
-            if chunk.server == rank and chunk.backup == report[1] >= 0:
-                done[chunk.chunk_id] = Chunk(chunk.chunk_id, chunk.offset, 1, chunk.backup)
+            if chunk.server == rank and self._next_of(chunk) == report[1] >= 0:
+                done[chunk.chunk_id] = self._handed(chunk)
         if not done:
             return
         table.chunks = [done.get(c.chunk_id, c) for c in table.chunks]
         self.moved += len(done)
         self._end_move()
         self._map.changed(f"embedding slots: {len(done)} handed off by server {rank}")
+        self._map.fill_backups()
         log.info("embedding slots: server %d handed off %d slots (%d still moving)", rank,
                  len(done), self.moving())
+
+    def _handed(self, chunk: Chunk) -> Chunk:
+        """A slot once its next owner holds its rows: the next owner's. Replicated, its backup
+        stays; where the next owner was the backup, the old owner backs it up if it is still
+        a member (else :meth:`ShardMap.fill_backups` places one)."""
+        if not self.replicated:
+            return Chunk(chunk.chunk_id, chunk.offset, 1, chunk.backup)
+        backup = chunk.backup
+        if backup in (-1, chunk.moving_to):
+            backup = chunk.server if chunk.server in self.members else -1
+        return Chunk(chunk.chunk_id, chunk.offset, 1, chunk.moving_to, backup)
 
     def servers_lost(self, dead: list[Member]) -> None:
         """A server that dies while slots move to or from it: those moves are called off
@@ -312,11 +355,12 @@ class Resharding:
             self._map.changed(f"dense chunk moves from or to servers {sorted(ranks)} cancelled")
             log.warning("dense chunks: servers %s died while chunks moved from or to them; "
                         "those chunks stay with their owners", sorted(ranks))
-        if table is None or not any(c.backup >= 0 and {c.server, c.backup} & ranks
-                                    for c in table.chunks):
-            return
-        table.chunks = [Chunk(c.chunk_id, c.offset, 1, c.server)
-                        if c.backup >= 0 and {c.server, c.backup} & ranks else c
+        if table is None or not any(self._next_of(c) >= 0 and {c.server, self._next_of(c)}
+                                    & ranks for c in table.chunks):
+            return  # (a replicated slot's dead owner or backup: ShardMap.servers_lost)
+        table.chunks = [Chunk(c.chunk_id, c.offset, 1, c.server,
+                              c.backup if self.replicated else -1)
+                        if self._next_of(c) >= 0 and {c.server, self._next_of(c)} & ranks else c
                         for c in table.chunks]
         self._end_move()
         self._map.changed(f"embedding slots: moves to servers {sorted(ranks)} cancelled")
@@ -333,9 +377,13 @@ class Resharding:
         ``status``."""
         table = self.table
         owners: dict[str, int] = {}
+        backups: dict[str, int] = {}
         for chunk in table.chunks if table is not None else []:
             owners[str(chunk.server)] = owners.get(str(chunk.server), 0) + 1
+            if self.replicated and chunk.backup >= 0:
+                backups[str(chunk.backup)] = backups.get(str(chunk.backup), 0) + 1
         return {"slots": self.slots, "members": list(self.members), "moving": self.moving(),
                 "chunks_moving": self.chunks_moving(), "moved": self.moved, "owners": owners,
+                **({"backups": backups} if self.replicated else {}),
                 "dense": chunk_moves.dense_held(self._map.tables),
                 "moves": [dict(m) for m in self.moves]}

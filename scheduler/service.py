@@ -78,7 +78,7 @@ class Scheduler:
     ) -> None:
         consistency = parse_policy(policy)
         check_replication(replication)
-        check_slots(embedding_slots, replication)
+        check_slots(embedding_slots)
         if expected_servers < 1:
             raise ConfigError(f"expected_servers must be at least 1; got {expected_servers}")
         if num_workers is not None and num_workers < 1:

@@ -225,7 +225,10 @@ class ShardMap:
         for name, table in self.tables.items():
             if table.replication < 2 or all(c.backup >= 0 for c in table.chunks):
                 continue
-            chunks = assign_backups(table.chunks, live)
+            # a slot's backup is a member of the placement (not a server drained out of it)
+            chunks = assign_backups(table.chunks, [r for r in live if r in
+                                                   self.resharding.members]
+                                    if table.slots else live)
             if chunks != table.chunks:
                 table.chunks = chunks
                 self.changed(f"table {name}: new backups")

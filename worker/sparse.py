@@ -9,7 +9,8 @@ id, and they follow a promoted backup like dense requests do. One request per sh
 every table of a step, packed (PROTOCOL.md section 7.2: ``counts``, one frame of ids for all the
 tables, one of rows or gradient rows). With ``--embedding-slots N`` the same pseudo-table maps each of N slots
 (``splitmix64(id) % N``) to a server: one request per server carries the ids of its slots and
-``slots: N``, and a request refused while its slots move is sent again to their new owners.
+``slots: N``, and a request refused while its slots move is sent again to their new owners
+(under ``--replication 2`` pushes carry a push id there too, and follow a promoted backup).
 
 Example::
 
@@ -272,7 +273,8 @@ def push_rows(
     ``fp16`` or ``bf16``: the gradients travel in half precision."""
     checked = _plan(client, tables, ids, grads, "push_rows", "grads", "gradient array")
     encoder = _row_codec(codec)
-    replicated = client.embedding_map is not None and not client.embedding_map.slots
+    table = client.embedding_map
+    replicated = table is not None and (not table.slots or table.replication > 1)
     dims = [h.dim for h in tables]
     push_ids = {}  # per destination: the same id on every retry (replicated: applied once)
     futures = []

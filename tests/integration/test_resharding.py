@@ -35,12 +35,12 @@ class Job:
     keeping the rows every acknowledged push should have made."""
 
     def __init__(self, procs: Any, tmp_path: Path, servers: int,
-                 request_timeout: float = 60.0) -> None:
+                 request_timeout: float = 60.0, flags: tuple[str, ...] = tuple(TIMING)) -> None:
         self.procs = procs
         address_file = tmp_path / "scheduler.address"
         scheduler = procs.hogshard("scheduler", "scheduler", "--bind", "tcp://127.0.0.1:0",
                                    "--address-file", str(address_file), "--servers",
-                                   str(servers), "--embedding-slots", str(SLOTS), *TIMING)
+                                   str(servers), "--embedding-slots", str(SLOTS), *flags)
         procs.wait_until(lambda: address_file.exists() or not scheduler.alive(), 30.0,
                          "the scheduler's address file", on_timeout=scheduler.tail)
         self.scheduler = scheduler
@@ -371,14 +371,15 @@ def test_a_checkpoint_without_a_drained_server_restores_on_ranks_1_and_2(
     assert sorted(stats) == [1, 2]
 
 
-def _restored(procs: Any, tmp_path: Path, ranks: list[int]
+def _restored(procs: Any, tmp_path: Path, ranks: list[int],
+              flags: tuple[str, ...] = tuple(TIMING)
               ) -> tuple[np.ndarray, np.ndarray, dict[int, Any]]:
     """Restore the job of ``tmp_path/ckpt`` on servers of ``ranks``: its rows of table e, the
     weights of dense table d and each server's embedding stats."""
     address_file = tmp_path / "restored.address"
     scheduler = procs.hogshard("scheduler-restored", "scheduler", "--bind", "tcp://127.0.0.1:0",
                                "--address-file", str(address_file), "--servers", str(len(ranks)),
-                               "--restore", str(tmp_path / "ckpt"), *TIMING)
+                               "--restore", str(tmp_path / "ckpt"), *flags)
     procs.wait_until(lambda: address_file.exists() or not scheduler.alive(), 30.0,
                      "the restored scheduler's address file", on_timeout=scheduler.tail)
     address = address_file.read_text().strip()
@@ -423,7 +424,15 @@ def test_launch_places_embedding_slots_when_asked(procs, tmp_path: Path) -> None
     assert sum(placement["owners"].values()) == 64 and len(placement["owners"]) == 2, placement
 
     code, output = procs.run("launch-slots-replicated", [
-        sys.executable, "-m", "hogshard", "launch", "--replication", "2",
-        "--embedding-slots", "64", "--no-progress", "--", sys.executable, "-c", "pass"], 30.0)
-    assert code == 2 and "--replication 1 only" in output and "Traceback" not in output, output
+        sys.executable, "-m", "hogshard", "launch", "--servers", "2", "--workers", "1",
+        "--replication", "2", "--embedding-slots", "64", "--no-progress", "--",
+        sys.executable, "-c", _SHOW_PLACEMENT, str(placement_file)], 60.0)
+    assert code == 0, output
+    placement = json.loads(placement_file.read_text())
+    assert sum(placement["backups"].values()) == 64 and len(placement["backups"]) == 2, placement
+
+    code, output = procs.run("launch-slots-bad", [
+        sys.executable, "-m", "hogshard", "launch", "--embedding-slots", "70000",
+        "--no-progress", "--", sys.executable, "-c", "pass"], 30.0)
+    assert code == 2 and "--embedding-slots" in output and "Traceback" not in output, output
     assert output.count("Error:") == 1, output

@@ -116,10 +116,9 @@ def test_config_refuses_what_names_no_command_or_flag(tmp_path: Path, text: str,
                                   ["launch", "--srvers", "2", "--", "true"],
                                   ["launch", "--", "no-such-program-here"],
                                   ["worker", "--bogus", "--", "true"],
-                                  ["scheduler", "--replication", "2", "--embedding-slots", "64",
+                                  ["scheduler", "--embedding-slots", "70000",
                                    "--bind", "tcp://127.0.0.1:0"],
-                                  ["launch", "--replication", "2", "--embedding-slots", "64",
-                                   "--", "true"]])
+                                  ["launch", "--embedding-slots", "-1", "--", "true"]])
 def test_bad_flags_and_commands_are_usage_errors(args: list[str]) -> None:
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 2 and result.output.count("Error:") == 1, result.output

@@ -15,7 +15,7 @@ from hogshard.proto.hashing import shard_of
 from hogshard.proto.tables import EmbeddingSpec
 from hogshard.ps.disk_table import DiskTable, DiskTier, DiskTierError
 from hogshard.ps.embedding_checkpoint import load_tables
-from hogshard.ps.embedding_replica import install_snapshot, snapshot
+from hogshard.ps.embedding_replica import install_snapshot, snapshot_messages
 from hogshard.ps.embedding_slots import SlotRoles
 from hogshard.ps.embedding_store import EmbeddingStore
 from hogshard.ps.npz_stream import read_member
@@ -182,16 +182,21 @@ def test_a_slot_hand_off_reads_and_drops_a_disk_table_in_blocks(tmp_path: Path) 
         store.create(spec)
         store.push(["t"], [ids], [np.ones((ids.size, 4), np.float32)])
     moving = [1, 5]
-    sent = [snapshot(store, moving, 8) for store in (ram, disk)]
-    assert sent[0][0] == sent[1][0]
-    assert [a.tobytes() for a in sent[0][1]] == [a.tobytes() for a in sent[1][1]]
+    sent = [list(snapshot_messages(store, moving, 8, max_bytes=4096)) for store in (ram, disk)]
+    assert len(sent[1]) > 10  # rows of about 40 bytes: about 100 a message
+    assert all(sum(a.nbytes for a in arrays[:3]) <= 4096 for _, arrays in sent[1])
+    assert {str(f) for f, _ in sent[0]} == {str(f) for f, _ in sent[1]}
+    for part in range(3):  # ids, rows, row state: the same, in the same order
+        assert b"".join(a[part].tobytes() for _, a in sent[0]) \
+            == b"".join(a[part].tobytes() for _, a in sent[1])
     (tmp_path / "next").mkdir()
     taker = EmbeddingStore(DiskTier(tmp_path / "next", min_rows=1))
-    assert install_snapshot(taker, *sent[1]) == sent[1][1][0].size
+    moved = sum(install_snapshot(taker, fields, arrays) for fields, arrays in sent[1])
+    assert moved == sum(arrays[0].size for _, arrays in sent[1])
     roles = SlotRoles()
     roles.count = 8
     dropped = roles.drop(disk, np.array(moving))
-    assert dropped == sent[1][1][0].size
+    assert dropped == moved
     kept = shard_of(ids, 8)
     left = disk.table("t").index.lookup(ids) >= 0
     assert (left == ~np.isin(kept, moving)).all()

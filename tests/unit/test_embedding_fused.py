@@ -15,7 +15,7 @@ from hogshard.proto.errors import ProtocolError
 from hogshard.proto.hashing import shard_of
 from hogshard.proto.tables import EmbeddingSpec
 from hogshard.ps.embedding import EmbeddingTable
-from hogshard.ps.embedding_replica import install_snapshot, snapshot
+from hogshard.ps.embedding_replica import install_snapshot, snapshot_messages
 from hogshard.ps.embedding_store import EmbeddingStore
 
 DIM, VOCAB = 4, 400
@@ -142,9 +142,10 @@ def test_checkpoint_snapshot_and_moved_slots_keep_each_table(tmp_path) -> None:
     loaded = EmbeddingStore()
     loaded.load(tmp_path / "emb.npz")
     assert_same(loaded, ref, counters=False)  # rows and state; counters restart on load
-    fields, arrays = snapshot(store, shard=[0, 1], shards=2)
     copy = EmbeddingStore()
-    assert install_snapshot(copy, fields, arrays) == sum(t.rows for t in store.tables.values())
+    assert sum(install_snapshot(copy, fields, arrays) for fields, arrays in snapshot_messages(
+        store, shard=[0, 1], shards=2, max_bytes=4096)) == sum(
+            t.rows for t in store.tables.values())
     for name in names:
         ids, _ = store.table(name).index.items()
         np.testing.assert_array_equal(copy.pull([name], [ids])[0], store.pull([name], [ids])[0])

@@ -27,6 +27,7 @@ IDS = np.arange(200, dtype=np.int64)
 
 @dataclass
 class FakeLink:
+    sent: int = 0
     acked: int = 0
     fenced: str | None = None
 

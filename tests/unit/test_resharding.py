@@ -15,6 +15,7 @@ from hogshard.proto.tables import EMBEDDING_MAP
 from hogshard.scheduler.membership import MembershipTable
 from hogshard.scheduler.replication import assignments_for
 from hogshard.scheduler.resharding import (
+    MAX_SLOTS,
     check_slots,
     parse_slot_report,
     rendezvous_owners,
@@ -61,11 +62,12 @@ def test_slots_are_spread_evenly(servers: int) -> None:
 
 
 def test_bad_slot_counts_are_refused() -> None:
-    check_slots(0, replication=2)  # off: any replication
-    with pytest.raises(ConfigError, match="replication"):
-        check_slots(64, replication=2)
+    check_slots(0)  # off
+    check_slots(64)
     with pytest.raises(ConfigError):
-        check_slots(-1, replication=1)
+        check_slots(-1)
+    with pytest.raises(ConfigError):
+        check_slots(MAX_SLOTS + 1)
     with pytest.raises(ConfigError):
         rendezvous_owners(8, [])
 
@@ -177,7 +179,7 @@ def test_a_slot_map_restored_from_a_checkpoint_keeps_its_owners_as_members() -> 
     placed, _ = slot_job([0, 1, 2], expected=3)
     view = placed.view(placed.tables[EMBEDDING_MAP])
     assert view["slots"] == 64
-    restored = {EMBEDDING_MAP: slot_table(64, [0, 2])}  # as restore_job rebuilds it
+    restored = {EMBEDDING_MAP: slot_table(64, rendezvous_owners(64, [0, 2]))}  # as restore_job rebuilds it
     members = MembershipTable(heartbeat_timeout=5.0)
     shards = ShardMap(members, 3, tables=restored, embedding_slots=64)
     assert shards.resharding.members == [0, 2] and shards.resharding.slots == 64

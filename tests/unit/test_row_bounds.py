@@ -9,7 +9,7 @@ import pytest
 from hogshard.proto.errors import ProtocolError
 from hogshard.proto.hashing import init_rows
 from hogshard.proto.tables import EmbeddingSpec
-from hogshard.ps.embedding_replica import install_snapshot, snapshot
+from hogshard.ps.embedding_replica import install_snapshot, snapshot_messages
 from hogshard.ps.embedding_store import EmbeddingStore
 from hogshard.ps.row_bounds import CountMinSketch
 
@@ -89,7 +89,7 @@ def test_a_snapshot_carries_the_admission_counts_to_the_next_owner() -> None:
     push(old, ids_of(12))  # admitted: a row moves
     push(new, ids_of(11))
     push(new, ids_of(11))  # counted twice on the next owner already
-    fields, arrays = snapshot(old, [0], 1)
+    [(fields, arrays)] = snapshot_messages(old, [0], 1)
     assert fields["sketches"] == [True] and len(arrays) == 3  # ids, rows (sgd: no state), sketch
     assert install_snapshot(new, fields, arrays) == 1
     table = new.table("t")
@@ -104,12 +104,12 @@ def test_a_snapshot_without_admission_has_no_sketches_and_a_bad_one_is_refused()
     plain = EmbeddingStore()
     plain.create(EmbeddingSpec("p", 2, None, RULE))
     plain.pull(["p"], [ids_of(1, 2)])
-    fields, arrays = snapshot(plain, [0], 1)
+    [(fields, arrays)] = snapshot_messages(plain, [0], 1)
     assert "sketches" not in fields and len(arrays) == 2
     receiver = EmbeddingStore()
     assert install_snapshot(receiver, fields, arrays) == 2
     counted = store_with(admit_after=3)
-    fields, arrays = snapshot(counted, [0], 1)
+    [(fields, arrays)] = snapshot_messages(counted, [0], 1)
     with pytest.raises(ProtocolError, match="carries 2 arrays"):
         install_snapshot(store_with(admit_after=3), fields, arrays[:2])
     with pytest.raises(ProtocolError, match="does not fit"):
