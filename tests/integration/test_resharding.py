@@ -307,13 +307,10 @@ def _checkpoint(job: Job, directory: Path) -> tuple[int, str]:
                                         "--scheduler", job.address, str(directory)], 60.0)
 
 
-@pytest.mark.integration
-@pytest.mark.timeout(150, method="signal")
-def test_a_checkpoint_after_an_add_holds_three_servers_and_restores(procs, tmp_path: Path
-                                                                     ) -> None:
-    """Servers 0 and 1 plus server 2 added mid-job: the checkpoint takes all three, and a job
-    restored from it with --servers 3 has every row and the dense table as checkpointed."""
-    job = Job(procs, tmp_path, servers=2)
+def checkpoint_after_an_add(job: Job, tmp_path: Path) -> tuple[Any, dict[str, Any]]:
+    """A dense table, pushes, server 2 added, more pushes, a checkpoint into
+    ``tmp_path/ckpt``, then every process of the job killed: the dense table's handle and the
+    checkpoint's manifest."""
     try:
         dense = job.client.dense_table("d", 64, {"rule": "sgd", "lr": 0.1},
                                        init=np.arange(64, dtype=np.float32), chunk_elems=16)
@@ -328,7 +325,17 @@ def test_a_checkpoint_after_an_add_holds_three_servers_and_restores(procs, tmp_p
     for proc in [job.scheduler, *job.servers.values()]:
         proc.signal_group(signal.SIGKILL)
         proc.wait(10.0)
-    manifest = json.loads(next((tmp_path / "ckpt").glob("ckpt-*/manifest.json")).read_text())
+    return dense, json.loads(next((tmp_path / "ckpt").glob("ckpt-*/manifest.json")).read_text())
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(150, method="signal")
+def test_a_checkpoint_after_an_add_holds_three_servers_and_restores(procs, tmp_path: Path
+                                                                     ) -> None:
+    """Servers 0 and 1 plus server 2 added mid-job: the checkpoint takes all three, and a job
+    restored from it with --servers 3 has every row and the dense table as checkpointed."""
+    job = Job(procs, tmp_path, servers=2)
+    dense, manifest = checkpoint_after_an_add(job, tmp_path)
     assert manifest["servers"] == 3 and manifest["server_ranks"] == [0, 1, 2]
 
     rows, weights, stats = _restored(procs, tmp_path, [0, 1, 2])

@@ -6,7 +6,6 @@ restores every row, with backups again."""
 
 from __future__ import annotations
 
-import json
 import signal
 import threading
 from pathlib import Path
@@ -15,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.integration.test_resharding import IDS, SLOTS, Job, _checkpoint, _restored
+from tests.integration.test_resharding import IDS, SLOTS, Job, _restored, checkpoint_after_an_add
 
 #: Long enough that a server stopped for a moment (SIGSTOP) is not declared dead.
 TIMING = ("--heartbeat-interval", "0.2", "--heartbeat-timeout", "4")
@@ -23,6 +22,14 @@ TIMING = ("--heartbeat-interval", "0.2", "--heartbeat-timeout", "4")
 
 def _replicated(procs: Any, tmp_path: Path) -> Job:
     return Job(procs, tmp_path, servers=2, flags=(*TIMING, "--replication", "2"))
+
+
+def _train_then_start_server_2(job: Job) -> None:
+    """Once every slot has a backup, 20 pushes; then server 2 starts (in no placement yet)."""
+    job.procs.wait_until(lambda: _backed_up(job, {0, 1}), 30.0, "every slot to have a backup",
+                         on_timeout=job.procs.report)
+    job.push(20)
+    job.start_server(2)
 
 
 def _placement(job: Job) -> dict[str, Any]:
@@ -42,10 +49,7 @@ def _backed_up(job: Job, ranks: set[int]) -> bool:
 def test_a_primary_killed_while_its_slots_move_loses_no_push(procs, tmp_path: Path) -> None:
     job = _replicated(procs, tmp_path)
     try:
-        procs.wait_until(lambda: _backed_up(job, {0, 1}), 30.0, "every slot to have a backup",
-                         on_timeout=procs.report)
-        job.push(20)
-        job.start_server(2)
+        _train_then_start_server_2(job)
         # the next owner is stopped: the copies it is sent stay unacknowledged, so the slots
         # stay mid-move until it goes on
         job.servers[2].signal_group(signal.SIGSTOP)
@@ -76,10 +80,7 @@ def test_a_primary_killed_while_its_slots_move_loses_no_push(procs, tmp_path: Pa
 def test_a_primary_killed_after_its_slots_moved_loses_no_push(procs, tmp_path: Path) -> None:
     job = _replicated(procs, tmp_path)
     try:
-        procs.wait_until(lambda: _backed_up(job, {0, 1}), 30.0, "every slot to have a backup",
-                         on_timeout=procs.report)
-        job.push(20)
-        job.start_server(2)
+        _train_then_start_server_2(job)
         pushed, output = job.change_while_pushing("add", 2)
         assert "moving" in output and "backed up on" in output and pushed >= 1
         placement = _placement(job)
@@ -107,21 +108,7 @@ def test_a_primary_killed_after_its_slots_moved_loses_no_push(procs, tmp_path: P
 def test_a_checkpoint_after_an_add_restores_every_row_with_backups(procs, tmp_path: Path
                                                                   ) -> None:
     job = _replicated(procs, tmp_path)
-    try:
-        dense = job.client.dense_table("d", 64, {"rule": "sgd", "lr": 0.1},
-                                       init=np.arange(64, dtype=np.float32), chunk_elems=16)
-        job.push(10)
-        job.start_server(2)
-        job.change_while_pushing("add", 2)
-        job.push(5)
-        code, output = _checkpoint(job, tmp_path / "ckpt")
-        assert code == 0, output
-    finally:
-        job.close()
-    for proc in [job.scheduler, *job.servers.values()]:
-        proc.signal_group(signal.SIGKILL)
-        proc.wait(10.0)
-    manifest = json.loads(next((tmp_path / "ckpt").glob("ckpt-*/manifest.json")).read_text())
+    dense, manifest = checkpoint_after_an_add(job, tmp_path)
     assert manifest["server_ranks"] == [0, 1, 2]
     assert manifest["tables"]["__embeddings__"]["replication"] == 2
     rows, weights, stats = _restored(procs, tmp_path, [0, 1, 2],
