@@ -2,7 +2,7 @@
 has a backup, so a slot's primary killed with ``kill -9`` while its slots move to a new server
 (the move then called off, the backups promoted) or after they have moved loses no
 acknowledged push, and each push is in the rows exactly once; a checkpoint taken after an add
-restores every row, with backups again."""
+restores every row, with backups again, and so does a scheduler restarted after an add."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from hogshard.proto.errors import HogshardError
 from tests.integration.test_resharding import IDS, SLOTS, Job, _restored, checkpoint_after_an_add
 
 #: Long enough that a server stopped for a moment (SIGSTOP) is not declared dead.
@@ -118,3 +119,41 @@ def test_a_checkpoint_after_an_add_restores_every_row_with_backups(procs, tmp_pa
     assert dense.size == 64 and sorted(stats) == [0, 1, 2]
     # each row on its owner and its backup
     assert sum(s["tables"]["e"]["rows"] for s in stats.values()) > IDS
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(180, method="signal")
+def test_a_restarted_scheduler_relearns_the_slots_and_backs_them_up_again(
+        procs, tmp_path: Path) -> None:
+    """After an add, the scheduler is SIGKILLed and started again on its address: it places
+    the slots where their owners say they are, gives each a backup again, and a primary
+    killed then loses no push."""
+    job = _replicated(procs, tmp_path)
+    try:
+        _train_then_start_server_2(job)
+        job.change_while_pushing("add", 2)
+        owners = _placement(job)["owners"]
+        job.scheduler.signal_group(signal.SIGKILL)
+        assert job.scheduler.wait(10.0) == -signal.SIGKILL
+        restarted = procs.hogshard("scheduler-restarted", "scheduler", "--bind", job.address,
+                                   "--servers", "2", "--embedding-slots", str(SLOTS),
+                                   "--replication", "2", *TIMING)
+        restarted.wait_for_output(r"scheduler listening on", 30.0)
+
+        def backed_up_again() -> bool:
+            try:
+                return _backed_up(job, {0, 1, 2})
+            except HogshardError:
+                return False  # the restarted scheduler not answering yet
+
+        procs.wait_until(backed_up_again, 30.0, "the slots relearnt and backed up",
+                         on_timeout=restarted.tail)
+        relearnt = _placement(job)
+        job.push(10)
+        job.servers[0].signal_group(signal.SIGKILL)
+        job.push(10)  # waits until server 0's slots are promoted
+        rows = job.pull()
+    finally:
+        job.close()
+    assert relearnt["owners"] == owners and relearnt["members"] == [0, 1, 2]
+    np.testing.assert_array_equal(rows, job.expected)
