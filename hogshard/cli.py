@@ -21,7 +21,6 @@ import click
 from hogshard.cli_options import (
     address_option,
     check_command,
-    check_slot_flags,
     checkpoint_options,
     codec_option,
     insecure_option,
@@ -128,7 +127,6 @@ def scheduler(bind: str, policy: str, servers: int, heartbeat_interval: float,
     the job ends (`hogshard stop`, or --exit-when-done); see docs/LIFECYCLE.md."""
     from hogshard.scheduler.service import Scheduler
 
-    check_slot_flags(embedding_slots)
     security = process_security(keys, bind, insecure, role=None)
     service = or_exit(lambda: Scheduler(bind, policy, servers, heartbeat_interval,
                                         heartbeat_timeout, checkpoint_every=checkpoint_every,
@@ -273,7 +271,6 @@ def launch(servers: int, workers: int, policy: str, heartbeat_timeout: float, re
     from hogshard.launcher import LocalCluster
 
     check_command(command)
-    check_slot_flags(embedding_slots)
     cluster = or_exit(lambda: LocalCluster(servers, workers, policy, list(command),
                                            heartbeat_timeout=heartbeat_timeout,
                                            replication=replication,

@@ -49,16 +49,6 @@ def address_check(bind: bool = False):
     return check
 
 
-def check_slot_flags(embedding_slots: int) -> None:
-    """Refuse ``--embedding-slots`` that the job cannot use as a bad flag value (exit 2)."""
-    from hogshard.scheduler.resharding import check_slots
-
-    try:
-        check_slots(embedding_slots)
-    except HogshardError as err:
-        raise click.BadParameter(err.message, param_hint="'--embedding-slots'") from None
-
-
 def check_codec(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     if not value:
         return None

@@ -82,15 +82,25 @@ def pushed_ids(msg: Message) -> list[np.ndarray]:
     return split_ids(msg.arrays[0], counts_of(counts, len(msg.get("tables"))))
 
 
-def slot_forwards(slots: SlotRoles, embeddings: EmbeddingStore, msg: Message
-                  ) -> list[tuple[int, dict[str, Any], list[np.ndarray]]]:
-    """The ``emb_replicate`` messages a push to replicated embedding slots goes on as, one per
-    server that backs up (or is about to own) some of its slots: (rank, fields, arrays). A
-    server that takes every row gets the push as it came; another gets its rows, decoded."""
+def slot_keys(msg: Message, count: int) -> list[np.ndarray] | None:
+    """The embedding slot (of ``count``) of each id of an ``emb_push`` (or forwarded push), an
+    array per table; None where the ids are not 1-D int64 (the push itself refuses them)."""
+    ids = pushed_ids(msg)
+    if not all(i.dtype == INT64 and i.ndim == 1 for i in ids):
+        return None
+    return [shard_of(i, count) for i in ids]
+
+
+def slot_forwards(slots: SlotRoles, embeddings: EmbeddingStore, msg: Message,
+                  keys: list[np.ndarray]) -> list[tuple[int, dict[str, Any], list[np.ndarray]]]:
+    """The ``emb_replicate`` messages a push to replicated embedding slots (``keys``: the slot
+    of each of its ids) goes on as, one per server that backs up (or is about to own) some of
+    its slots: (rank, fields, arrays). A server that takes every row gets the push as it came;
+    another gets its rows, decoded."""
     forwards: list[tuple[int, dict[str, Any], list[np.ndarray]]] = []
     base = {"tables": msg.get("tables"), "slots": slots.count, "push_id": msg.get("push_id")}
     decoded: tuple[list[np.ndarray], list[np.ndarray]] | None = None
-    for rank, masks in slots.replicas(pushed_ids(msg)).items():
+    for rank, masks in slots.replicas(keys).items():
         if masks is None:
             forwards.append((rank, {**base, "codec": msg.get("codec"),
                                     "counts": msg.get("counts")}, list(msg.arrays)))
@@ -104,16 +114,16 @@ def slot_forwards(slots: SlotRoles, embeddings: EmbeddingStore, msg: Message
     return forwards
 
 
-def fresh_rows(pushes: SlotPushes, count: int, embeddings: EmbeddingStore, msg: Message
-               ) -> Message | None:
-    """A push (or forwarded push) to replicated embedding slots, of ``count``, as far as this
-    server has not applied it yet (ps/slot_pushes.py): the push itself, a push of the rows of
-    its other slots (one sent again after an owner died), or None where every row is applied
-    here already. The slots are remembered as applied."""
-    push_id, ids = msg.get("push_id"), pushed_ids(msg)
-    if push_id is None or not all(i.dtype == INT64 and i.ndim == 1 for i in ids):
-        return msg  # (bad ids are refused by the push itself)
-    keys = [shard_of(i, count) for i in ids]
+def fresh_rows(pushes: SlotPushes, keys: list[np.ndarray], embeddings: EmbeddingStore,
+               msg: Message) -> tuple[Message, list[np.ndarray]] | None:
+    """A push (or forwarded push) to replicated embedding slots (``keys``: the slot of each of
+    its ids) as far as this server has not applied it yet (ps/slot_pushes.py), with its keys:
+    the push itself, a push of the rows of its other slots (one sent again after an owner
+    died), or None where every row is applied here already. The slots are remembered as
+    applied."""
+    push_id = msg.get("push_id")
+    if push_id is None:
+        return msg, keys
     every = np.concatenate(keys) if len(keys) > 1 else keys[0] if keys else \
         np.empty(0, INT64)
     seen = pushes.seen(push_id, every)
@@ -121,14 +131,14 @@ def fresh_rows(pushes: SlotPushes, count: int, embeddings: EmbeddingStore, msg: 
         return None
     pushes.add(push_id, every[~seen])
     if not seen.any():
-        return msg
-    masks = np.split(~seen, np.cumsum([i.size for i in ids])[:-1])
+        return msg, keys
+    masks = np.split(~seen, np.cumsum([k.size for k in keys])[:-1])
     decoded_ids, grads, _ = pushed_rows(embeddings, msg)
     fresh_ids = [i[m] for i, m in zip(decoded_ids, masks, strict=True)]
     header = {k: v for k, v in msg.header.items() if k != "codec"}
     header["counts"] = [int(i.size) for i in fresh_ids]
-    return Message(header, [pack(fresh_ids), pack([g[m] for g, m in zip(grads, masks,
-                                                                         strict=True)])])
+    return Message(header, [pack(fresh_ids), pack([g[m] for g, m in zip(
+        grads, masks, strict=True)])]), [k[m] for k, m in zip(keys, masks, strict=True)]
 
 
 def apply_rows(embeddings: EmbeddingStore, stats: ServerStats, msg: Message) -> dict[str, Any]:
@@ -258,13 +268,17 @@ class EmbeddingOps:
         if shard is not None:
             self._primary.emb_push(request.identity, msg, shard, self._apply)
             return HELD
-        if self._replicas.slots.replicated:
-            slots = self._replicas.slots
-            fresh = fresh_rows(slots.pushes, slots.count, self._embeddings, msg)
-            self._primary.emb_push(
-                request.identity, msg if fresh is None else fresh, None, self._apply,
-                [] if fresh is None else slot_forwards(self._replicas.slots, self._embeddings,
-                                                       fresh), duplicate=fresh is None)
+        slots = self._replicas.slots
+        if slots.replicated:
+            keys = slot_keys(msg, slots.count)
+            if keys is None:
+                raise ProtocolError("emb_push: ids must be 1-D int64 arrays")
+            fresh = fresh_rows(slots.pushes, keys, self._embeddings, msg)
+            if fresh is None:
+                self._primary.emb_push(request.identity, msg, None, self._apply, duplicate=True)
+            else:
+                self._primary.emb_push(request.identity, fresh[0], None, self._apply,
+                                       slot_forwards(slots, self._embeddings, *fresh))
             return HELD
         return Reply(self._apply(msg))
 

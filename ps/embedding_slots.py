@@ -146,13 +146,12 @@ class SlotRoles:
         """Whether this server (``rank``) is the next owner of replicated ``slot``."""
         return self.replicated and 0 <= slot < self.next_of.size and self.next_of[slot] == rank
 
-    def replicas(self, id_arrays: list[np.ndarray]) -> dict[int, list[np.ndarray] | None]:
-        """Replicated: the servers a push of these ids (one array per table) goes on to, the
-        backup and next owner of each id's slot, with per table the mask of the ids each one
-        takes (None: every id)."""
+    def replicas(self, keys: list[np.ndarray]) -> dict[int, list[np.ndarray] | None]:
+        """Replicated: the servers a push whose ids are in these slots (one array per table)
+        goes on to, the backup and next owner of each id's slot, with per table the mask of
+        the ids each one takes (None: every id)."""
         if not self.replicated:
             return {}
-        keys = [shard_of(ids, self.count) for ids in id_arrays]
         ranks = {int(r) for k in keys for r in np.unique(np.concatenate(
             [self.backup_of[k], self.next_of[k]])) if r >= 0}
         out: dict[int, list[np.ndarray] | None] = {}
@@ -245,17 +244,17 @@ class SlotRoles:
     def drop(self, embeddings: EmbeddingStore, slots: np.ndarray) -> int:
         """Forget every row of ``slots`` (handed off, or no longer backed up here); returns
         the rows dropped. Those of slots this server sent away count as moved out."""
-        moved = slots[[int(s) in self._sent_at for s in slots]] if self.replicated else slots
+        moved = slots[np.isin(slots, list(self._sent_at))] if self.replicated else slots
         dropped = moved_rows = 0
         for table in embeddings.tables.values():
             for live, ids in table.live_blocks():
                 keys = shard_of(ids, self.count)
-                gone = live[np.isin(keys, slots)]
-                table.drop(gone)
-                dropped += int(gone.size)
-                moved_rows += int(np.isin(keys, moved).sum()) if self.replicated else 0
+                gone = np.isin(keys, slots)
+                table.drop(live[gone])
+                dropped += int(gone.sum())
+                moved_rows += int(np.isin(keys[gone], moved).sum())
         self.moved["slots_out"] += int(moved.size)
-        self.moved["rows_out"] += moved_rows if self.replicated else dropped
+        self.moved["rows_out"] += moved_rows
         sent = [self._sent_at.pop(int(s)) for s in slots if int(s) in self._sent_at]
         if sent:  # from the first copy sent to the hand-off done
             self.moved["seconds_out"] += time.monotonic() - min(sent)

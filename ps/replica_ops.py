@@ -24,12 +24,12 @@ from typing import Any
 import numpy as np
 
 from hogshard.proto.errors import ConflictError, ProtocolError
-from hogshard.proto.hashing import shard_of
 from hogshard.proto.ops import Field
 from hogshard.proto.requests import HELD, Reply, Request, Result
 from hogshard.proto.tables import EMBEDDING_MAP, MAX_SLOTS
+from hogshard.proto.wire import Message
 from hogshard.ps.dense import FLOAT32, DenseChunk, DenseStore, DenseTable, check_arrays
-from hogshard.ps.embedding_ops import apply_rows, fresh_rows, pushed_ids
+from hogshard.ps.embedding_ops import apply_rows, fresh_rows, slot_keys
 from hogshard.ps.embedding_replica import install_snapshot
 from hogshard.ps.embedding_slots import INT64
 from hogshard.ps.embedding_store import EmbeddingStore
@@ -139,18 +139,19 @@ class BackupOps:
         if msg.get("counts") is None and len(msg.arrays) % 2:
             raise ProtocolError("'emb_replicate' carries (ids, grads) array pairs; got "
                                 f"{len(msg.arrays)} arrays")
-        keys = [shard] if shard is not None else _slots_of(pushed_ids(msg), count)
-        if not self._admit(request, EMBEDDING_MAP, keys):
+        keys = None if shard is not None else _slot_keys(msg, count)
+        if not self._admit(request, EMBEDDING_MAP, [shard] if keys is None else np.unique(
+                np.concatenate(keys) if keys else np.empty(0, INT64)).tolist()):
             return HELD
         push_id = msg.get("push_id")
-        if shard is not None:
+        if keys is None:
             apply_rows(self._embeddings, self._stats, msg)
             if push_id is not None:
                 self._replicas.recent.add(push_id, shard)
         else:  # rows of slots: those of a push applied here before are not applied again
-            fresh = fresh_rows(self._replicas.slots.pushes, count, self._embeddings, msg)
+            fresh = fresh_rows(self._replicas.slots.pushes, keys, self._embeddings, msg)
             if fresh is not None:
-                apply_rows(self._embeddings, self._stats, fresh)
+                apply_rows(self._embeddings, self._stats, fresh[0])
         self._stats.replicated += 1
         return Reply({"seq": msg.get("seq")})
 
@@ -174,15 +175,15 @@ class BackupOps:
         return Reply({"seq": msg.get("seq")})
 
 
-def _slots_of(id_arrays: list[np.ndarray], count: int) -> list[int]:
-    """The embedding slots (of ``count``) of the ids a forwarded push carries."""
+def _slot_keys(msg: Message, count: int) -> list[np.ndarray]:
+    """The embedding slot (of ``count``) of each id a forwarded push carries, per table."""
     if not 1 <= count <= MAX_SLOTS:
         raise ProtocolError(f"'emb_replicate': field 'slots' must be 1 .. {MAX_SLOTS}; got "
                             f"{count}")
-    if not all(a.dtype == INT64 and a.ndim == 1 for a in id_arrays):
+    keys = slot_keys(msg, count)
+    if keys is None:
         raise ProtocolError("'emb_replicate': ids must be 1-D int64 arrays")
-    every = np.concatenate(id_arrays) if id_arrays else np.empty(0, INT64)
-    return np.unique(shard_of(every, count)).tolist()
+    return keys
 
 
 #: Their headers (checked by the service core before the handler runs).

@@ -12,16 +12,16 @@ A slot that must move keeps its owner as primary and names the new owner as its 
 it moves. The owner stops serving it, copies its rows (values and optimizer state) to the new
 owner, and reports the copy in a heartbeat once the new owner has acknowledged it; then the
 slot is the new owner's (:meth:`Resharding.handed_off`). The map epoch moves at each step.
+A drained server's dense chunks move the same way (scheduler/chunk_moves.py), so it can then
+be stopped.
 
 Under ``--replication 2`` every slot also has a backup on another member, promoted when its
 owner dies as a dense chunk's is. A slot that moves names its next owner apart
-(``moving_to``); its owner keeps serving it, copies its rows to the next owner and forwards
-every push to it as to the backup, and once the next owner has acknowledged the copy the
-next owner becomes the primary, the backup staying (or the old owner taking its place when the
-next owner was the backup). A slot whose owner dies mid-move goes to its backup, and the move
-is called off.
-A drained server's dense chunks move the same way (scheduler/chunk_moves.py), so it can then
-be stopped.
+(``moving_to``); its owner serves it while it copies its rows to the next owner (forwarding
+every push to it as to the backup), and once both hold what it forwarded, the next owner
+becomes the primary, the backup staying (or the old owner taking its place when the next
+owner was the backup). A slot whose owner dies mid-move goes to its backup, and the move is
+called off.
 
 Example::
 

@@ -13,7 +13,7 @@ import numpy as np
 from hogshard.proto.hashing import shard_of
 from hogshard.proto.packed_rows import pack
 from hogshard.proto.wire import Message
-from hogshard.ps.embedding_ops import fresh_rows, slot_forwards
+from hogshard.ps.embedding_ops import fresh_rows, slot_forwards, slot_keys
 from hogshard.ps.embedding_slots import SlotRoles
 from hogshard.ps.slot_pushes import SlotPushes
 from tests.unit.test_embedding_slots import IDS, SLOTS, FakeLink, push, store
@@ -88,8 +88,11 @@ def test_a_push_is_forwarded_to_the_backup_and_next_owner_of_each_slot() -> None
     table, moving = roles({2: 7})
     slots.adopt(SLOTS, table, rank=0, moving=moving, replicated=True)
     ids = IDS[OWNERS[shard_of(IDS, SLOTS)] == 0]
+    message = push_message(ids)
+    keys = slot_keys(message, SLOTS)
+    assert keys is not None
     forwards = {rank: (fields, arrays) for rank, fields, arrays in
-                slot_forwards(slots, embeddings, push_message(ids))}
+                slot_forwards(slots, embeddings, message, keys)}
     assert sorted(forwards) == [1, 7]
     assert forwards[1][1][0] is not None and forwards[1][0]["counts"] == [int(ids.size)]
     to_7 = forwards[7][1][0]
@@ -104,14 +107,17 @@ def test_a_push_sent_again_is_applied_for_the_slots_not_yet_held_only() -> None:
     ids = IDS[:40]
     first = ids[shard_of(ids, SLOTS) < 8]
     slots.pushes.add(5, shard_of(first, SLOTS))  # forwarded here by the dead owner
-    again = fresh_rows(slots.pushes, SLOTS, embeddings, push_message(ids))
-    assert again is not None
+    keys = [shard_of(ids, SLOTS)]
+    fresh = fresh_rows(slots.pushes, keys, embeddings, push_message(ids))
+    assert fresh is not None
+    again, again_keys = fresh
     kept = again.arrays[0]
     assert kept.tolist() == ids[shard_of(ids, SLOTS) >= 8].tolist()
     assert again.get("counts") == [kept.size] and again.arrays[1].size == 3 * kept.size
-    assert fresh_rows(slots.pushes, SLOTS, embeddings, push_message(ids)) is None  # all held now
-    fresh = push_message(ids, push_id=6)
-    assert fresh_rows(slots.pushes, SLOTS, embeddings, fresh) is fresh
+    assert again_keys[0].tolist() == shard_of(kept, SLOTS).tolist()
+    assert fresh_rows(slots.pushes, keys, embeddings, push_message(ids)) is None  # all held now
+    other = push_message(ids, push_id=6)
+    assert fresh_rows(slots.pushes, keys, embeddings, other) == (other, keys)
 
 
 def test_the_memory_of_pushes_is_bounded() -> None:
