@@ -51,6 +51,7 @@ def flag(name: str, value: Any) -> bool:
 
 
 POSITIVE, NONNEGATIVE, UNIT = real(0.0, math.inf, lo_open=True), real(0.0, math.inf), real(0.0, 1.0)
+REAL = real(-math.inf, math.inf, hi_open=False)
 CLOSED_UNIT = real(0.0, 1.0, hi_open=False)
 
 
@@ -61,22 +62,110 @@ def betas(name: str, value: Any) -> list[float]:
     return [UNIT(f"{name}[{i}]", v) for i, v in enumerate(value)]
 
 
+def maybe_flag(name: str, value: Any) -> bool | None:
+    """A check for torch's tri-state implementation flags (``foreach``, ``fused``): a boolean
+    or None (torch's choice)."""
+    return None if value is None else flag(name, value)
+
+
+def off(name: str, value: Any) -> bool:
+    """A check for ``differentiable``, which the servers cannot honour (they run no autograd)."""
+    if flag(name, value):
+        raise ConfigError(f"{name}=True needs autograd through the update, which the servers "
+                          "do not run; leave it False")
+    return False
+
+
+def pair(lo: float, hi: float, what: str) -> Check:
+    """A check for a pair of numbers ``a, b`` with ``lo <= a <= b <= hi`` (Rprop's ``etas``
+    and ``step_sizes``)."""
+    def check(name: str, value: Any) -> list[float]:
+        if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or len(value) != 2:
+            raise ConfigError(f"{name} must be a list of two numbers ({what}), got {value!r}")
+        a, b = (real(lo, hi, hi_open=False)(f"{name}[{i}]", v) for i, v in enumerate(value))
+        if a > b:
+            raise ConfigError(f"{name} must be two numbers in increasing order ({what}), got "
+                              f"{value!r}")
+        return [a, b]
+
+    return check
+
+
+def etas(name: str, value: Any) -> list[float]:
+    """A check for Rprop's ``etas``: ``0 < etaminus < 1 < etaplus``."""
+    minus, plus = pair(0.0, math.inf, "0 < etaminus < 1 < etaplus")(name, value)
+    if not 0.0 < minus < 1.0 < plus:
+        raise ConfigError(f"{name} must satisfy 0 < etaminus < 1 < etaplus, got {value!r}")
+    return [minus, plus]
+
+
+#: The implementation flags every torch optimizer takes; ``foreach``/``fused`` pick torch's
+#: kernel on the servers as they would locally (the same numbers either way for one worker).
+_IMPL: dict[str, tuple[Any, Check]] = {
+    "maximize": (False, flag), "foreach": (None, maybe_flag), "differentiable": (False, off)}
+_CAPTURABLE: dict[str, tuple[Any, Check]] = {"capturable": (False, flag)}
+_FUSED: dict[str, tuple[Any, Check]] = {"fused": (None, maybe_flag)}
+_ADAM: dict[str, tuple[Any, Check]] = {
+    "lr": (1e-3, NONNEGATIVE), "betas": ((0.9, 0.999), betas), "eps": (1e-8, NONNEGATIVE),
+    "weight_decay": (0.0, NONNEGATIVE), "amsgrad": (False, flag), **_IMPL, **_CAPTURABLE,
+    **_FUSED}
+_SGD: dict[str, tuple[Any, Check]] = {
+    "lr": (1e-3, NONNEGATIVE), "momentum": (0.0, NONNEGATIVE), "dampening": (0.0, REAL),
+    "nesterov": (False, flag), "weight_decay": (0.0, NONNEGATIVE), **_IMPL, **_FUSED}
+
+#: Every ``torch.optim`` optimizer the servers run, by rule name: its hyperparameters, with
+#: torch's defaults and torch's valid ranges (every key of the optimizer's ``param_groups``).
+#: ``momentum`` is ``sgd`` under its older name.
 DENSE_RULES: Schema = {
-    "sgd": {"lr": (1e-3, POSITIVE), "momentum": (0.0, UNIT), "dampening": (0.0, CLOSED_UNIT),
-            "nesterov": (False, flag), "weight_decay": (0.0, NONNEGATIVE)},
-    "momentum": {"lr": (1e-3, POSITIVE), "momentum": (0.0, UNIT), "dampening": (0.0, CLOSED_UNIT),
-                 "nesterov": (False, flag), "weight_decay": (0.0, NONNEGATIVE)},
-    "adagrad": {"lr": (1e-2, POSITIVE), "lr_decay": (0.0, NONNEGATIVE),
+    "sgd": _SGD,
+    "momentum": _SGD,
+    "adam": {**_ADAM, "decoupled_weight_decay": (False, flag)},
+    "adamw": {**_ADAM, "weight_decay": (1e-2, NONNEGATIVE)},
+    "adagrad": {"lr": (1e-2, NONNEGATIVE), "lr_decay": (0.0, NONNEGATIVE),
                 "weight_decay": (0.0, NONNEGATIVE),
-                "initial_accumulator_value": (0.0, NONNEGATIVE), "eps": (1e-10, POSITIVE)},
-    "adam": {"lr": (1e-3, POSITIVE), "betas": ((0.9, 0.999), betas), "eps": (1e-8, POSITIVE),
-             "weight_decay": (0.0, NONNEGATIVE), "amsgrad": (False, flag)},
-    "adamw": {"lr": (1e-3, POSITIVE), "betas": ((0.9, 0.999), betas), "eps": (1e-8, POSITIVE),
-              "weight_decay": (1e-2, NONNEGATIVE), "amsgrad": (False, flag)},
-    "rmsprop": {"lr": (1e-2, POSITIVE), "alpha": (0.99, CLOSED_UNIT), "eps": (1e-8, POSITIVE),
-                "weight_decay": (0.0, NONNEGATIVE), "momentum": (0.0, UNIT),
-                "centered": (False, flag)},
+                "initial_accumulator_value": (0.0, NONNEGATIVE), "eps": (1e-10, NONNEGATIVE),
+                **_IMPL, **_FUSED},
+    "adadelta": {"lr": (1.0, NONNEGATIVE), "rho": (0.9, CLOSED_UNIT), "eps": (1e-6, NONNEGATIVE),
+                 "weight_decay": (0.0, NONNEGATIVE), **_IMPL, **_CAPTURABLE},
+    "adamax": {"lr": (2e-3, NONNEGATIVE), "betas": ((0.9, 0.999), betas),
+               "eps": (1e-8, NONNEGATIVE), "weight_decay": (0.0, NONNEGATIVE), **_IMPL,
+               **_CAPTURABLE},
+    "nadam": {"lr": (2e-3, NONNEGATIVE), "betas": ((0.9, 0.999), betas),
+              "eps": (1e-8, NONNEGATIVE), "weight_decay": (0.0, NONNEGATIVE),
+              "momentum_decay": (4e-3, NONNEGATIVE), "decoupled_weight_decay": (False, flag),
+              **_IMPL, **_CAPTURABLE},
+    "radam": {"lr": (1e-3, NONNEGATIVE), "betas": ((0.9, 0.999), betas),
+              "eps": (1e-8, NONNEGATIVE), "weight_decay": (0.0, NONNEGATIVE),
+              "decoupled_weight_decay": (False, flag), **_IMPL, **_CAPTURABLE},
+    "rmsprop": {"lr": (1e-2, NONNEGATIVE), "alpha": (0.99, NONNEGATIVE),
+                "eps": (1e-8, NONNEGATIVE), "weight_decay": (0.0, NONNEGATIVE),
+                "momentum": (0.0, NONNEGATIVE), "centered": (False, flag), **_IMPL,
+                **_CAPTURABLE},
+    "rprop": {"lr": (1e-2, NONNEGATIVE), "etas": ((0.5, 1.2), etas),
+              "step_sizes": ((1e-6, 50.0), pair(0.0, math.inf, "min <= max step size")),
+              **_IMPL, **_CAPTURABLE},
+    "asgd": {"lr": (1e-2, NONNEGATIVE), "lambd": (1e-4, NONNEGATIVE), "alpha": (0.75, REAL),
+             "t0": (1e6, NONNEGATIVE), "weight_decay": (0.0, NONNEGATIVE), **_IMPL,
+             **_CAPTURABLE},
 }
+
+#: ``torch.optim`` class name -> rule name, for a torch optimizer handed to ``PSOptimizer``.
+TORCH_OPTIMIZERS: dict[str, str] = {
+    "SGD": "sgd", "Adam": "adam", "AdamW": "adamw", "Adagrad": "adagrad",
+    "Adadelta": "adadelta", "Adamax": "adamax", "NAdam": "nadam", "RAdam": "radam",
+    "RMSprop": "rmsprop", "Rprop": "rprop", "ASGD": "asgd"}
+
+#: torch optimizers the servers cannot run, and why (what a user is told).
+REFUSED_OPTIMIZERS: dict[str, str] = {
+    "LBFGS": "it re-evaluates the loss (a closure) several times a step, and the servers see "
+             "gradients only",
+    "SparseAdam": "it takes sparse gradients: use it for embedding rows (a remote embedding "
+                  "table's row rule), not for a dense table",
+    "Adafactor": "its factored second moments need whole matrices, and a dense table is cut "
+                 "in flat chunks",
+    "Muon": "it orthogonalises whole matrices, and a dense table is cut in flat chunks",
+}
+
 
 ROW_RULES: Schema = {
     "sgd": {"lr": (0.01, POSITIVE), "weight_decay": (0.0, NONNEGATIVE)},
@@ -95,6 +184,10 @@ def rule_name(spec: Any, names: Any, kind: str) -> str:
         raise ConfigError(f"{kind} spec must be a mapping with a 'rule' key, got {spec!r}")
     name = spec.get("rule")
     if not isinstance(name, str) or name not in names:
+        refused = {k.lower(): k for k in REFUSED_OPTIMIZERS}.get(str(name).lower())
+        if refused is not None and names is DENSE_RULES:
+            raise ConfigError(f"the servers cannot run torch.optim.{refused}: "
+                              f"{REFUSED_OPTIMIZERS[refused]}; they run {sorted(names)}")
         raise ConfigError(f"unknown {kind} {name!r}; expected one of {sorted(names)}")
     return name
 

@@ -1,290 +1,178 @@
-"""Update rules in hogshard.ps.rules against torch.optim on the same gradient sequences."""
+"""The servers' update rules (hogshard.ps.rules) against torch.optim, bit for bit: a flat table
+cut in chunks that straddle the parameters, stepped chunk by chunk, equals torch's optimizer
+stepping the model's own parameters."""
 
 from __future__ import annotations
 
+import inspect
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 
 from hogshard.proto.errors import ConfigError
-from hogshard.ps import rules
-from hogshard.ps.rules import RULES, UpdateRule, make_rule
+from hogshard.proto.rule_specs import DENSE_RULES, TORCH_OPTIMIZERS
+from hogshard.ps.rules import OPTIMIZERS, make_rule
 
 torch = pytest.importorskip("torch")
 
-STEPS = 20
-TOL = 1e-5
+SHAPES = [(40, 23), (23,), (7, 40), (7,)]
+CHUNK = 300  # elements a chunk: chunks cut across parameters
 
+#: per optimizer, hyperparameters that exercise its branches
 CASES = [
     {"rule": "sgd", "lr": 0.1},
-    {"rule": "sgd", "lr": 0.05, "weight_decay": 0.01},
-    {"rule": "momentum", "lr": 0.1, "momentum": 0.9},
-    {"rule": "momentum", "lr": 0.05, "momentum": 0.9, "weight_decay": 0.01},
-    {"rule": "momentum", "lr": 0.05, "momentum": 0.8, "dampening": 0.3},
-    {"rule": "momentum", "lr": 0.05, "momentum": 0.8, "dampening": 0.3, "weight_decay": 0.02},
-    {"rule": "momentum", "lr": 0.05, "momentum": 0.9, "nesterov": True},
-    {"rule": "momentum", "lr": 0.05, "momentum": 0.9, "nesterov": True, "weight_decay": 0.01},
-    {"rule": "momentum", "lr": 0.05, "momentum": 0.0, "dampening": 0.5},
-    {"rule": "adagrad", "lr": 0.05},
-    {"rule": "adagrad", "lr": 0.05, "lr_decay": 0.1, "weight_decay": 0.01},
-    {"rule": "adagrad", "lr": 0.05, "initial_accumulator_value": 0.1, "eps": 1e-6},
-    {"rule": "adam", "lr": 1e-2},
-    {"rule": "adam", "lr": 1e-2, "weight_decay": 0.01},
-    {"rule": "adam", "lr": 1e-2, "amsgrad": True},
-    {"rule": "adam", "lr": 1e-2, "betas": [0.3, 0.9], "eps": 1e-6, "amsgrad": True, "weight_decay": 0.05},
-    {"rule": "adamw", "lr": 1e-2},
-    {"rule": "adamw", "lr": 1e-2, "weight_decay": 0.0},
-    {"rule": "adamw", "lr": 1e-2, "weight_decay": 0.5},
-    {"rule": "adamw", "lr": 1e-2, "amsgrad": True},
-    {"rule": "adamw", "lr": 1e-2, "betas": [0.3, 0.9], "eps": 1e-6, "amsgrad": True, "weight_decay": 0.2},
-    {"rule": "rmsprop", "lr": 1e-2},
-    {"rule": "rmsprop", "lr": 1e-2, "momentum": 0.9},
-    {"rule": "rmsprop", "lr": 1e-2, "centered": True},
-    {"rule": "rmsprop", "lr": 1e-2, "momentum": 0.9, "centered": True},
-    {"rule": "rmsprop", "lr": 5e-3, "alpha": 0.9, "eps": 1e-6, "weight_decay": 0.05, "momentum": 0.5},
-    {"rule": "rmsprop", "lr": 5e-3, "alpha": 0.8, "weight_decay": 0.1, "momentum": 0.7, "centered": True},
+    {"rule": "sgd", "lr": 0.05, "momentum": 0.9, "nesterov": True, "weight_decay": 0.01},
+    {"rule": "sgd", "lr": 0.05, "momentum": 0.8, "dampening": 0.3, "maximize": True},
+    {"rule": "momentum", "lr": 0.05, "momentum": 0.9},
+    {"rule": "adam", "lr": 1e-2, "amsgrad": True, "weight_decay": 0.05},
+    {"rule": "adam", "lr": 1e-2, "decoupled_weight_decay": True, "weight_decay": 0.1},
+    {"rule": "adamw", "lr": 1e-2, "betas": [0.3, 0.9], "eps": 1e-6},
+    {"rule": "adagrad", "lr": 0.05, "lr_decay": 0.1, "initial_accumulator_value": 0.1},
+    {"rule": "adadelta", "lr": 1.0, "rho": 0.8, "weight_decay": 0.01},
+    {"rule": "adamax", "lr": 2e-3, "weight_decay": 0.01},
+    {"rule": "nadam", "lr": 2e-3, "momentum_decay": 0.01},
+    {"rule": "nadam", "lr": 2e-3, "decoupled_weight_decay": True, "weight_decay": 0.1},
+    {"rule": "radam", "lr": 1e-3},
+    {"rule": "radam", "lr": 1e-3, "decoupled_weight_decay": True, "weight_decay": 0.1},
+    {"rule": "rmsprop", "lr": 1e-2, "momentum": 0.9, "centered": True, "weight_decay": 0.01},
+    {"rule": "rprop", "lr": 1e-2, "etas": [0.4, 1.3], "step_sizes": [1e-5, 10.0]},
+    {"rule": "asgd", "lr": 1e-2, "t0": 5.0, "weight_decay": 0.01},
 ]
-
-
-TORCH_CLASSES = {"sgd": torch.optim.SGD, "momentum": torch.optim.SGD, "adagrad": torch.optim.Adagrad,
-                 "adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "rmsprop": torch.optim.RMSprop}
-
-
-def _torch_opt(spec: dict, param):
-    kw = {k: v for k, v in spec.items() if k != "rule"}
-    name = spec["rule"]
-    if name in ("sgd", "momentum"):
-        return torch.optim.SGD([param], foreach=False, **kw)
-    if name == "adagrad":
-        return torch.optim.Adagrad([param], foreach=False, **kw)
-    if name == "rmsprop":
-        return torch.optim.RMSprop([param], foreach=False, **kw)
-    kw["betas"] = tuple(kw.get("betas", (0.9, 0.999)))
-    return TORCH_CLASSES[name]([param], foreach=False, **kw)
-
-
-def _sequence(seed: int, size: int) -> tuple[np.ndarray, list[np.ndarray]]:
-    rng = np.random.default_rng(seed)
-    w0 = rng.standard_normal(size).astype(np.float32)
-    grads = [rng.standard_normal(size).astype(np.float32) for _ in range(STEPS)]
-    return w0, grads
-
-
-def _torch_run(spec: dict, w0: np.ndarray, grads: list[np.ndarray]) -> np.ndarray:
-    p = torch.nn.Parameter(torch.from_numpy(w0.copy()))
-    opt = _torch_opt(spec, p)
-    for g in grads:
-        p.grad = torch.from_numpy(g.copy())
-        opt.step()
-    return p.detach().numpy()
+CLASSES = {rule: getattr(torch.optim, cls) for cls, rule in TORCH_OPTIMIZERS.items()}
+CLASSES["momentum"] = torch.optim.SGD
 
 
 def _ids(spec: dict) -> str:
-    return "-".join(f"{k}={v}" for k, v in spec.items() if k != "lr")
+    return ",".join(f"{k}={v}" for k, v in spec.items())
+
+
+def _torch_kwargs(spec: dict) -> dict:
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in spec.items() if k != "rule"}
+
+
+def _run_both(spec: dict, steps: int, lrs: list[float] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """torch's optimizer on the parameters, and the rule on a flat table in chunks, over the
+    same gradients; ``lrs``: a live lr per step (as a scheduler's)."""
+    gen = torch.Generator().manual_seed(0)
+    params = [torch.randn(s, generator=gen) for s in SHAPES]
+    local = [p.clone().requires_grad_() for p in params]
+    opt = CLASSES[spec["rule"]](local, **_torch_kwargs(spec))
+    flat = torch.cat([p.reshape(-1) for p in params]).numpy().copy()
+    bounds = [*range(0, flat.size, CHUNK), flat.size]
+    pieces = list(zip(bounds, bounds[1:]))
+    rule = make_rule(spec)
+    states = [rule.new_state(b - a) for a, b in pieces]
+    for step in range(steps):
+        grads = [torch.randn(s, generator=gen) for s in SHAPES]
+        for p, g in zip(local, grads, strict=True):
+            p.grad = g.clone()
+        step_rule = rule
+        if lrs is not None:
+            opt.param_groups[0]["lr"] = lrs[step]
+            step_rule = make_rule({**spec, "lr": lrs[step]})
+        opt.step()
+        flat_grad = torch.cat([g.reshape(-1) for g in grads]).numpy()
+        flat_grad.setflags(write=False)
+        for (a, b), state in zip(pieces, states, strict=True):
+            step_rule.apply(flat[a:b], flat_grad[a:b], state)
+    return torch.cat([p.detach().reshape(-1) for p in local]).numpy(), flat
+
+
+@pytest.mark.parametrize("foreach", [None, True])
+@pytest.mark.parametrize("spec", CASES, ids=_ids)
+def test_equals_torch_bit_for_bit(spec: dict, foreach: bool | None) -> None:
+    expected, got = _run_both({**spec, "foreach": foreach}, steps=40)
+    assert np.array_equal(expected, got)
+
+
+@pytest.mark.parametrize("name", ["sgd", "adam", "adamw", "adagrad"])
+def test_fused_runs_torchs_fused_kernel(name: str) -> None:
+    """torch's fused CPU kernels round an element by where it falls in the tensor (vector body
+    or scalar tail), and chunks cut the parameters elsewhere: equal to the last bits."""
+    spec = {"rule": name, "lr": 1e-2, "fused": True}
+    if name == "sgd":
+        spec["momentum"] = 0.9
+    expected, got = _run_both(spec, steps=20)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_live_lr_each_step_equals_a_scheduler() -> None:
+    lrs = [1e-2 * 0.9 ** i for i in range(15)]
+    expected, got = _run_both({"rule": "adamw", "lr": 1e-2}, steps=15, lrs=lrs)
+    assert np.array_equal(expected, got)
+
+
+@pytest.mark.parametrize("name", sorted(DENSE_RULES))
+def test_schema_is_torchs_signature(name: str) -> None:
+    """Every hyperparameter torch's constructor takes, with torch's default."""
+    sig = inspect.signature(CLASSES[name].__init__)
+    torch_defaults = {k: v.default for k, v in sig.parameters.items() if k not in ("self", "params")}
+    ours = {k: d for k, (d, _) in DENSE_RULES[name].items()}
+    if name == "adamw":  # AdamW is Adam with decoupled weight decay, fixed on
+        torch_defaults.pop("decoupled_weight_decay", None)
+    assert set(ours) == set(torch_defaults)
+    for key, default in torch_defaults.items():
+        assert ours[key] == default, key
 
 
 @pytest.mark.parametrize("spec", CASES, ids=_ids)
-def test_matches_torch_single_chunk(spec: dict) -> None:
-    w0, grads = _sequence(0, 1000)
+def test_state_arrays_name_every_array_torch_keeps(spec: dict) -> None:
     rule = make_rule(spec)
-    w, state = w0.copy(), rule.new_state(w0.size)
-    for g in grads:
-        g = g.copy()
-        g.setflags(write=False)
-        rule.apply(w, g, state)
-    assert w.dtype == np.float32
-    assert np.max(np.abs(w - _torch_run(spec, w0, grads))) <= TOL
+    w, state = np.ones(5, np.float32), rule.new_state(5)
+    for _ in range(3):
+        rule.apply(w, np.full(5, 0.5, np.float32), state)
+    arrays = {k for k, v in state.items() if isinstance(v, np.ndarray)}
+    assert arrays <= set(OPTIMIZERS[spec["rule"]][1])
+    assert all(isinstance(v, np.ndarray) or isinstance(v, (int, float)) for v in state.values())
 
 
 @pytest.mark.parametrize("spec", CASES, ids=_ids)
-def test_matches_torch_interleaved_chunks(spec: dict) -> None:
-    """Several chunks of different sizes (one empty), steps interleaved: state is per chunk."""
-    rule = make_rule(spec)
-    seqs = [_sequence(seed, size) for seed, size in enumerate((257, 0, 64, 1031))]
-    ws = [w0.copy() for w0, _ in seqs]
-    states = [rule.new_state(w.size) for w in ws]
-    for step in range(STEPS):
-        for w, state, (_, grads) in zip(ws, states, seqs, strict=True):
-            rule.apply(w, grads[step], state)
-    for w, (w0, grads) in zip(ws, seqs, strict=True):
-        expected = _torch_run(spec, w0, grads)
-        assert w.shape == expected.shape
-        if w.size:
-            assert np.max(np.abs(w - expected)) <= TOL
-
-
-@pytest.mark.parametrize("spec", CASES, ids=_ids)
-def test_matches_torch_without_blas(monkeypatch, spec: dict) -> None:
-    """The numpy fallback of every fused saxpy step (no scipy BLAS) gives torch's result too."""
-    monkeypatch.setattr(rules, "_SAXPY", None)
-    w0, grads = _sequence(4, 700)
-    rule = make_rule(spec)
-    w, state = w0.copy(), rule.new_state(w0.size)
-    for g in grads:
-        g = g.copy()
-        g.setflags(write=False)
-        rule.apply(w, g, state)
-    assert np.max(np.abs(w - _torch_run(spec, w0, grads))) <= TOL
-
-
-@pytest.mark.parametrize("spec", [{"rule": "adam", "lr": 1e-2, "eps": 1e-6},
-                                  {"rule": "adam", "lr": 1e-2, "amsgrad": True},
-                                  {"rule": "adamw", "lr": 1e-2, "eps": 1e-6, "amsgrad": True},
-                                  {"rule": "rmsprop", "lr": 1e-3, "eps": 1e-6, "centered": True},
-                                  {"rule": "adagrad", "lr": 1e-2, "eps": 1e-6}], ids=_ids)
-def test_matches_torch_where_eps_matters(spec: dict) -> None:
-    """Gradients near eps (where eps weighs in the denominator) over 100 steps, bias
-    corrections going from small to ~1: the rescaled eps of the fused Adam still matches."""
-    rng = np.random.default_rng(5)
-    w0 = rng.standard_normal(500).astype(np.float32)
-    grads = [(rng.standard_normal(500) * 10.0 ** rng.integers(-9, -4, 500)).astype(np.float32)
-             for _ in range(100)]
-    rule = make_rule(spec)
-    w, state = w0.copy(), rule.new_state(w0.size)
-    for g in grads:
-        rule.apply(w, g, state)
-    assert np.max(np.abs(w - _torch_run(spec, w0, grads))) <= TOL
-
-
-@pytest.mark.parametrize("spec", CASES, ids=_ids)
-def test_read_only_grad_untouched(spec: dict) -> None:
-    rule = make_rule(spec)
-    w0, grads = _sequence(1, 300)
-    w, state = w0.copy(), rule.new_state(w0.size)
-    for g in grads[:3]:
-        frame = bytearray(g.tobytes())
-        view = np.frombuffer(bytes(frame), dtype=np.float32)  # read-only, like a zmq frame
-        assert not view.flags.writeable
-        rule.apply(w, view, state)
-        np.testing.assert_array_equal(view, g)
-    assert not np.array_equal(w, w0)
-
-
-@pytest.mark.parametrize("use_saxpy", [True, False])
-@pytest.mark.parametrize("weight_decay", [0.0, 0.1])
-def test_lr_scale_half_equals_half_lr_sgd(monkeypatch, use_saxpy: bool, weight_decay: float) -> None:
-    if use_saxpy and rules._SAXPY is None:
-        pytest.skip("scipy BLAS not available")
-    if not use_saxpy:
-        monkeypatch.setattr(rules, "_SAXPY", None)
-    w0, grads = _sequence(2, 500)
-    a = make_rule({"rule": "sgd", "lr": 0.2, "weight_decay": weight_decay})
-    b = make_rule({"rule": "sgd", "lr": 0.1, "weight_decay": weight_decay})
-    wa, wb = w0.copy(), w0.copy()
-    sa, sb = a.new_state(wa.size), b.new_state(wb.size)
-    for g in grads:
-        a.apply(wa, g, sa, lr_scale=0.5)
-        b.apply(wb, g, sb)
-    np.testing.assert_allclose(wa, wb, rtol=0, atol=1e-6)
-    assert np.max(np.abs(wb - _torch_run({"rule": "sgd", "lr": 0.1, "weight_decay": weight_decay}, w0, grads))) <= TOL
-
-
-@pytest.mark.parametrize("name", ["momentum", "adagrad", "adam", "adamw", "rmsprop"])
-def test_lr_scale_scales_step(name: str) -> None:
-    """For stateful rules lr_scale=0.5 on the first step moves the weights half as far."""
-    rule = make_rule({"rule": name, "lr": 0.1})
-    w0, grads = _sequence(3, 100)
-    w1, w2 = w0.copy(), w0.copy()
-    rule.apply(w1, grads[0], rule.new_state(100), lr_scale=0.5)
-    rule.apply(w2, grads[0], rule.new_state(100))
-    np.testing.assert_allclose((w1 - w0) * 2, w2 - w0, rtol=1e-5, atol=1e-6)
-
-
-def test_sgd_saxpy_in_place() -> None:
-    if rules._SAXPY is None:
-        pytest.skip("scipy BLAS not available")
-    w = np.ones(10, np.float32)
-    ptr = w.ctypes.data
-    g = np.full(10, 2.0, np.float32)
-    g.setflags(write=False)
-    make_rule({"rule": "sgd", "lr": 0.25}).apply(w, g, {})
-    assert w.ctypes.data == ptr
-    np.testing.assert_array_equal(w, np.full(10, 0.5, np.float32))
-
-
-@pytest.mark.parametrize("name", sorted(RULES))
-def test_defaults_match_torch(name: str) -> None:
-    rule = make_rule({"rule": name})
-    defaults = TORCH_CLASSES[name]([torch.nn.Parameter(torch.zeros(1))]).defaults
-    for key, value in rule.spec().items():
-        if key != "rule":
-            expected = list(defaults[key]) if key == "betas" else defaults[key]
-            assert value == expected, key
-
-
-@pytest.mark.parametrize("spec", CASES + [{"rule": n} for n in RULES], ids=_ids)
 def test_spec_round_trip(spec: dict) -> None:
     rule = make_rule(spec)
-    assert isinstance(rule, UpdateRule)
-    assert rule.name == spec["rule"]
-    full = rule.spec()
-    assert full["rule"] == spec["rule"]
-    for key, value in spec.items():
-        assert full[key] == value
-    again = make_rule(full)
-    assert type(again) is type(rule)
-    assert again.spec() == full
-    assert all(isinstance(v, (str, float, bool, list)) for v in full.values())
+    again = make_rule(rule.spec())
+    assert again.spec() == rule.spec()
+    assert rule.spec()["lr"] == spec["lr"]
 
 
-def test_new_state_shapes() -> None:
-    for name in RULES:
-        rule = make_rule({"rule": name, "momentum": 0.5} if name == "momentum" else {"rule": name})
-        for size in (0, 5):
-            state = rule.new_state(size)
-            for value in state.values():
-                if isinstance(value, np.ndarray):
-                    assert value.dtype == np.float32 and value.shape == (size,)
-    adam = make_rule({"rule": "adam", "amsgrad": True}).new_state(3)
-    assert set(adam) == {"exp_avg", "exp_avg_sq", "max_exp_avg_sq", "step"}
-    ada = make_rule({"rule": "adagrad", "initial_accumulator_value": 0.5}).new_state(2)
-    np.testing.assert_array_equal(ada["sum"], [0.5, 0.5])
+def test_read_only_grad_untouched_and_lr_scale() -> None:
+    grad = np.full(4, 2.0, np.float32)
+    grad.setflags(write=False)
+    half = make_rule({"rule": "sgd", "lr": 0.5})
+    w = np.ones(4, np.float32)
+    half.apply(w, grad, {}, lr_scale=0.5)
+    assert w.tolist() == [0.5] * 4 and grad.tolist() == [2.0] * 4
+
+
+def test_an_older_checkpoints_placeholder_state_is_replaced() -> None:
+    """A momentum buffer of length 0 and an integer step (the earlier rules' state) load."""
+    rule = make_rule({"rule": "sgd", "lr": 0.1, "momentum": 0.9})
+    state = {"momentum_buffer": np.zeros(0, np.float32), "step": 3}
+    w = np.ones(3, np.float32)
+    rule.apply(w, np.ones(3, np.float32), state)
+    assert state["momentum_buffer"].tolist() == [1.0] * 3
 
 
 BAD_SPECS = [
-    ({"rule": "lamb", "lr": 0.1}, "one of ['adagrad', 'adam', 'adamw', 'momentum', 'rmsprop', 'sgd']"),
-    ({"lr": 0.1}, "unknown update rule None"),
-    ("sgd", "mapping"),
-    ({"rule": "sgd", "lr": 0.1, "betas": [0.9, 0.9]},
-     "accepted: ['rule', 'lr', 'momentum', 'dampening', 'nesterov', 'weight_decay']"),
-    ({"rule": "adam", "beta1": 0.9}, "accepted: ['rule', 'lr', 'betas', 'eps', 'weight_decay', 'amsgrad']"),
-    ({"rule": "sgd", "lr": 0.0}, "lr must be a finite number in (0.0, inf)"),
-    ({"rule": "sgd", "lr": -1.0}, "lr must be"),
-    ({"rule": "sgd", "lr": float("nan")}, "lr must be a finite number"),
+    ({"rule": "nope"}, "unknown update rule 'nope'"),
+    ({"rule": "lbfgs"}, "the servers cannot run torch.optim.LBFGS"),
+    ({"rule": "SparseAdam"}, "sparse gradients"),
     ({"rule": "sgd", "lr": float("inf")}, "lr must be a finite number"),
-    ({"rule": "sgd", "lr": "0.1"}, "lr must be a finite number"),
+    ({"rule": "sgd", "lr": -0.1}, "lr must be a finite number in [0.0, inf)"),
     ({"rule": "sgd", "lr": True}, "lr must be a finite number"),
-    ({"rule": "sgd", "lr": None}, "lr must be a finite number"),
-    ({"rule": "sgd", "weight_decay": -0.1}, "weight_decay must be a finite number in [0.0, inf)"),
-    ({"rule": "momentum", "momentum": 1.0}, "momentum must be a finite number in [0.0, 1.0)"),
-    ({"rule": "momentum", "momentum": -0.1}, "momentum must be"),
-    ({"rule": "momentum", "momentum": 0.9, "dampening": 1.5}, "dampening must be a finite number in [0.0, 1.0]"),
-    ({"rule": "momentum", "momentum": 0.0, "nesterov": True}, "nesterov requires momentum > 0 and dampening == 0"),
-    ({"rule": "momentum", "momentum": 0.9, "dampening": 0.1, "nesterov": True}, "nesterov requires momentum > 0"),
-    ({"rule": "momentum", "momentum": 0.9, "nesterov": 1}, "nesterov must be a boolean"),
-    ({"rule": "adagrad", "eps": 0.0}, "eps must be a finite number in (0.0, inf)"),
-    ({"rule": "adagrad", "lr_decay": -1.0}, "lr_decay must be"),
-    ({"rule": "adagrad", "initial_accumulator_value": -1.0}, "initial_accumulator_value must be"),
-    ({"rule": "adam", "eps": -1e-8}, "eps must be"),
+    ({"rule": "sgd", "momentum": 0.0, "nesterov": True}, "nesterov requires momentum > 0"),
+    ({"rule": "sgd", "differentiable": True}, "autograd"),
+    ({"rule": "sgd", "foreach": "yes"}, "foreach must be a boolean"),
     ({"rule": "adam", "betas": [0.9, 1.0]}, "betas[1] must be a finite number in [0.0, 1.0)"),
-    ({"rule": "adam", "betas": [-0.1, 0.999]}, "betas[0] must be"),
-    ({"rule": "adam", "betas": [0.9]}, "betas must be a list of two numbers in [0, 1)"),
     ({"rule": "adam", "betas": 0.9}, "betas must be a list of two numbers"),
-    ({"rule": "adam", "betas": "ab"}, "betas must be a list of two numbers"),
-    ({"rule": "adam", "amsgrad": "yes"}, "amsgrad must be a boolean"),
-    ({"rule": "adamw", "weight_decay": -0.01}, "weight_decay must be"),
-    ({"rule": "adamw", "beta1": 0.9}, "accepted: ['rule', 'lr', 'betas', 'eps', 'weight_decay', 'amsgrad']"),
-    ({"rule": "rmsprop", "alpha": 1.5}, "alpha must be a finite number in [0.0, 1.0]"),
-    ({"rule": "rmsprop", "momentum": 1.0}, "momentum must be a finite number in [0.0, 1.0)"),
-    ({"rule": "rmsprop", "centered": 1}, "centered must be a boolean"),
-    ({"rule": "rmsprop", "nesterov": True},
-     "accepted: ['rule', 'lr', 'alpha', 'eps', 'weight_decay', 'momentum', 'centered']"),
+    ({"rule": "adamw", "beta1": 0.9}, "unknown parameter(s) ['beta1']"),
+    ({"rule": "rprop", "etas": [1.5, 1.2]}, "etas must"),
+    ({"rule": "rprop", "step_sizes": [1.0, 0.1]}, "increasing order"),
 ]
 
 
 @pytest.mark.parametrize(("spec", "expected"), BAD_SPECS, ids=[str(s) for s, _ in BAD_SPECS])
-def test_bad_spec_raises_config_error(spec, expected: str) -> None:
+def test_bad_spec_raises_config_error(spec: dict, expected: str) -> None:
     with pytest.raises(ConfigError) as info:
         make_rule(spec)
     assert expected in str(info.value)
@@ -298,12 +186,13 @@ def test_apply_rejects_mismatched_inputs() -> None:
         rule.apply(np.zeros(3, np.float32), np.zeros(3, np.float64), {})
 
 
-@pytest.mark.parametrize("name", sorted(RULES))
-def test_threads_do_not_share_scratch(name: str) -> None:
-    """Chunks updated concurrently from several threads give the sequential result."""
-    spec = {"rule": name, "lr": 0.01, "weight_decay": 0.01}
-    rule = make_rule(spec)
-    seqs = [_sequence(10 + i, 200_000 + i) for i in range(4)]
+@pytest.mark.parametrize("name", ["sgd", "adam", "rprop"])
+def test_threads_stepping_chunks_at_once_give_the_sequential_result(name: str) -> None:
+    rule = make_rule({"rule": name, "lr": 0.01})
+    gen = np.random.default_rng(0)
+    seqs = [(gen.standard_normal(50_000 + i).astype(np.float32),
+             [gen.standard_normal(50_000 + i).astype(np.float32) for _ in range(5)])
+            for i in range(4)]
 
     def run(i: int) -> np.ndarray:
         w0, grads = seqs[i]
