@@ -12,7 +12,6 @@ though it reads the gradient and reads and writes the weights (and its state).
 
     .venv/bin/python benchmarks/apply.py --quick
     .venv/bin/python benchmarks/apply.py --json /tmp/apply.json
-    .venv/bin/python benchmarks/apply.py --breakdown --torch   # per-op Adam; torch reference
 """
 
 from __future__ import annotations
@@ -36,11 +35,19 @@ from hogshard.ps.rules import make_rule  # noqa: E402
 
 RULES = {
     "sgd": {"rule": "sgd", "lr": 1e-9},
-    "momentum": {"rule": "momentum", "lr": 1e-9, "momentum": 0.9},
+    "momentum": {"rule": "sgd", "lr": 1e-9, "momentum": 0.9},
     "adagrad": {"rule": "adagrad", "lr": 1e-9},
     "adam": {"rule": "adam", "lr": 1e-9},
+    "adam-foreach": {"rule": "adam", "lr": 1e-9, "foreach": True},
+    "adam-fused": {"rule": "adam", "lr": 1e-9, "fused": True},
     "adamw": {"rule": "adamw", "lr": 1e-9},
+    "adadelta": {"rule": "adadelta", "lr": 1e-9},
+    "adamax": {"rule": "adamax", "lr": 1e-9},
+    "nadam": {"rule": "nadam", "lr": 1e-9},
+    "radam": {"rule": "radam", "lr": 1e-9},
     "rmsprop": {"rule": "rmsprop", "lr": 1e-9},
+    "rprop": {"rule": "rprop", "lr": 1e-9},
+    "asgd": {"rule": "asgd", "lr": 1e-9},
 }
 
 
@@ -52,72 +59,40 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=None, help="timed repeats per cell (7; 5 quick)")
     p.add_argument("--rules", default=",".join(RULES), help="comma-separated rules to time")
     p.add_argument("--json", type=Path, default=None, help="write the results here")
-    p.add_argument("--breakdown", action="store_true",
-                   help="also time each numpy/BLAS op of the adam rule alone (where the time goes)")
-    p.add_argument("--torch", action="store_true",
-                   help="also time torch.optim Adam/Adagrad (fused=True, one thread) on the same "
-                        "chunks: what a compiled single-pass kernel reaches (reference only)")
     return p.parse_args(argv)
 
 
-def adam_breakdown(weights: np.ndarray, grads: np.ndarray, bounds: list[tuple[int, int]],
-                   repeats: int) -> dict[str, float]:
-    """Median seconds per op over all chunks of the ops ``Adam.apply`` runs (weight decay 0, no
-    amsgrad), each timed alone in the same order; mirrors hogshard.ps.rules.Adam."""
-    from hogshard.ps.rules import _SAXPY, _scratch
+def numpy_adam(weights: np.ndarray, grads: np.ndarray,
+               bounds: list[tuple[int, int]]) -> Any:
+    """Adam as numpy passes over each chunk (the servers' rules before they ran torch's
+    optimizers, BLAS saxpy where scipy has it): the baseline the torch rules replace."""
+    try:
+        from scipy.linalg.blas import saxpy
+    except ImportError:  # numpy alone: two passes where saxpy is one
+        def saxpy(x: np.ndarray, y: np.ndarray, a: float) -> np.ndarray:
+            y += a * x
+            return y
+    b1, b2, eps, lr = 0.9, 0.999, 1e-8, 1e-9
+    states = [(np.zeros(e - s, np.float32), np.zeros(e - s, np.float32),
+               np.empty(e - s, np.float32)) for s, e in bounds]
+    step = [0]
 
-    if _SAXPY is None:
-        raise SystemExit("--breakdown needs scipy's BLAS saxpy")
-    b1, b2, eps, lr, c = 0.9, 0.999, 1e-8, 1e-9, 0.5
-    states = [(np.zeros(e - s, np.float32), np.zeros(e - s, np.float32)) for s, e in bounds]
-    ops: list[tuple[str, Any]] = [
-        ("m *= b1", lambda w, g, m, v, t: np.multiply(m, b1, out=m)),
-        ("saxpy m += (1-b1) g", lambda w, g, m, v, t: _SAXPY(g, m, a=1 - b1)),
-        ("v *= b2", lambda w, g, m, v, t: np.multiply(v, b2, out=v)),
-        ("t = square(g)", lambda w, g, m, v, t: np.square(g, out=t)),
-        ("saxpy v += (1-b2) t", lambda w, g, m, v, t: _SAXPY(t, v, a=1 - b2)),
-        ("t = sqrt(v)", lambda w, g, m, v, t: np.sqrt(v, out=t)),
-        ("t += eps'", lambda w, g, m, v, t: np.add(t, eps * c, out=t)),
-        ("t = m / t", lambda w, g, m, v, t: np.divide(m, t, out=t)),
-        ("saxpy w -= lr' t", lambda w, g, m, v, t: _SAXPY(t, w, a=-lr)),
-    ]
-    totals: dict[str, list[float]] = {name: [] for name, _ in ops}
-    for _ in range(repeats + 1):  # the first round warms up
-        spent = dict.fromkeys(totals, 0.0)
-        for (s, e), (m, v) in zip(bounds, states, strict=True):
-            (t,) = _scratch(e - s)
-            for name, op in ops:
-                start = time.perf_counter()
-                op(weights[s:e], grads[s:e], m, v, t)
-                spent[name] += time.perf_counter() - start
-        for name in totals:
-            totals[name].append(spent[name])
-    return {name: statistics.median(ts[1:]) for name, ts in totals.items()}
+    def apply() -> None:
+        step[0] += 1
+        c1, c2 = 1 - b1 ** step[0], 1 - b2 ** step[0]
+        for (s, e), (m, v, t) in zip(bounds, states, strict=True):
+            g, w = grads[s:e], weights[s:e]
+            m *= b1
+            saxpy(g, m, a=1 - b1)
+            v *= b2
+            np.square(g, out=t)
+            saxpy(t, v, a=1 - b2)
+            np.sqrt(v, out=t)
+            t += eps * c2 ** 0.5
+            np.divide(m, t, out=t)
+            saxpy(t, w, a=-lr * c2 ** 0.5 / c1)
 
-
-def torch_cells(weights: np.ndarray, grads: np.ndarray,
-                bounds: list[tuple[int, int]]) -> dict[str, Any]:
-    """torch.optim Adam and Adagrad, fused single-pass kernels on one thread, one optimizer per
-    chunk over views of the same arrays (reference only: servers never import torch)."""
-    import torch
-
-    torch.set_num_threads(1)
-    cells = {}
-    for label, cls in (("torch adam fused", torch.optim.Adam),
-                       ("torch adagrad fused", torch.optim.Adagrad)):
-        opts = []
-        for s, e in bounds:
-            p = torch.nn.Parameter(torch.from_numpy(weights[s:e]))
-            p.grad = torch.from_numpy(grads[s:e].copy())  # torch wants a writable gradient
-            opts.append(cls([p], lr=1e-9, fused=True))
-
-        def step(opts=opts) -> None:
-            with torch.no_grad():
-                for opt in opts:
-                    opt.step()
-
-        cells[label] = step
-    return cells
+    return apply
 
 
 def time_once(fn) -> float:
@@ -145,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         for s, e in bounds:
             np.copyto(target[s:e], grads[s:e])
 
-    cells = {"np.copyto": copyto, "np.copyto chunked": copyto_chunked}
+    cells = {"np.copyto": copyto, "np.copyto chunked": copyto_chunked,
+             "numpy adam (baseline)": numpy_adam(weights, grads, bounds)}
     for name in [r for r in args.rules.split(",") if r]:
         rule = make_rule(RULES[name])
         states = [rule.new_state(e - s) for s, e in bounds]
@@ -156,10 +132,7 @@ def main(argv: list[str] | None = None) -> int:
 
         apply()  # warm: state allocated and faulted in, scratch grown
         cells[name] = apply
-    if args.torch:
-        cells.update(torch_cells(weights, grads, bounds))
-        for fn in list(cells.values())[-2:]:
-            fn()
+    cells["numpy adam (baseline)"]()
     copyto()
     copyto_chunked()
 
@@ -177,20 +150,15 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg()
     print(f"{n / 1e6:.0f} M float32 ({4 * n / 1e6:.0f} MB) in chunks of {chunk} floats; "
           f"median of {repeats}; load average {load[0]:.2f}")
-    print(f"{'cell':<18} {'ms':>9} {'GB/s':>7} {'vs copyto':>9}")
+    adam = statistics.median(times["numpy adam (baseline)"])
+    print(f"{'cell':<22} {'ms':>9} {'GB/s':>7} {'vs copyto':>9} {'vs numpy adam':>13}")
     for r in rows:
-        print(f"{r['cell']:<18} {r['median_s'] * 1e3:9.1f} {r['gb_per_s']:7.2f} "
-              f"{r['ratio_vs_copyto']:9.2f}")
-    breakdown = adam_breakdown(weights, grads, bounds, repeats) if args.breakdown else {}
-    if breakdown:
-        total = sum(breakdown.values())
-        print(f"\nadam, each op timed alone over all chunks (sum {total * 1e3:.1f} ms):")
-        for op, sec in breakdown.items():
-            print(f"  {op:<22} {sec * 1e3:8.1f} ms {100 * sec / total:5.1f} %")
+        r["ratio_vs_numpy_adam"] = adam / r["median_s"]
+        print(f"{r['cell']:<22} {r['median_s'] * 1e3:9.1f} {r['gb_per_s']:7.2f} "
+              f"{r['ratio_vs_copyto']:9.2f} {r['ratio_vs_numpy_adam']:13.2f}")
     if args.json:
         args.json.write_text(json.dumps({"params": n, "chunk_elems": chunk, "repeats": repeats,
-                                         "loadavg": load, "rows": rows,
-                                         "adam_breakdown_s": breakdown}, indent=2))
+                                         "loadavg": load, "rows": rows}, indent=2))
     return 0
 
 

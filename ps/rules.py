@@ -149,9 +149,18 @@ class UpdateRule:
         group = opt.param_groups[0]
         group["params"] = [param]
         group["lr"] = self.lr * lr_scale if lr_scale != 1.0 else self.lr
-        opt.state[param] = _to_torch(state, size)
+        opt.state[param] = held = _to_torch(state, size)
         try:
-            opt.step()
+            for _ in self.STATE_ARRAYS:
+                try:
+                    opt.step()
+                    break
+                except KeyError as err:
+                    # a flag turned on mid-run (amsgrad, centered) needs state torch makes at
+                    # a first step only: zeros, as the earlier steps would have left it
+                    if err.args[0] not in self.STATE_ARRAYS or err.args[0] in held:
+                        raise
+                    held[err.args[0]] = torch.zeros(size)
             state.clear()
             state.update(_to_numpy(opt.state[param], size))
         finally:

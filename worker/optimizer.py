@@ -44,6 +44,7 @@ from hogshard.worker.param_groups import (
     check_group_keys,
     momentum_kind,
     rule_defaults,
+    torch_rule,
 )
 
 log = logging.getLogger(__name__)
@@ -56,10 +57,17 @@ class PSOptimizer(torch.optim.Optimizer):
 
     ``params`` is what a torch optimizer takes: ``model.parameters()``,
     ``model.named_parameters()``, or a list of parameter groups (dicts with ``params`` and any
-    of the rule's hyperparameters, e.g. no weight decay on biases). ``rule`` is the
-    server-side update rule, as ``torch.optim`` defines it (``sgd``, ``momentum``, ``adagrad``,
-    ``adam``, ``adamw``, ``rmsprop``), and ``**hyper`` its defaults (``lr``, ``momentum``,
-    ``betas``, ``weight_decay``, ...). ``param_groups`` holds every hyperparameter of the
+    of the rule's hyperparameters, e.g. no weight decay on biases), or a torch optimizer
+    built as the script builds it (``torch.optim.Adadelta(model.parameters(), lr=1.0)``),
+    whose groups and hyperparameters the servers take over. ``rule`` is the server-side
+    update rule: a ``torch.optim`` class (``torch.optim.Adam``) or its name (``sgd``,
+    ``adam``, ``adamw``, ``adagrad``, ``adadelta``, ``adamax``, ``nadam``, ``radam``,
+    ``rmsprop``, ``rprop``, ``asgd``), and ``**hyper`` its defaults (``lr``, ``momentum``,
+    ``betas``, ``weight_decay``, ``foreach``, ...). The servers run torch's own optimizer on
+    their chunks, so one worker under ``ssp:0`` ends with the weights ``torch.optim`` gives,
+    bit for bit (``fused=True`` runs torch's fused kernel, equal to the last bits). LBFGS,
+    SparseAdam, Adafactor, Muon and optimizers outside ``torch.optim`` are refused with a
+    ConfigError saying why. ``param_groups`` holds every hyperparameter of the
     rule; whatever changes them (any ``torch.optim.lr_scheduler``, a user's assignment) applies
     from the next ``step``: each push carries its groups' values, so a gradient is applied with
     the hyperparameters of the step that computed it. Whatever a recipe does to ``p.grad``
@@ -91,6 +99,7 @@ class PSOptimizer(torch.optim.Optimizer):
 
     Example::
 
+        opt = PSOptimizer(client, torch.optim.Adadelta(model.parameters(), lr=1.0))
         opt = PSOptimizer(client, [{"params": decay, "weight_decay": 0.05},
                                    {"params": no_decay, "weight_decay": 0.0}],
                           rule="adamw", lr=1e-3)
@@ -105,7 +114,7 @@ class PSOptimizer(torch.optim.Optimizer):
         self,
         client: PSClient,
         params: Any,
-        rule: str = "sgd",
+        rule: str | type[torch.optim.Optimizer] = "sgd",
         table: str = "model",
         chunk_elems: int = DEFAULT_CHUNK_ELEMS,
         codec: str | None = None,
@@ -116,6 +125,7 @@ class PSOptimizer(torch.optim.Optimizer):
         total_steps: int | None = None,
         **hyper: Any,
     ) -> None:
+        params, rule = torch_rule(params, rule, hyper)
         defaults = rule_defaults(rule, hyper)
         self._adding_groups = True
         try:

@@ -19,6 +19,7 @@ Example::
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -26,10 +27,64 @@ import numpy as np
 
 from hogshard.proto.errors import ConfigError
 from hogshard.proto.rule_groups import check_table_rule
-from hogshard.proto.rule_specs import DENSE_RULES, check_params, rule_name
+from hogshard.proto.rule_specs import (
+    DENSE_RULES,
+    REFUSED_OPTIMIZERS,
+    TORCH_OPTIMIZERS,
+    check_params,
+    rule_name,
+)
+
+log = logging.getLogger(__name__)
 
 #: Keys of a param group that are not hyperparameters.
 NOT_HYPER = ("params", "param_names")
+
+
+def torch_rule(params: Any, rule: Any, hyper: Mapping[str, Any]) -> tuple[Any, str]:
+    """``PSOptimizer``'s ``params`` and ``rule`` as a rule name: ``rule`` a name (``"adam"``)
+    or a ``torch.optim`` class (``torch.optim.Adam``), or ``params`` a torch optimizer whose
+    parameter groups (with every hyperparameter) the servers take over. ConfigError names what
+    the servers run for an optimizer they cannot.
+
+    >>> import torch
+    >>> opt = torch.optim.Adadelta([torch.zeros(2, requires_grad=True)], lr=0.5)
+    >>> groups, name = torch_rule(opt, "sgd", {})
+    >>> name, groups[0]["lr"], "initial_lr" in groups[0]
+    ('adadelta', 0.5, False)
+    >>> torch_rule([], torch.optim.NAdam, {})[1]
+    'nadam'
+    """
+    import torch
+
+    if isinstance(params, torch.optim.Optimizer):
+        if hyper:
+            raise ConfigError(f"PSOptimizer got a {type(params).__name__} and hyperparameters "
+                              f"{sorted(hyper)}: give them to the torch optimizer alone")
+        name = _rule_of(type(params))
+        if any(float(state.get("step", 0)) > 0 for state in params.state.values()):
+            log.warning("the %s handed to PSOptimizer has taken steps: its state (%d "
+                        "parameters) stays behind; the servers start the rule's state afresh",
+                        type(params).__name__, len(params.state))
+        keep = (*DENSE_RULES[name], *NOT_HYPER)
+        return [{k: v for k, v in group.items() if k in keep}
+                for group in params.param_groups], name
+    if isinstance(rule, type):
+        return params, _rule_of(rule)
+    return params, rule
+
+
+def _rule_of(cls: type) -> str:
+    """The rule that runs torch optimizer class ``cls`` on the servers, or ConfigError."""
+    name = cls.__name__
+    ours = sorted(TORCH_OPTIMIZERS)
+    if cls.__module__.startswith("torch.optim") and name in TORCH_OPTIMIZERS:
+        return TORCH_OPTIMIZERS[name]
+    if name in REFUSED_OPTIMIZERS:
+        raise ConfigError(f"the servers cannot run torch.optim.{name}: "
+                          f"{REFUSED_OPTIMIZERS[name]}; they run torch.optim's {ours}")
+    raise ConfigError(f"the servers run torch.optim's own optimizers {ours}, not "
+                      f"{cls.__module__}.{name}: its step would not be what they apply")
 
 
 def rule_defaults(rule: str, hyper: Mapping[str, Any]) -> dict[str, Any]:

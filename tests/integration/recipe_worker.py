@@ -36,7 +36,17 @@ TORCH = {
     "adam": (torch.optim.Adam, {"amsgrad": True}),
     "adamw": (torch.optim.AdamW, {"weight_decay": 0.05}),
     "rmsprop": (torch.optim.RMSprop, {"momentum": 0.5, "centered": True}),
+    "adadelta": (torch.optim.Adadelta, {"rho": 0.95}),
+    "adamax": (torch.optim.Adamax, {}),
+    "nadam": (torch.optim.NAdam, {"decoupled_weight_decay": True, "weight_decay": 0.01}),
+    "radam": (torch.optim.RAdam, {}),
+    "rprop": (torch.optim.Rprop, {}),
+    "asgd": (torch.optim.ASGD, {"t0": 200.0}),
 }
+#: Every torch optimizer the servers run, 1,000 steps each (handed over as a torch optimizer).
+LONG = ["sgd", "momentum", "adagrad", "adam", "adamw", "rmsprop", "adadelta", "adamax", "nadam",
+        "radam", "rprop", "asgd"]
+LONG_STEPS = 1000
 
 
 def model() -> nn.Module:
@@ -56,7 +66,8 @@ def groups(net: nn.Module, rule: str) -> list[dict[str, Any]]:
 
 
 LR = {"sgd": 0.1, "momentum": 0.05, "adagrad": 0.05, "adam": 3e-3, "adamw": 3e-3,
-      "rmsprop": 1e-3}
+      "rmsprop": 1e-3, "adadelta": 1.0, "adamax": 2e-3, "nadam": 2e-3, "radam": 1e-3,
+      "rprop": 1e-3, "asgd": 0.05}
 
 
 class Recipe:
@@ -66,16 +77,22 @@ class Recipe:
     def __init__(self, rule: str, grouped: bool = False, schedule: str | None = None,
                  clip: float | None = None, overlap: bool | None = None,
                  scaler: bool = False, manual_lr: bool = False,
-                 accumulate: bool = False, resume: bool = False) -> None:
+                 accumulate: bool = False, resume: bool = False, steps: int = STEPS,
+                 handed_over: bool = False) -> None:
         self.rule, self.grouped, self.schedule, self.clip = rule, grouped, schedule, clip
         self.overlap, self.scaler, self.manual_lr = overlap, scaler, manual_lr
-        self.accumulate, self.resume = accumulate, resume
+        self.accumulate, self.resume, self.steps = accumulate, resume, steps
+        self.handed_over = handed_over  # PSOptimizer(client, torch.optim.X(...))
 
     def optimizer(self, net: nn.Module, client: PSClient | None, table: str) -> Any:
         params: Any = groups(net, self.rule) if self.grouped else net.parameters()
         cls, kwargs = TORCH[self.rule]
         if client is None:
             return cls(params, lr=LR[self.rule], **kwargs)
+        if self.handed_over:
+            return PSOptimizer(client, cls(params, lr=LR[self.rule], **kwargs), table=table,
+                               chunk_elems=CHUNK_ELEMS, bucket_bytes=BUCKET_BYTES,
+                               overlap=self.overlap)
         return PSOptimizer(client, params, rule=self.rule, table=table, lr=LR[self.rule],
                            chunk_elems=CHUNK_ELEMS, bucket_bytes=BUCKET_BYTES,
                            overlap=self.overlap, **kwargs)
@@ -83,13 +100,13 @@ class Recipe:
     def scheduler(self, opt: Any) -> Any:
         lr = torch.optim.lr_scheduler
         if self.schedule == "step":
-            return lr.StepLR(opt, step_size=3, gamma=0.5)
+            return lr.StepLR(opt, step_size=max(3, self.steps // 10), gamma=0.5)
         if self.schedule == "warmup-cosine":
             return lr.SequentialLR(opt, [lr.LinearLR(opt, start_factor=0.1, total_iters=4),
-                                         lr.CosineAnnealingLR(opt, T_max=STEPS - 4)],
+                                         lr.CosineAnnealingLR(opt, T_max=self.steps - 4)],
                                    milestones=[4])
         if self.schedule == "onecycle":
-            return lr.OneCycleLR(opt, max_lr=2 * LR[self.rule], total_steps=STEPS)
+            return lr.OneCycleLR(opt, max_lr=2 * LR[self.rule], total_steps=self.steps)
         if self.schedule == "plateau":
             return lr.ReduceLROnPlateau(opt, factor=0.5, patience=1)
         return None
@@ -118,7 +135,7 @@ class Recipe:
         data = load_digits()
         x, y = torch.from_numpy(data.train_x).reshape(-1, 64), torch.from_numpy(data.train_y)
         generator = torch.Generator().manual_seed(1)
-        for step in range(STEPS):
+        for step in range(self.steps):
             index = torch.randint(0, len(y), (BATCH,), generator=generator)
             opt.zero_grad()
             passes = 2 if self.accumulate else 1
@@ -131,7 +148,7 @@ class Recipe:
                 scaler.unscale_(opt)
             if self.clip is not None:
                 torch.nn.utils.clip_grad_norm_(net.parameters(), self.clip)
-            if self.manual_lr and step == STEPS // 2:
+            if self.manual_lr and step == self.steps // 2:
                 for group in opt.param_groups:
                     group["lr"] *= 0.3
             if scaler is not None:
@@ -141,7 +158,7 @@ class Recipe:
                 opt.step()
             if sched is not None:
                 sched.step(1.0) if self.schedule == "plateau" else sched.step()
-            if self.resume and step == STEPS // 2:  # a new process would do the same
+            if self.resume and step == self.steps // 2:  # a new process would do the same
                 net, opt, sched = self.restarted(net, opt, sched, client, table)
         if client is not None:
             opt.pull()
@@ -150,6 +167,9 @@ class Recipe:
 
 RECIPES: dict[str, Callable[[], Recipe]] = {
     **{f"groups-{rule}": (lambda rule=rule: Recipe(rule, grouped=True)) for rule in TORCH},
+    **{f"long-{rule}": (lambda rule=rule: Recipe(rule, grouped=True, schedule="step", clip=1.0,
+                                                 steps=LONG_STEPS, handed_over=True))
+       for rule in LONG},
     "steplr": lambda: Recipe("momentum", schedule="step"),
     "warmup-cosine": lambda: Recipe("adamw", grouped=True, schedule="warmup-cosine"),
     "onecycle-momentum": lambda: Recipe("momentum", schedule="onecycle"),
@@ -181,8 +201,19 @@ def contract(client: PSClient) -> float:
         raise AssertionError("add_param_group after creation was accepted")
     except ConfigError:
         pass
-    for bad, words in [({"momentum": 0.9}, "parameter group 1"), ({"fused": True},
-                                                                  "'fused'")]:
+    for cls, words in [(torch.optim.LBFGS, "cannot run torch.optim.LBFGS"),
+                       (torch.optim.SparseAdam, "sparse gradients")]:
+        try:
+            PSOptimizer(client, model().parameters(), cls, table="contract-refused")
+            raise AssertionError(f"{cls.__name__} was accepted")
+        except ConfigError as err:
+            assert words in str(err), err
+    handed = PSOptimizer(client, torch.optim.Adadelta(model().parameters(), lr=0.5),
+                         table="contract-handed")
+    assert handed.defaults["lr"] == 0.5 and handed.defaults["rho"] == 0.9
+    assert handed.table.spec.rule["rule"] == "adadelta"
+    for bad, words in [({"momentum": 0.9}, "parameter group 1"), ({"nesterov": True},
+                                                                  "'nesterov'")]:
         net = model()
         params = groups(net, "adam")
         params[1].update(bad)

@@ -127,11 +127,12 @@ def test_init_copies_the_values() -> None:
 
 def test_init_gives_each_chunk_fresh_rule_state() -> None:
     store = DenseStore()
-    store.init("t", {"rule": "adam", "lr": 0.1}, [(0, 0, 2), (1, 2, 3)], [f32(0, 0), f32(0, 0, 0)])
+    store.init("t", {"rule": "adagrad", "lr": 0.1}, [(0, 0, 2), (1, 2, 3)],
+               [f32(0, 0), f32(0, 0, 0)])
     chunks = store.table("t").chunks
-    assert chunks[0].state["exp_avg"].shape == (2,)
-    assert chunks[1].state["exp_avg"].shape == (3,)
-    assert chunks[0].state["exp_avg"] is not chunks[1].state["exp_avg"]
+    assert chunks[0].state["sum"].shape == (2,)
+    assert chunks[1].state["sum"].shape == (3,)
+    assert chunks[0].state["sum"] is not chunks[1].state["sum"]
 
 
 def test_init_is_idempotent_first_wins(store: DenseStore) -> None:

@@ -24,10 +24,10 @@ from hogshard.ps.dense_ops import DenseOps
 from hogshard.ps.executor import InlineUpdates
 from hogshard.ps.primary import Primary
 from hogshard.ps.replication import Replicator
-from hogshard.ps.rules import RULES
 from hogshard.ps.stats import ServerStats
 from hogshard.ps.workers import PolicySchedule, WorkerView
 
+RULES = ["adagrad", "adam", "asgd", "rmsprop", "rprop", "sgd"]  # the check comes before any rule
 N = 64
 BAD = {"nan": np.nan, "inf": np.inf, "-inf": -np.inf}
 

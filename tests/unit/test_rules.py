@@ -60,7 +60,7 @@ def _run_both(spec: dict, steps: int, lrs: list[float] | None = None) -> tuple[n
     opt = CLASSES[spec["rule"]](local, **_torch_kwargs(spec))
     flat = torch.cat([p.reshape(-1) for p in params]).numpy().copy()
     bounds = [*range(0, flat.size, CHUNK), flat.size]
-    pieces = list(zip(bounds, bounds[1:]))
+    pieces = list(zip(bounds[:-1], bounds[1:], strict=True))
     rule = make_rule(spec)
     states = [rule.new_state(b - a) for a, b in pieces]
     for step in range(steps):

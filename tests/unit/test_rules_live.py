@@ -1,7 +1,7 @@
 """Dense rules under hyperparameters that change every step (a torch lr scheduler's live values,
 as OneCycleLR cycles lr and momentum): one chunk state handed to a rule rebuilt from each step's
 values matches a torch optimizer whose param_groups[0] takes the same values, within float32
-rounding. Where a value turns on state that torch creates at its first step only (amsgrad's
+rounding (the same bits, where no flag flips). Where a value turns on state that torch creates at its first step only (amsgrad's
 ``max_exp_avg_sq``, RMSprop's ``momentum_buffer`` and ``grad_avg``), torch raises a KeyError;
 the rule creates it as zeros, and the reference gets the same zeros put into its state."""
 
@@ -10,7 +10,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hogshard.ps import rules
 from hogshard.ps.rules import make_rule
 
 torch = pytest.importorskip("torch")
@@ -80,18 +79,11 @@ def test_changing_hyperparameters_match_torch(name: str, first: int) -> None:
     assert np.max(np.abs(w - expected)) <= TOL
 
 
-@pytest.mark.parametrize("name", ["momentum", "adam", "adamw", "rmsprop"])
-def test_changing_hyperparameters_without_blas(monkeypatch, name: str) -> None:
-    monkeypatch.setattr(rules, "_SAXPY", None)
-    w, expected = _run(name, 1, seed=9)
-    assert np.max(np.abs(w - expected)) <= TOL
-
-
 def test_momentum_buffer_starts_as_the_gradient_when_momentum_turns_on() -> None:
     """Built with momentum 0 (empty buffer), stepped, then momentum 0.9: as torch's None buffer,
     the buffer becomes that step's gradient, not 0.9 * zeros + gradient's dampened part."""
     w, state = np.zeros(3, np.float32), make_rule({"rule": "momentum"}).new_state(3)
-    assert state["momentum_buffer"].size == 0
+    assert "momentum_buffer" not in state
     make_rule({"rule": "momentum", "lr": 1.0}).apply(w, np.ones(3, np.float32), state)
     g = np.array([1.0, 2.0, 3.0], np.float32)
     make_rule({"rule": "momentum", "lr": 1.0, "momentum": 0.9, "dampening": 0.5}).apply(w, g, state)
