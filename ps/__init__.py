@@ -22,7 +22,7 @@ embedding_fused.py            fused_pull, fused_push: one pass over a request's 
 row_checks.py                 check_ids, check_grads: a row request checked before rows change
 row_bounds.py                 CountMinSketch: row admission that bounds a table's memory
 row_gate.py                   RowGate, HeldPull: the pull gate of ssp:S embedding tables
-rules.py                      UpdateRule: SGD, Momentum, Adagrad, Adam, AdamW, RMSprop
+rules.py                      UpdateRule: a torch.optim optimizer stepped over chunks (make_rule)
 row_rules.py                  RowRule: RowSGD, RowWiseAdagrad, RowAdam (make_row_rule)
 table_rules.py                TableRules: a table's rule per parameter group, live hyperparameters
 staging.py                    StagedPushes: partial pushes held until their step's closing push

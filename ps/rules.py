@@ -29,13 +29,15 @@ from __future__ import annotations
 import threading
 import warnings
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
-from hogshard.proto.errors import DtypeError, ShapeError
+from hogshard.proto.errors import ConfigError, DtypeError, ShapeError
 from hogshard.proto.rule_specs import DENSE_RULES, Check, check_params, rule_name
+
+if TYPE_CHECKING:
+    import torch
 
 State = dict[str, Any]
 
@@ -69,6 +71,8 @@ def _check(weights: np.ndarray, grad: np.ndarray) -> None:
 def _to_numpy(state: Mapping[str, Any], size: int) -> State:
     """torch's state for one parameter as a chunk keeps it: per-element tensors as float32
     arrays (views of the tensors), scalar tensors as numbers."""
+    import torch
+
     out: State = {}
     for key, value in state.items():
         if isinstance(value, torch.Tensor):
@@ -81,6 +85,8 @@ def _to_numpy(state: Mapping[str, Any], size: int) -> State:
 def _to_torch(state: State, size: int) -> dict[str, Any]:
     """A chunk's state as torch holds it (arrays lent without a copy; an array of another
     length, a placeholder of older checkpoints, is left for torch to create)."""
+    import torch
+
     out: dict[str, Any] = {}
     for key, value in state.items():
         if isinstance(value, np.ndarray):
@@ -106,13 +112,20 @@ class UpdateRule:
     lr: float
 
     def __init__(self, name: str, **params: Any) -> None:
+        try:  # on the first table's rule: a server that holds no dense table skips it
+            import torch
+        except ImportError:
+            raise ConfigError("this server cannot run dense update rules: they are torch.optim's "
+                              "optimizers, and torch is not installed here (install the CPU "
+                              "build: pip install torch==2.13.0)") from None
+
         self.name = name
         self.PARAMS = DENSE_RULES[name]
         self.params = check_params(name, params, self.PARAMS)
         self.lr = float(self.params["lr"])
         cls_name, self.STATE_ARRAYS = OPTIMIZERS[name]
         self._cls: type[torch.optim.Optimizer] = getattr(torch.optim, cls_name)
-        self._kwargs = {k: tuple(v) if isinstance(v, list) else v
+        self._kwargs: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v
                         for k, v in self.params.items()}
         self._local = threading.local()
 
@@ -126,6 +139,8 @@ class UpdateRule:
         """This thread's instance of the optimizer (steps of several chunks run at once)."""
         opt = getattr(self._local, "opt", None)
         if opt is None:
+            import torch
+
             opt = self._local.opt = self._cls([torch.zeros(1)], **self._kwargs)
             opt.state.clear()
         return opt
@@ -133,12 +148,16 @@ class UpdateRule:
     def new_state(self, size: int) -> State:
         """Fresh optimizer state for a chunk of ``size`` float32 parameters (what torch's
         constructor makes; most optimizers make their state at the first step)."""
+        import torch
+
         param = torch.zeros(size)
         return _to_numpy(self._cls([param], **self._kwargs).state.get(param, {}), size)
 
     def apply(self, weights: np.ndarray, grad: np.ndarray, state: State, lr_scale: float = 1.0) -> None:
         """Update ``weights`` in place from ``grad`` (never written) with step size ``lr *
         lr_scale``: one ``step`` of the optimizer, ``state`` updated in place."""
+        import torch
+
         _check(weights, grad)
         size = weights.size
         if size == 0:
