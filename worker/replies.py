@@ -24,6 +24,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: Times a request refused with UNKNOWN_CHUNK is sent again after fetching the map (the
+#: backoff doubles from 20 ms, about 5 s in all) before the error is the request's.
+UNKNOWN_CHUNK_RETRIES = 8
+
 
 def pump(channel: Channel, timeout: float) -> None:
     """Wait up to ``timeout`` seconds for replies and settle the requests they answer
@@ -59,6 +63,11 @@ def _land(channel: Channel, frames: Sequence[Any]) -> None:
 def _settle(channel: Channel, pending: PendingRequest, message: Message) -> None:
     code = message.get("code") if message.op == ERROR else None
     if code == ErrorCode.NOT_OWNER.value and pending.route is not None:
+        channel.rerouter.retry_later(pending)
+    elif code == ErrorCode.UNKNOWN_CHUNK.value and pending.route is not None \
+            and pending.attempts < UNKNOWN_CHUNK_RETRIES:
+        # the map moved under the request (a chunk promoted, or not yet copied to its new
+        # owner): fetch it and send again, a few times, before taking the error for real
         channel.rerouter.retry_later(pending)
     elif code == ErrorCode.SHM_UNAVAILABLE.value and pending.route is not None:
         _in_frames(channel, pending, f"server {pending.server}: {message.get('message')}")

@@ -17,6 +17,7 @@ import numpy as np
 from hogshard.proto.errors import ConfigError
 from hogshard.proto.rule_groups import check_table_rule
 from hogshard.proto.tables import Chunk, DenseTableSpec
+from hogshard.worker.rerouting import Route
 
 if TYPE_CHECKING:
     from hogshard.worker.client import PSClient
@@ -93,8 +94,11 @@ def open_dense_table(client: PSClient, name: str, size: int, rule: dict[str, Any
     reply = client.channel.control.call("declare_table", request,
                                  timeout=client.settings.connect_timeout)
     table = DenseHandle.from_reply(reply.header)
-    futures = []
-    for rank, chunks in table.by_server.items():
+    # followed from now on: a server lost while the chunks are filled has its init sent again
+    # to the chunks' new owners (a promoted backup), never left to the request timeout
+    follow_map(client, table, reply.header)
+
+    def build(chunks: Sequence[Chunk]) -> tuple[dict[str, Any], list[np.ndarray], Any]:
         fields = {
             "table": name, "rule": spec.rule, "size": spec.size,
             "chunk_elems": table.spec.chunk_elems,
@@ -102,11 +106,15 @@ def open_dense_table(client: PSClient, name: str, size: int, rule: dict[str, Any
         }
         if table.replication > 1:
             fields["replication"] = table.replication
-        arrays = [init[c.offset:c.offset + c.length] for c in chunks]
-        futures.append(client.channel.request(rank, "init", fields, arrays))
+        return fields, [init[c.offset:c.offset + c.length] for c in chunks], None
+
+    futures = []
+    for rank, chunks in table.by_server.items():
+        fields, arrays, _ = build(chunks)
+        futures.append(client.channel.request(rank, "init", fields, arrays, route=Route(
+            table, [c.chunk_id for c in chunks], build)))
     client.channel.gather(futures).result(client.settings.request_timeout)
     client.channel.control.call("table_ready", {"table": name}, timeout=client.settings.request_timeout)
-    follow_map(client, table, reply.header)
     return table
 
 
