@@ -172,12 +172,15 @@ class PSClient:
         rule: dict[str, Any],
         init: np.ndarray | None = None,
         chunk_elems: int = DEFAULT_CHUNK_ELEMS,
+        params: list[list[Any]] | None = None,
     ) -> DenseHandle:
         """Declare (with ``init``: create and initialise) or look up a dense table.
 
         The worker that passes ``init`` creates the table on the servers; the others wait until
-        it is ready. All must pass the same size and rule."""
-        return open_dense_table(self, name, size, rule, init, chunk_elems)
+        it is ready. All must pass the same size and rule. ``params``: where each parameter
+        lies in the table (:mod:`hogshard.proto.param_layout`), which checkpoints and exports
+        keep so that an export loads into the model's own parameters."""
+        return open_dense_table(self, name, size, rule, init, chunk_elems, params)
 
     def embedding_table(
         self, name: str, dim: int, num_embeddings: int | None = None,
