@@ -182,6 +182,7 @@ class PSOptimizer(torch.optim.Optimizer):
         self._staged: HostBuffer | None = None  # where the prefetch in flight lands
         self._staged_versions: dict[int, int] = {}
         self._prefetched: Future | None = None
+        client.register_optimizer(self)  # client.finish() pulls its final weights
 
     def _push_early(self, chunks: list[Any]) -> Future:
         """Push one bucket from a backward hook: staged on the servers until the step."""
