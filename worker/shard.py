@@ -13,6 +13,10 @@ the first ``start_step`` batches of this rank's sequence, e.g. ``start_step=opt.
 ``opt.load_state_dict(...)`` (one step per batch); step ``k`` is batch ``k % steps_per_epoch``
 of epoch ``k // steps_per_epoch`` (:meth:`Shard.position`).
 
+For a script with its own ``DataLoader`` and epoch loop, :class:`ShardSampler` is torch's
+``DistributedSampler`` with the rank and the number of workers taken from the client (its
+order and padding, not the share above).
+
 Example (two ranks' shares of ten samples, one epoch)::
 
     >>> import numpy as np
