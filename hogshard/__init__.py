@@ -32,6 +32,7 @@ Example (inside a process started by ``hogshard worker`` or ``hogshard launch``)
     opt = PSOptimizer(client, model.named_parameters(), rule="sgd", lr=0.1)
     for x, y in client.shard((images, labels), batch_size=64, epochs=2):  # this rank's share
         ...
+    client.finish()  # every rank trained; the model holds the final weights; left the job
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@
 ``shm.py``            :class:`Segment`, :class:`PeerSegments`: shared memory on one host
 ``doorbell.py``       :class:`BellEnd`, ``pack``: the pipe messages of a co-located doorbell
 ``export_format.py``  ``check_export_manifest``, ``embedding_file``: the export-for-serving format
+``param_layout.py``   ``check_param_layout``: where each parameter lies in a dense table
 ``codecs/``           :class:`Codec` (``base.py``) and its codecs (``simple.py``, ``sparse.py``,
                       ``lowrank.py``; half precision in ``half.py``), ``make_codec``
                       (``registry.py``), pull codecs (``pull.py``)

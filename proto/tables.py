@@ -52,15 +52,21 @@ class Chunk:
 
 @dataclass(frozen=True)
 class DenseTableSpec:
-    """What a worker declares: a table's name, element count, chunk size and update rule."""
+    """What a worker declares: a table's name, element count, chunk size and update rule,
+    and where known the parameter layout (:mod:`hogshard.proto.param_layout`)."""
 
     name: str
     size: int
     chunk_elems: int
     rule: dict[str, Any]
+    params: list[Any] | None = None
 
     def to_wire(self) -> dict[str, Any]:
-        return asdict(self)
+        """The spec's fields; ``params`` only where the table has a layout."""
+        fields = asdict(self)
+        if fields["params"] is None:
+            del fields["params"]
+        return fields
 
 
 #: The map of embedding shards under replication: a pseudo-table whose "chunk" i is embedding

@@ -82,11 +82,18 @@ def _dense(ckpt: Path, manifest: dict[str, Any], ranks: list[int]) -> dict[str, 
     return dense
 
 
+def layouts(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The parameter layout of each dense table of a checkpoint manifest that records one
+    (proto/param_layout.py; a table declared without one, or by an older worker, has none)."""
+    return {name: view["table"]["params"] for name, view in manifest.get("tables", {}).items()
+            if name != EMBEDDING_MAP and view.get("table", {}).get("params") is not None}
+
+
 def open_checkpoint(path: Path, dense: bool = True
-                    ) -> tuple[str, dict[str, np.ndarray], CheckpointRows]:
-    """The name, dense tables (with ``dense``) and embedding rows (open for streaming) of the
-    complete checkpoint ``path`` means (a ``ckpt-N`` directory, or a parent whose ``LATEST``
-    names one), every file verified."""
+                    ) -> tuple[str, dict[str, np.ndarray], CheckpointRows, dict[str, Any]]:
+    """The name, dense tables (with ``dense``), embedding rows (open for streaming) and dense
+    tables' parameter layouts of the complete checkpoint ``path`` means (a ``ckpt-N``
+    directory, or a parent whose ``LATEST`` names one), every file verified."""
     ckpt = resolve_checkpoint(Path(path))
     manifest = load_manifest(ckpt)
     ranks = manifest_ranks(manifest)
@@ -101,7 +108,7 @@ def open_checkpoint(path: Path, dense: bool = True
         rows = CheckpointRows(files, shard_primary)
     except (OSError, KeyError, ValueError, zipfile.BadZipFile) as err:
         raise CheckpointError(f"cannot read the embedding files of {ckpt}: {err}") from None
-    return ckpt.name, _dense(ckpt, manifest, ranks) if dense else {}, rows
+    return ckpt.name, _dense(ckpt, manifest, ranks) if dense else {}, rows, layouts(manifest)
 
 
 def _npz(arrays: dict[str, np.ndarray]) -> Callable[[IO[bytes]], None]:
@@ -114,9 +121,9 @@ def export_checkpoint(path: Path, out: Path, since: Path | None = None) -> dict[
     """Write the export of checkpoint ``path`` into directory ``out`` (created; its manifest
     written last) and return the manifest. With ``since``, an incremental export of the rows
     changed after that checkpoint. Embedding rows are streamed a block at a time."""
-    name, dense, rows = open_checkpoint(path)
-    base_name, _, base = open_checkpoint(since, dense=False) if since is not None \
-        else (None, {}, None)
+    name, dense, rows, params = open_checkpoint(path)
+    base_name, _, base, _ = open_checkpoint(since, dense=False) if since is not None \
+        else (None, {}, None, {})
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / MANIFEST).unlink(missing_ok=True)  # a half-rewritten export is never read as whole
@@ -142,7 +149,8 @@ def export_checkpoint(path: Path, out: Path, since: Path | None = None) -> dict[
     manifest = {"format": FORMAT, "version": VERSION,
                 "kind": "full" if base is None else "incremental",
                 "checkpoint": name, "since": base_name,
-                "dense": {table: {"key": keys[table], "size": int(a.size)}
+                "dense": {table: {"key": keys[table], "size": int(a.size),
+                                  **({"params": params[table]} if table in params else {})}
                           for table, a in dense.items()},
                 "embeddings": tables, "files": files}
     atomic_write_bytes(out / MANIFEST, json.dumps(manifest, indent=1).encode())

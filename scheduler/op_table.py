@@ -37,7 +37,7 @@ FIELDS: dict[str, tuple[Field, ...]] = {
                   Field("workers_epoch", int)),
     "wait_servers": (),
     "declare_table": (_TABLE, Field("size", int, required=True), Field("chunk_elems", int),
-                      Field("rule", dict, required=True)),
+                      Field("rule", dict, required=True), Field("params", list)),
     "table_ready": (_TABLE,),
     "get_table": (_TABLE, Field("wait", bool)),
     "barrier": (Field("name", str, required=True), Field("ranks", int)),

@@ -273,7 +273,8 @@ class Scheduler:
         msg = request.message
         self.recovery.check_not_failed()
         table = self.shard_map.declare(msg.header["table"], msg.get("size"),
-                                       msg.get("chunk_elems"), msg.header["rule"])
+                                       msg.get("chunk_elems"), msg.header["rule"],
+                                       msg.get("params"))
         if table.replication < 2:
             return Reply(self.shard_map.view(table))
         # A replicated table's servers learn their roles from a heartbeat reply: answer once

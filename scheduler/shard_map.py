@@ -25,6 +25,7 @@ import time
 from typing import Any
 
 from hogshard.proto.errors import ConflictError, HogshardError, ProtocolError, UnknownTableError
+from hogshard.proto.param_layout import check_param_layout
 from hogshard.proto.rule_groups import check_table_rule, group_starts
 from hogshard.proto.tables import DEFAULT_CHUNK_ELEMS, EMBEDDING_MAP, Chunk, DenseTableSpec
 from hogshard.scheduler import chunk_moves
@@ -60,10 +61,11 @@ class ShardMap:
 
     # ---- declared tables --------------------------------------------------------------------
 
-    def declare(self, name: str, size: Any, chunk_elems: Any, rule: dict[str, Any]
-                ) -> PlacedTable:
+    def declare(self, name: str, size: Any, chunk_elems: Any, rule: dict[str, Any],
+                params: Any = None) -> PlacedTable:
         """Plan table ``name`` over the live servers (or return it if declared alike before).
-        Small tables are still spread over every server."""
+        Small tables are still spread over every server. ``params``: the parameter layout
+        (:mod:`hogshard.proto.param_layout`), kept with the spec for checkpoints and exports."""
         servers = self._roster.live("server")
         size = _positive_int(size, "size", MAX_TABLE_ELEMS)
         requested = DEFAULT_CHUNK_ELEMS if chunk_elems in (None, 0) else _positive_int(
@@ -74,7 +76,9 @@ class ShardMap:
                 f"table of {size} elements in chunks of {elems} would have "
                 f"{-(-size // elems)} chunks; expected at most {MAX_CHUNKS} (raise chunk_elems)"
             )
-        spec = DenseTableSpec(name=name, size=size, chunk_elems=elems, rule=dict(rule))
+        layout = None if params is None else check_param_layout(params, size, name)
+        spec = DenseTableSpec(name=name, size=size, chunk_elems=elems, rule=dict(rule),
+                              params=layout)
         if spec.name == EMBEDDING_MAP:
             raise ProtocolError(f"the table name {EMBEDDING_MAP!r} is reserved")
         existing = self.tables.get(spec.name)

@@ -29,5 +29,6 @@ compression_policy.py         CompressionPolicy, TableRule: which codec each tab
 auto_codec.py                 ``auto``: a table's codec from the measured link and codec cost
 recipes.py                    Recipe: the server rule and lr each codec trains with
 export.py                     ExportedModel, ServingEmbeddingBag: serving from an export
+layout.py                     param_layout, match_layout: where each parameter lies in a table
 ============================  ==================================================================
 """

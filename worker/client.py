@@ -25,7 +25,7 @@ import secrets
 import weakref
 from collections import Counter
 from collections.abc import Collection, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import zmq
@@ -49,6 +49,15 @@ if TYPE_CHECKING:
     from hogshard.worker.shard import Shard
 
 log = logging.getLogger(__name__)
+
+#: The barrier :meth:`PSClient.finish` waits at.
+FINISH_BARRIER = "finish"
+
+
+class Pullable(Protocol):
+    """What :meth:`PSClient.finish` needs of an optimizer: a pull of the final weights."""
+
+    def pull(self) -> None: ...
 
 class PSClient:
     """A worker's client of the parameter servers.
@@ -74,6 +83,8 @@ class PSClient:
         self._push_ids = itertools.count(1)
         self._incarnation = secrets.randbits(30)  # push ids stay unique across restarts
         self._closed = False
+        #: The optimizers built on this client, whose weights :meth:`finish` pulls.
+        self.optimizers: list[Pullable] = []
         shm = shm or ShmSettings.from_env()
         #: Shared memory with the servers on this host (worker/shm.py).
         self.shm = ShmLink(shm, host_identity(shm.host_id))
@@ -172,12 +183,15 @@ class PSClient:
         rule: dict[str, Any],
         init: np.ndarray | None = None,
         chunk_elems: int = DEFAULT_CHUNK_ELEMS,
+        params: list[list[Any]] | None = None,
     ) -> DenseHandle:
         """Declare (with ``init``: create and initialise) or look up a dense table.
 
         The worker that passes ``init`` creates the table on the servers; the others wait until
-        it is ready. All must pass the same size and rule."""
-        return open_dense_table(self, name, size, rule, init, chunk_elems)
+        it is ready. All must pass the same size and rule. ``params``: where each parameter
+        lies in the table (:mod:`hogshard.proto.param_layout`), which checkpoints and exports
+        keep so that an export loads into the model's own parameters."""
+        return open_dense_table(self, name, size, rule, init, chunk_elems, params)
 
     def embedding_table(
         self, name: str, dim: int, num_embeddings: int | None = None,
@@ -303,11 +317,47 @@ class PSClient:
             control.leave(self)
         self.channel.close()
 
+    def register_optimizer(self, optimizer: Pullable) -> None:
+        """Have :meth:`finish` pull ``optimizer``'s final weights (a ``PSOptimizer`` registers
+        itself when it is built, wherever the script builds it)."""
+        self.optimizers.append(optimizer)
+
+    def finish(self, timeout: float | None = None) -> None:
+        """End this worker's part of the job in one call: wait until every rank has finished
+        training (a barrier over the job's ``num_workers`` ranks), pull the job's final weights
+        into the model of every ``PSOptimizer`` built on this client, and leave the job
+        (:meth:`close`). Every rank then holds the same final weights, for evaluating or
+        saving. ``timeout`` bounds the wait for the other ranks (default: the request
+        timeout). Whatever fails, the worker still leaves the job; a second call does nothing.
+
+        Example::
+
+            for x, y in loader:
+                ...
+                opt.step()
+            client.finish()              # every rank trained; the model has the final weights
+            if client.rank == 0:
+                torch.save(model.state_dict(), "model.pt")
+        """
+        if self._closed:
+            return
+        try:
+            self.barrier(FINISH_BARRIER, timeout=timeout, ranks=self.settings.num_workers)
+            for optimizer in self.optimizers:
+                optimizer.pull()
+        finally:
+            self.close()
+
     def __enter__(self) -> PSClient:
+        """``with PSClient.from_env() as client:``: :meth:`finish` when the block ends
+        normally, only :meth:`close` (leave the job) when it raises."""
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        if exc_type is None:
+            self.finish()
+        else:
+            self.close()
 
 
 def _close_at_exit(ref: weakref.ref[PSClient]) -> None:

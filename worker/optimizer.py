@@ -38,6 +38,7 @@ from hogshard.worker.compression import CompressionPolicy, Compressor
 from hogshard.worker.device import HostBuffer, make_mirror
 from hogshard.worker.embedding import RemoteEmbeddingBag, push_gradients
 from hogshard.worker.futures import Future
+from hogshard.worker.layout import param_layout
 from hogshard.worker.overlap import DEFAULT_BUCKET_BYTES, GradientBuckets, make_buckets
 from hogshard.worker.param_groups import (
     GroupHyper,
@@ -158,6 +159,7 @@ class PSOptimizer(torch.optim.Optimizer):
         self.table: DenseHandle = client.dense_table(
             table, self._weights.size, self._hyper.table_rule(),
             init=self._weights if client.rank == 0 else None, chunk_elems=chunk_elems,
+            params=param_layout(self.param_groups),  # so that exports load by parameter
         )
         client.pull(self.table, self._weights, clock=client.clock).result(
             client.settings.request_timeout
@@ -190,6 +192,7 @@ class PSOptimizer(torch.optim.Optimizer):
         self._staged: HostBuffer | None = None  # where the prefetch in flight lands
         self._staged_versions: dict[int, int] = {}
         self._prefetched: Future | None = None
+        client.register_optimizer(self)  # client.finish() pulls its final weights
 
     def _push_early(self, chunks: list[Any]) -> Future:
         """Push one bucket from a backward hook: staged on the servers until the step."""

@@ -13,6 +13,10 @@ the first ``start_step`` batches of this rank's sequence, e.g. ``start_step=opt.
 ``opt.load_state_dict(...)`` (one step per batch); step ``k`` is batch ``k % steps_per_epoch``
 of epoch ``k // steps_per_epoch`` (:meth:`Shard.position`).
 
+For a script with its own ``DataLoader`` and epoch loop, :class:`ShardSampler` is torch's
+``DistributedSampler`` with the rank and the number of workers taken from the client (its
+order and padding, not the share above).
+
 Example (two ranks' shares of ten samples, one epoch)::
 
     >>> import numpy as np
@@ -35,7 +39,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, Sampler, TensorDataset, default_collate
+from torch.utils.data import Dataset, TensorDataset, default_collate
+from torch.utils.data.distributed import DistributedSampler
 
 from hogshard.proto.errors import ConfigError
 
@@ -56,19 +61,84 @@ def epoch_permutation(n: int, epoch: int, seed: int, shuffle: bool = True) -> np
     return np.random.default_rng([seed, epoch]).permutation(n)
 
 
-class ShardSampler(Sampler[int]):
-    """A ``torch.utils.data.DistributedSampler``-like sampler of this rank's share: the indices
-    of one epoch (``set_epoch`` before each), disjoint from the other ranks' and covering the
-    data set together with them (no padding, no repeated samples); empty on a surplus rank.
+class ShardSampler(DistributedSampler):
+    """``torch.utils.data.distributed.DistributedSampler`` with the rank and the number of
+    workers taken from a :class:`PSClient`: this rank's indices of ``dataset`` for one epoch
+    (``set_epoch`` before each), exactly those ``DistributedSampler`` gives the same rank
+    (the same ``seed + epoch`` shuffle; without ``drop_last`` the order is padded with its
+    first indices to a multiple of the workers, so every rank takes ``len(sampler)`` samples;
+    with it, the tail that does not divide evenly is dropped). It is a ``DistributedSampler``
+    (``isinstance`` holds). On a surplus rank (``client.surplus``) it is empty.
+
+    ``dataset`` is anything with ``len()`` (an int stands for that many samples);
+    ``num_replicas`` and ``rank`` (torch's names) override the client's. The older call
+    ``ShardSampler(size, rank, num_workers, seed=0, shuffle=True)`` still works, with these
+    semantics.
 
     Example::
 
-        sampler = ShardSampler(len(dataset), client.rank, client.settings.num_workers, seed=0)
+        sampler = ShardSampler(dataset, client=client, shuffle=True, seed=0)
         loader = torch.utils.data.DataLoader(dataset, batch_size=64, sampler=sampler)
         for epoch in range(epochs):
             sampler.set_epoch(epoch)
             for x, y in loader: ...
+
+    >>> [list(ShardSampler(5, r, 2, shuffle=False)) for r in (0, 1)]
+    [[0, 2, 4], [1, 3, 0]]
     """
+
+    def __init__(self, dataset: Any, client: PSClient | int | None = None,
+                 num_workers: int | None = None, seed: int = 0, shuffle: bool = True, *,
+                 num_replicas: int | None = None, rank: int | None = None,
+                 drop_last: bool = False) -> None:
+        if isinstance(client, int):  # ShardSampler(size, rank, num_workers, ...)
+            client, rank = None, client if rank is None else rank
+        num_replicas = num_workers if num_replicas is None else num_replicas
+        if client is not None:
+            rank = client.rank if rank is None else rank
+            num_replicas = client.settings.num_workers if num_replicas is None else num_replicas
+        if rank is None or num_replicas is None:
+            raise ConfigError("ShardSampler needs a client, or both rank and num_replicas")
+        if num_replicas < 1 or rank < 0:
+            raise ConfigError(f"rank {rank} of {num_replicas} workers: expected rank >= 0 and "
+                              "num_replicas >= 1")
+        if isinstance(dataset, int):
+            dataset = range(dataset)
+        if not hasattr(dataset, "__len__"):
+            raise ConfigError(f"ShardSampler: {type(dataset).__name__} has no len(); expected "
+                              "a map-style Dataset or a number of samples")
+        surplus = rank >= num_replicas
+        super().__init__(dataset, num_replicas=num_replicas, rank=0 if surplus else rank,
+                         shuffle=shuffle, seed=seed, drop_last=drop_last)
+        self.rank = rank
+        if surplus:
+            self.num_samples = 0
+
+    @property
+    def num_workers(self) -> int:
+        """The job's workers (torch's ``num_replicas``)."""
+        return int(self.num_replicas)
+
+    @property
+    def surplus(self) -> bool:
+        """Whether this rank is beyond the job's workers (its share is empty)."""
+        return self.rank >= self.num_replicas
+
+    def indices(self, epoch: int) -> list[int]:
+        """This rank's indices of ``epoch``, in the order they are visited."""
+        current, self.epoch = self.epoch, epoch
+        try:
+            return list(iter(self))
+        finally:
+            self.epoch = current
+
+    def __iter__(self) -> Iterator[int]:
+        return iter([]) if self.surplus else super().__iter__()
+
+
+class _Share:
+    """The share ``Shard`` takes each epoch: every ``num_workers``-th index of one permutation
+    of all the samples, from this rank on (no padding, no repeated samples)."""
 
     def __init__(self, size: int, rank: int, num_workers: int, seed: int = 0,
                  shuffle: bool = True) -> None:
@@ -76,16 +146,11 @@ class ShardSampler(Sampler[int]):
             raise ConfigError(f"rank {rank} of {num_workers} workers: expected rank >= 0 and "
                               "num_workers >= 1")
         self.size, self.rank, self.num_workers = int(size), rank, num_workers
-        self.seed, self.shuffle, self.epoch = seed, shuffle, 0
+        self.seed, self.shuffle = seed, shuffle
 
     @property
     def surplus(self) -> bool:
-        """Whether this rank is beyond ``num_workers`` (its share is empty)."""
         return self.rank >= self.num_workers
-
-    def set_epoch(self, epoch: int) -> None:
-        """Draw the order of ``epoch`` (the same on every rank) from the next ``iter``."""
-        self.epoch = epoch
 
     def indices(self, epoch: int) -> np.ndarray:
         """This rank's share of ``epoch``, in the order it is visited."""
@@ -93,9 +158,6 @@ class ShardSampler(Sampler[int]):
             return np.arange(0)
         order = epoch_permutation(self.size, epoch, self.seed, self.shuffle)
         return order[self.rank::self.num_workers]
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self.indices(self.epoch).tolist())
 
     def __len__(self) -> int:
         return 0 if self.surplus else len(range(self.rank, self.size, self.num_workers))
@@ -134,7 +196,7 @@ class Shard:
                               f"{start_step}; expected batch_size >= 1, epochs >= 0 and "
                               "start_step >= 0")
         self._take, size = _indexer(data)
-        self.sampler = ShardSampler(size, rank, num_workers, seed, shuffle)
+        self.sampler = _Share(size, rank, num_workers, seed, shuffle)
         self.batch_size, self.epochs, self.drop_last = batch_size, epochs, drop_last
         self.device = None if device is None else torch.device(device)
         self.start_step = start_step

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from hogshard.proto.errors import ConfigError
+from hogshard.proto.param_layout import check_param_layout
 from hogshard.proto.rule_groups import check_table_rule
 from hogshard.proto.tables import Chunk, DenseTableSpec
 from hogshard.worker.rerouting import Route
@@ -69,7 +70,8 @@ def by_server(table: DenseHandle, chunks: Sequence[Chunk] | None) -> dict[int, l
     return grouped
 
 def open_dense_table(client: PSClient, name: str, size: int, rule: dict[str, Any],
-                     init: np.ndarray | None, chunk_elems: int) -> DenseHandle:
+                     init: np.ndarray | None, chunk_elems: int,
+                     params: list[list[Any]] | None = None) -> DenseHandle:
     """What :meth:`PSClient.dense_table` does: with ``init``, declare the table, fill every
     server's chunks and flag it ready; without, wait until it is ready and check its spec."""
     check_table_rule(rule, size)  # refuse a bad rule here, before anything is declared
@@ -91,6 +93,8 @@ def open_dense_table(client: PSClient, name: str, size: int, rule: dict[str, Any
         raise ConfigError(f"init has {init.size} elements; table {name!r} has {size}")
     request = {"table": name, "size": spec.size, "chunk_elems": spec.chunk_elems,
                "rule": spec.rule}
+    if params is not None:  # the parameter layout, kept for exports
+        request["params"] = check_param_layout(params, spec.size, name)
     reply = client.channel.control.call("declare_table", request,
                                  timeout=client.settings.connect_timeout)
     table = DenseHandle.from_reply(reply.header)

@@ -44,6 +44,9 @@ def test_exported_dlrm_predicts_what_the_cluster_model_does(cluster_factory, pro
     assert code == 0, out
     manifest = json.loads((tmp_path / "export" / "manifest.json").read_text())
     assert manifest["kind"] == "full" and set(manifest["dense"]) == {"dlrm-dense"}
+    # where each parameter lies, as the worker declared it: the loader finds them by name
+    layout = manifest["dense"]["dlrm-dense"]["params"]
+    assert layout[0][:3] == ["bottom.0.weight", 0, 0] and all(e[0] for e in layout)
     # every row the servers hold, touched by training or by the evaluation's pulls
     assert sum(t["rows"] for t in manifest["embeddings"].values()) == report["server_rows"]
 

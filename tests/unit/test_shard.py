@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from torch.utils.data import Dataset, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
 
 from hogshard.proto.errors import ConfigError
 from hogshard.worker.shard import Shard, ShardSampler
@@ -111,14 +112,38 @@ def test_a_client_gives_rank_workers_and_gets_the_progress_total() -> None:
     assert progress == {"total": 10} and len(list(shard)) == 10
 
 
-def test_the_sampler_is_a_distributed_sampler_without_padding() -> None:
-    samplers = [ShardSampler(11, r, 3, seed=2) for r in range(3)]
-    for epoch in (0, 1):
-        for s in samplers:
-            s.set_epoch(epoch)
-        shares = [list(s) for s in samplers]
-        assert sorted(sum(shares, [])) == list(range(11))
-        assert [len(s) for s in samplers] == [len(x) for x in shares] == [4, 4, 3]
-    loader = torch.utils.data.DataLoader(list(range(11)), batch_size=2, sampler=samplers[0])
-    assert sum(len(b) for b in loader) == 4
-    assert len(ShardSampler(11, 3, 3)) == 0 and list(ShardSampler(11, 3, 3)) == []
+@pytest.mark.parametrize("shuffle", [True, False])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_the_sampler_gives_what_distributed_sampler_gives(shuffle: bool, drop_last: bool) -> None:
+    dataset = torch.utils.data.TensorDataset(torch.arange(11))
+    client = SimpleNamespace(rank=0, settings=SimpleNamespace(num_workers=3))
+    for rank in range(3):
+        client.rank = rank
+        ours = ShardSampler(dataset, client=client, shuffle=shuffle, seed=5,  # type: ignore[arg-type]
+                            drop_last=drop_last)
+        torchs = DistributedSampler(dataset, num_replicas=3, rank=rank, shuffle=shuffle,
+                                    seed=5, drop_last=drop_last)
+        assert isinstance(ours, DistributedSampler)
+        assert len(ours) == len(torchs) == (3 if drop_last else 4)
+        for epoch in (0, 1, 7):
+            ours.set_epoch(epoch)
+            torchs.set_epoch(epoch)
+            assert list(ours) == list(torchs) == ours.indices(epoch)
+        loader = torch.utils.data.DataLoader(dataset, batch_size=2, sampler=ours)
+        assert sum(len(b[0]) for b in loader) == len(ours)
+
+
+def test_the_sampler_takes_rank_and_workers_from_the_client_or_torchs_names() -> None:
+    client = SimpleNamespace(rank=1, settings=SimpleNamespace(num_workers=2))
+    sampler = ShardSampler(list(range(10)), client, shuffle=False)  # type: ignore[arg-type]
+    assert (sampler.rank, sampler.num_workers, list(sampler)) == (1, 2, [1, 3, 5, 7, 9])
+    assert list(ShardSampler(10, num_replicas=5, rank=4, shuffle=False)) == [4, 9]
+    assert list(ShardSampler(11, 2, 3, seed=2)) == list(
+        DistributedSampler(range(11), num_replicas=3, rank=2, seed=2))  # the older call
+    surplus = ShardSampler(11, client=SimpleNamespace(  # type: ignore[arg-type]
+        rank=3, settings=SimpleNamespace(num_workers=3)))
+    assert surplus.surplus and len(surplus) == 0 and list(surplus) == []
+    with pytest.raises(ConfigError, match="needs a client"):
+        ShardSampler(11)
+    with pytest.raises(ConfigError, match="has no len"):
+        ShardSampler(iter(range(3)), 0, 1)
