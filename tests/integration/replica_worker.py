@@ -32,8 +32,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--step-delay", type=float, default=0.0)
-    p.add_argument("--wait-for", default=None,
-                   help="a file to wait for after joining, before the table is declared")
     args = p.parse_args(argv)
     torch.set_num_threads(int(os.environ.get("HOGSHARD_TORCH_THREADS", "1")))
     data = load_digits()
@@ -41,15 +39,6 @@ def main(argv: list[str] | None = None) -> int:
     y = torch.from_numpy(data.train_y)
     client = PSClient.from_env()
     print(f"joined as {client.node_id}", flush=True)
-    if args.wait_for:
-        # torch's first optimizer imports more of torch (seconds on a loaded machine): done
-        # now, so that the table is declared as soon as the file appears
-        torch.optim.SGD([torch.zeros(1, requires_grad=True)])
-        deadline = time.monotonic() + 120.0
-        while not os.path.exists(args.wait_for):
-            if time.monotonic() > deadline:
-                raise SystemExit(f"{args.wait_for} did not appear within 120 s")
-            time.sleep(0.01)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
     # small chunks: the table spreads over both servers, each a primary of some
