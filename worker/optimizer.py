@@ -126,7 +126,7 @@ class PSOptimizer(torch.optim.Optimizer):
         total_steps: int | None = None,
         **hyper: Any,
     ) -> None:
-        params, rule = torch_rule(params, rule, hyper)
+        params, rule, hyper = torch_rule(params, rule, hyper)
         defaults = rule_defaults(rule, hyper)
         self._adding_groups = True
         try:

@@ -41,17 +41,18 @@ log = logging.getLogger(__name__)
 NOT_HYPER = ("params", "param_names")
 
 
-def torch_rule(params: Any, rule: Any, hyper: Mapping[str, Any]) -> tuple[Any, str]:
-    """``PSOptimizer``'s ``params`` and ``rule`` as a rule name: ``rule`` a name (``"adam"``)
-    or a ``torch.optim`` class (``torch.optim.Adam``), or ``params`` a torch optimizer whose
-    parameter groups (with every hyperparameter) the servers take over. ConfigError names what
+def torch_rule(params: Any, rule: Any, hyper: Mapping[str, Any]
+               ) -> tuple[Any, str, dict[str, Any]]:
+    """``PSOptimizer``'s ``params``, ``rule`` and ``hyper`` with the rule as a name: ``rule`` a
+    name (``"adam"``) or a ``torch.optim`` class (``torch.optim.Adam``), or ``params`` a torch
+    optimizer whose parameter groups and defaults (every hyperparameter) the servers take over. ConfigError names what
     the servers run for an optimizer they cannot.
 
     >>> import torch
     >>> opt = torch.optim.Adadelta([torch.zeros(2, requires_grad=True)], lr=0.5)
-    >>> groups, name = torch_rule(opt, "sgd", {})
-    >>> name, groups[0]["lr"], "initial_lr" in groups[0]
-    ('adadelta', 0.5, False)
+    >>> groups, name, defaults = torch_rule(opt, "sgd", {})
+    >>> name, groups[0]["lr"], defaults["lr"], "initial_lr" in groups[0]
+    ('adadelta', 0.5, 0.5, False)
     >>> torch_rule([], torch.optim.NAdam, {})[1]
     'nadam'
     """
@@ -67,11 +68,11 @@ def torch_rule(params: Any, rule: Any, hyper: Mapping[str, Any]) -> tuple[Any, s
                         "parameters) stays behind; the servers start the rule's state afresh",
                         type(params).__name__, len(params.state))
         keep = (*DENSE_RULES[name], *NOT_HYPER)
-        return [{k: v for k, v in group.items() if k in keep}
-                for group in params.param_groups], name
+        return ([{k: v for k, v in group.items() if k in keep} for group in params.param_groups],
+                name, {k: v for k, v in params.defaults.items() if k in DENSE_RULES[name]})
     if isinstance(rule, type):
-        return params, _rule_of(rule)
-    return params, rule
+        return params, _rule_of(rule), dict(hyper)
+    return params, rule, dict(hyper)
 
 
 def _rule_of(cls: type) -> str:

@@ -22,7 +22,7 @@ WORKER = REPO / "tests" / "integration" / "recipe_worker.py"
 LONG = ["sgd", "momentum", "adagrad", "adam", "adamw", "rmsprop", "adadelta", "adamax", "nadam",
         "radam", "rprop", "asgd"]
 RECIPES = ["groups-sgd", "groups-momentum", "groups-adagrad", "groups-adam", "groups-adamw",
-           "groups-rmsprop", "groups-adadelta", "groups-rprop", "steplr", "warmup-cosine", "onecycle-momentum", "onecycle-sgd",
+           "groups-rmsprop", "groups-adadelta", "steplr", "warmup-cosine", "onecycle-momentum", "onecycle-sgd",
            "onecycle-adam",
            "plateau", "manual-lr", "clip-overlap", "clip-no-overlap", "accumulate-overlap",
            "scaler-clip", "resume", "contract"]
