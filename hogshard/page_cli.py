@@ -30,9 +30,9 @@ def page_options(command):
     """``--http-port`` (0: off), ``--http-host`` and ``--http-token``."""
     command = option("http-token", default=None,
                      help="with it, the status page answers only requests that carry it "
-                     "(open http://HOST:PORT/?token=TOKEN); `hogshard keys page-token DIR` "
-                     "makes and prints one; unset under --keys: the page binds 127.0.0.1 "
-                     "only")(command)
+                     "(open http://HOST:PORT/?token=TOKEN); @PATH reads it from a file; "
+                     "`hogshard keys page-token DIR` makes DIR/page.token and prints it; "
+                     "unset under --keys: the page binds 127.0.0.1 only")(command)
     command = option("http-host", default=None,
                      help="interface for the status page (unset: 0.0.0.0, or 127.0.0.1 "
                      "under --keys without --http-token)")(command)
@@ -55,10 +55,11 @@ def start_page(scheduler: Scheduler, port: int, host: str | None, token: str | N
     if not port:
         return None
     from hogshard.page_data import PageLogHandler
-    from hogshard.status_page import StatusPage, page_host
+    from hogshard.status_page import StatusPage, page_host, resolve_token
 
-    bind = or_exit(lambda: page_host(host, keys is not None, token))
-    page = or_exit(lambda: StatusPage(port, bind, token))
+    secret = or_exit(lambda: resolve_token(token))
+    bind = or_exit(lambda: page_host(host, keys is not None, secret))
+    page = or_exit(lambda: StatusPage(port, bind, secret))
     scheduler.status_listener = page.data.publish
     handler = PageLogHandler(page.data)
     root = logging.getLogger()
@@ -67,8 +68,10 @@ def start_page(scheduler: Scheduler, port: int, host: str | None, token: str | N
         for each in root.handlers[0].filters:
             handler.addFilter(each)
     logging.getLogger(PAGE_LOGGER).addHandler(handler)
-    note = " (add ?token=TOKEN)" if token else ""
+    note = " (add ?token=TOKEN)" if secret else ""
     if shown_url(page) != page.url:
         note += f" (listening on {page.host})"
+    elif keys is not None and not secret:
+        note += " (127.0.0.1 only: --keys without --http-token)"
     click.echo(f"status page at {shown_url(page)}{note}", err=True)
     return page

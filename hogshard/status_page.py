@@ -8,7 +8,8 @@ gets 405; the page offers no action. The HTTP threads read only the snapshot the
 loop publishes (``page_data.py``), never its live state.
 
 With a token (``--http-token``; ``hogshard keys page-token DIR`` makes one) every request must
-carry it: ``?token=T`` in the address (the page passes it on) or ``Authorization: Bearer T``.
+carry it: ``?token=T`` in the address (the page passes it on) or ``Authorization: Bearer T``;
+``--http-token @PATH`` reads it from a file.
 With CURVE keys and no token the page binds 127.0.0.1 only.
 
 Example::
@@ -67,6 +68,28 @@ def page_host(host: str | None, keys: bool, token: str | None) -> str:
                               "(hogshard keys page-token DIR prints one)")
         return LOOPBACK
     return host or "0.0.0.0"
+
+
+def resolve_token(value: str | None) -> str | None:
+    """``--http-token``'s value: the token, ``@PATH`` for the file that holds it (a keys
+    folder's ``page.token``), or empty/unset for none.
+
+    >>> resolve_token("") is None, resolve_token("abc")
+    (True, 'abc')
+    """
+    if not value:
+        return None
+    if not value.startswith("@"):
+        return value.strip()  # a token read from a file or a Secret may end in a newline
+    path = Path(value[1:])
+    try:
+        token = path.read_text().strip()
+    except OSError as err:
+        raise ConfigError(f"--http-token {value}: cannot read {path}: {err.strerror} "
+                          "(hogshard keys page-token DIR writes DIR/page.token)") from None
+    if not token:
+        raise ConfigError(f"--http-token {value}: {path} is empty")
+    return token
 
 
 def page_token(directory: str) -> str:
