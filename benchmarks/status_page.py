@@ -7,7 +7,8 @@ Both jobs (scheduler, ``--servers`` servers, one worker that declared a table an
 pushing so that the servers' heartbeats carry changing counters) run at once as subprocesses;
 rounds alternate between them (``--rounds``, the first job measured first in every other
 round), and the table shows the median latency of each and the ratio (page/no page) over the
-rounds' medians. Load of the machine is printed with it.
+rounds' medians, and each scheduler's CPU time over the measured rounds (cores busy: less
+disturbed by load than wall time). Load of the machine is printed with it.
 
 Usage::
 
@@ -68,6 +69,15 @@ def wait_line(proc: subprocess.Popen, pattern: str, timeout: float = 60.0) -> re
         if match:
             return match
     raise RuntimeError(f"no line matching {pattern!r} from {proc.args}")
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of a process so far (Linux /proc; None elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def free_port() -> int:
@@ -154,16 +164,24 @@ def main() -> int:
             "page polled": Job(True, args.servers, args.elems, context)}
     medians: dict[str, dict[str, list[float]]] = {
         mode: {"get_table": [], "status": []} for mode in jobs}
+    cpu: dict[str, float | None] = {}
     try:
         for job in jobs.values():  # warm up
             for op in ("get_table", "status"):
                 job.round_trips(op, 20)
+        cpu_before = {mode: cpu_seconds(job.procs[0].pid) for mode, job in jobs.items()}
+        started = time.monotonic()
         for index in range(args.rounds):
             order = list(jobs) if index % 2 == 0 else list(reversed(jobs))
             for mode in order:
                 for op in ("get_table", "status"):
                     times = jobs[mode].round_trips(op, args.calls)
                     medians[mode][op].append(statistics.median(times) * 1e3)
+        wall = time.monotonic() - started
+        for mode, job in jobs.items():
+            after, before = cpu_seconds(job.procs[0].pid), cpu_before[mode]
+            cpu[mode] = (after - before) / wall if after is not None and before is not None \
+                else None
     finally:
         fetched = {mode: job.close() for mode, job in jobs.items()}
         context.term()
@@ -184,6 +202,10 @@ def main() -> int:
                                                           strict=True))
         print(f"{op:<12}{off:>12.3f}{on:>16.3f}{ratio:>8.3f}")
         result[op] = {"no_page_ms": off, "page_ms": on, "ratio": ratio}
+    if cpu.get("no page") is not None and cpu.get("page polled") is not None:
+        print(f"scheduler CPU (cores busy): no page {cpu['no page']:.3f}, page polled "
+              f"{cpu['page polled']:.3f}")
+        result["scheduler_cpu_cores"] = cpu
     if page_fetches:
         page_fetches.sort()
         p50 = page_fetches[len(page_fetches) // 2]

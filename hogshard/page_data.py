@@ -112,6 +112,8 @@ class PageData:
         self._log: deque[dict[str, Any]] = deque(maxlen=log_lines)
         self._last: tuple[float, dict[str, dict[str, Any]], int] | None = None
         self.published = 0  # how many snapshots so far
+        self._logged = 0  # how many log lines so far
+        self._page: tuple[tuple[int, int], bytes] | None = None  # page_json's last body
 
     # ---- writer (the scheduler's loop) ------------------------------------------------------
 
@@ -174,6 +176,7 @@ class PageData:
         with self._lock:
             self._log.append({"wall": record.created, "level": record.levelname,
                               "line": line})
+            self._logged += 1
 
     # ---- readers (the HTTP threads) ---------------------------------------------------------
 
@@ -183,12 +186,15 @@ class PageData:
             return self._status
 
     def page_json(self) -> bytes:
-        """Everything the page draws, in one body."""
+        """Everything the page draws, in one body (built once per snapshot or log line, however
+        many pages fetch it)."""
         with self._lock:
-            status = self._status
-            rest = json.dumps({"history": list(self._history), "summary": self._summary,
-                               "log": list(self._log), "published": self.published})
-        return b'{"status":' + status + b"," + rest[1:].encode()
+            key = (self.published, self._logged)
+            if self._page is None or self._page[0] != key:
+                rest = json.dumps({"history": list(self._history), "summary": self._summary,
+                                   "log": list(self._log), "published": self.published})
+                self._page = key, b'{"status":' + self._status + b"," + rest[1:].encode()
+            return self._page[1]
 
 
 class PageLogHandler(logging.Handler):

@@ -73,7 +73,7 @@ function drawServers(status, summary) {
     const st = m.stats || {}, held = shards.get(m.rank) || {};
     const errors = Object.values(st.errors || {}).reduce((a, b) => a + Number(b), 0);
     const tr = row([[m.node_id], [stateLabel(m), "state"],
-      [num(held.primary_chunks ?? 0) + (held.slots ? " + " + held.slots + " slots" : "")],
+      [num(held.primary_chunks ?? 0) + (held.slots ? " + " + held.slots + " emb." : "")],
       [num(held.backup_chunks ?? 0)], [num(held.primary_floats ?? 0)],
       [bytes(st.bytes_in)], [bytes(st.bytes_out)],
       [m.state === "alive" ? num(st.updates_per_second ?? 0, 0) : "-"],

@@ -171,3 +171,23 @@ def test_the_page_files_are_package_data() -> None:
     globs = [g.strip() for g in config["options.package_data"]["hogshard"].split(",")]
     for name, _ in ASSETS.values():
         assert any((ROOT / "hogshard").glob(g) and Path("page", name).match(g) for g in globs)
+
+
+def test_warning_lines_reach_the_page() -> None:
+    import logging
+
+    from hogshard.page_data import PageLogHandler
+
+    data = PageData()
+    logger = logging.getLogger("hogshard.test_status_page")
+    handler = PageLogHandler(data)
+    logger.addHandler(handler)
+    try:
+        data.publish(status(1.0, 0, []))
+        assert json.loads(data.page_json())["log"] == []
+        logger.info("not listed")
+        logger.warning("server-%d is gone", 1)
+    finally:
+        logger.removeHandler(handler)
+    (line,) = json.loads(data.page_json())["log"]
+    assert line["level"] == "WARNING" and line["line"] == "server-1 is gone"
