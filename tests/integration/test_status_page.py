@@ -23,7 +23,7 @@ from hogshard.worker.client import PSClient
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 DRIVER = shutil.which("chromedriver")
 #: Where to save a screenshot of the page (docs/status-page.png is made so); unset: none.
-SCREENSHOT = os.environ.get("HOGSHARD_PAGE_SCREENSHOT")
+SCREENSHOT = os.environ.get("STATUS_PAGE_SCREENSHOT")
 SEEN_S = 20.0  # a loaded 2-core machine: heartbeat timeout + one publish + one page refresh
 
 
