@@ -123,3 +123,36 @@ def test_page_shows_the_job_live(procs, cluster_factory, zmq_ctx, browser) -> No
     finally:
         if not closed:
             client.close()
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(90, method="signal")
+def test_launch_prints_and_serves_the_page(procs, tmp_path) -> None:
+    """`hogshard launch --http-port P` prints where the page is and the scheduler serves it
+    (the JSON it draws from; no browser needed)."""
+    import json
+    import urllib.request
+
+    port = free_port()
+    release = tmp_path / "release"
+    waiter = f"import os, time\nwhile not os.path.exists({str(release)!r}): time.sleep(0.05)"
+    job = procs.hogshard("launch", "launch", "--http-port", str(port), "--servers", "1",
+                         "--workers", "1", "--no-progress", "--", sys.executable, "-c", waiter)
+    try:
+        job.wait_for_output(rf"\[launch\] status page at http://127\.0\.0\.1:{port}/", 60.0)
+
+        def status() -> dict[str, Any] | None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/status",
+                                            timeout=5) as reply:
+                    body = json.loads(reply.read())
+            except OSError:
+                return None
+            return body if body.get("members") else None
+
+        body = procs.wait_until(status, 30.0, "the launched scheduler's page to answer")
+        assert body["policy"] == "async" and body["job"]["phase"] == "running"
+        assert any(m["node_id"] == "server-0" for m in body["members"])
+    finally:
+        release.touch()
+    assert job.wait(60.0) == 0, job.tail()
