@@ -69,7 +69,8 @@ def _attr(driver: Any, css: str, name: str) -> str | None:
 def test_page_shows_the_job_live(procs, cluster_factory, zmq_ctx, browser) -> None:
     port = free_port()
     cluster = cluster_factory(servers=2, heartbeat_timeout=2.0, scheduler_args=(
-        "--http-port", str(port), "--http-host", "127.0.0.1", "--replication", "2"))
+        "--http-port", str(port), "--http-host", "127.0.0.1", "--replication", "2"),
+        server_args=lambda rank: ("--rank", str(rank)))  # servers[1] is server-1
     cluster.scheduler.wait_for_output(rf"status page at http://127\.0\.0\.1:{port}/", 10.0)
     settings = ClientSettings(scheduler=cluster.address, connect_timeout=30.0,
                               request_timeout=30.0)
