@@ -15,6 +15,10 @@
 ``slurm.py``           ``slurm``, ``plan_task``, ``expand_nodelist``: a job brought up under SLURM
 ``status.py``          :class:`ClusterView`: a readable view of the scheduler's ``status`` reply
 ``live_status.py``     ``status_panel``, ``watch``: the ``hogshard status`` table drawn with rich
+``status_page.py``    :class:`StatusPage`: the scheduler's live status page (``--http-port``)
+``page_data.py``      :class:`PageData`: the page's snapshot, plot history and warning lines
+``page_cli.py``       ``page_options``, ``start_page``: the page's flags on ``hogshard scheduler``
+``page/``             the page's HTML, script and style (package data)
 ``embeddings_cli.py``  ``hogshard embeddings``: embedding slots moved between servers
 ``simulate.py``        ``hogshard simulate``: a whole job in one process (``sim/``)
 ``sim_defaults.py``    the simulator's defaults (Rudra's recipe), read by ``SimConfig`` and the CLI

@@ -34,6 +34,7 @@ from hogshard.cli_options import (
     server_restore_option,
     start_metrics,
 )
+from hogshard.page_cli import page_options, start_page
 from hogshard.proto.config import (
     DEFAULT_EMBEDDING_DISK_MIN_ROWS,
     DEFAULT_HEARTBEAT_INTERVAL,
@@ -117,14 +118,17 @@ def main(ctx: click.Context, config_file: str | None, log_level: str, log_format
 @restore_option
 @keys_option
 @insecure_option
+@page_options
 def scheduler(bind: str, policy: str, servers: int, heartbeat_interval: float,
               heartbeat_timeout: float, replication: int, embedding_slots: int,
               num_workers: int | None, exit_when_done: bool,
               address_file: str | None, metrics_port: int | None,
               metrics_host: str, checkpoint_every: float | None, checkpoint_dir: str | None,
-              restore: str | None, keys: str | None, insecure: bool) -> None:
+              restore: str | None, keys: str | None, insecure: bool, http_port: int,
+              http_host: str | None, http_token: str | None) -> None:
     """Run the scheduler: membership, heartbeats, shard map, consistency policy. Exits 0 when
-    the job ends (`hogshard stop`, or --exit-when-done); see docs/LIFECYCLE.md."""
+    the job ends (`hogshard stop`, or --exit-when-done); see docs/LIFECYCLE.md. With
+    --http-port it serves a live status page (docs/DEPLOYMENT.md)."""
     from hogshard.scheduler.service import Scheduler
 
     security = process_security(keys, bind, insecure, role=None)
@@ -141,7 +145,10 @@ def scheduler(bind: str, policy: str, servers: int, heartbeat_interval: float,
         tmp.write_text(service.address)
         tmp.rename(address_file)
     click.echo(f"scheduler listening on {service.listening}", err=True)
+    page = start_page(service, http_port, http_host, http_token, keys)
     _serve(service)
+    if page is not None:
+        page.finish()
 
 
 @main.command()
@@ -255,11 +262,14 @@ def worker(scheduler: str, rank: int | None, num_workers: int | None, codec: str
 @checkpoint_options
 @restore_option
 @keys_option
+@option("http-port", default=0, type=click.IntRange(0, 65535),
+        help="the scheduler's live status page on http://127.0.0.1:PORT/ (printed at start); "
+        "0: off")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def launch(servers: int, workers: int, policy: str, heartbeat_timeout: float, replication: int,
            embedding_slots: int, codec: str | None,
            progress: bool, verbose: bool, respawn: bool, checkpoint_every: float | None,
-           checkpoint_dir: str | None, restore: str | None, keys: str | None,
+           checkpoint_dir: str | None, restore: str | None, keys: str | None, http_port: int,
            command: tuple[str, ...]) -> None:
     """Run a whole job on this host: a scheduler, SERVERS servers and WORKERS copies of COMMAND.
 
@@ -279,7 +289,8 @@ def launch(servers: int, workers: int, policy: str, heartbeat_timeout: float, re
                                            service_log_level="INFO" if verbose else "WARNING",
                                            checkpoint_every=checkpoint_every,
                                            checkpoint_dir=checkpoint_dir, restore=restore,
-                                           keys=keys, respawn=respawn))
+                                           keys=keys, respawn=respawn,
+                                           http_port=http_port))
     code = or_exit(cluster.run)
     sys.exit(code)
 

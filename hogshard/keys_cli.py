@@ -64,3 +64,15 @@ def keys_generate(clients: tuple[str, ...], servers: int, if_missing: bool,
         click.echo(str(path))
     if not written:
         click.echo(f"{directory} already holds keys: kept", err=True)
+
+
+@keys.command("page-token")
+@click.argument("directory", type=click.Path(exists=True, file_okay=False))
+def keys_page_token(directory: str) -> None:
+    """Print the token of the scheduler's status page kept in DIRECTORY/page.token, making it
+    (random, mode 0600) the first time. Pass it as the scheduler's --http-token and open
+    http://HOST:PORT/?token=TOKEN; without a token a scheduler under --keys serves its page on
+    127.0.0.1 only."""
+    from hogshard.status_page import page_token
+
+    click.echo(or_exit(lambda: page_token(directory)))

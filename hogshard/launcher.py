@@ -78,6 +78,8 @@ class LocalCluster:
     #: Start again a worker (same rank) or the scheduler (same address) that a signal killed,
     #: and replace killed servers without the cap of MAX_SERVER_RESTARTS (fault drills).
     respawn: bool = False
+    #: The scheduler's status page on 127.0.0.1:PORT (0: off).
+    http_port: int = 0
     out: IO[str] = field(default_factory=lambda: sys.stdout)
     _children: list[Child] = field(default_factory=list)
     _output: JobOutput = field(init=False)
@@ -138,6 +140,8 @@ class LocalCluster:
             "--embedding-slots", str(self.embedding_slots), *self._checkpoint_args(),
             "--num-workers", str(self.workers), "--exit-when-done",
             *self._keys_args(),
+            *(["--http-port", str(self.http_port), "--http-host", "127.0.0.1"]
+              if self.http_port else []),
         ), dict(os.environ))
         deadline = time.monotonic() + self.startup_timeout
         while not address_file.exists():
@@ -161,6 +165,8 @@ class LocalCluster:
                            f"{self.workers} workers, policy {self.policy}")
                 self._emit(f"[launch] CURVE on: keys from {self.keys}" if self.keys else
                            "[launch] no --keys: plain TCP on 127.0.0.1 (loopback only)")
+                if self.http_port:
+                    self._emit(f"[launch] status page at http://127.0.0.1:{self.http_port}/")
                 self._scheduler_address = scheduler
                 for rank in self._server_ranks():
                     self._start_server(scheduler, rank)

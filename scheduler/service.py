@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import zmq
@@ -53,6 +54,9 @@ from hogshard.scheduler.shard_map import ShardMap
 from hogshard.scheduler.waiters import Fields, Ready, Waiters
 
 log = logging.getLogger(__name__)
+
+#: Seconds between the status snapshots handed to ``Scheduler.status_listener``.
+STATUS_PUBLISH_S = 1.0
 
 
 class Scheduler:
@@ -128,6 +132,11 @@ class Scheduler:
         self._core = ServiceCore(self._sock, self._ops(), "the scheduler", self.errors, log,
                                  authenticated=security is not None)
         self._waiters = Waiters(self._core)
+        #: Called on the loop's thread with :meth:`status_fields` about once a second, at
+        #: each change of the job's phase and once the loop ends (the status page copies it)
+        self.status_listener: Callable[[Fields], None] | None = None
+        self._published_at = -STATUS_PUBLISH_S
+        self._published_phase = ""
         log.info("scheduler listening on %s policy=%s servers=%d", self.listening,
                  consistency.spec, expected_servers)
 
@@ -174,7 +183,9 @@ class Scheduler:
                     self.members.excuse(now - last, now)
                 last = now
                 self.tick(now)
+                self._publish_status(now)
         finally:
+            self._publish_status(time.monotonic(), force=True)
             self._sock.close(0)
             if self._own_context:
                 if self._security is not None:
@@ -378,8 +389,13 @@ class Scheduler:
                                          time.monotonic()))
 
     def _status(self, request: Request) -> Result:
-        now = time.monotonic()
-        return Reply({
+        return Reply(self.status_fields(time.monotonic()))
+
+    def status_fields(self, now: float) -> Fields:
+        """The ``status`` reply (what ``hogshard status --json`` prints). Its member entries
+        hold the live ``progress`` and ``stats`` dicts: a reader on another thread gets a
+        copy from :attr:`status_listener` instead."""
+        return {
             "policy": self.policy.policy.spec,
             "epoch": self.members.epoch,
             "uptime": now - self.started_at,
@@ -401,4 +417,15 @@ class Scheduler:
             "errors": dict(self.errors),
             "checkpoint": self.checkpoints.rounds.status(),
             **self.recovery.status(),
-        })
+        }
+
+    def _publish_status(self, now: float, force: bool = False) -> None:
+        """Hand :meth:`status_fields` to :attr:`status_listener` (on this loop's thread)
+        every :data:`STATUS_PUBLISH_S`, at each change of the job's phase, and at the end."""
+        if self.status_listener is None:
+            return
+        phase = self.lifecycle.phase
+        if force or phase != self._published_phase or \
+                now - self._published_at >= STATUS_PUBLISH_S:
+            self._published_at, self._published_phase = now, phase
+            self.status_listener(self.status_fields(now))

@@ -444,8 +444,9 @@ def localise(services: dict[str, Any], volumes: Path) -> dict[str, dict[str, Any
             mounts[target].mkdir(parents=True, exist_ok=True)
         env = {k: fix(name, str(v), mounts)
                for k, v in (service.get("environment") or {}).items()}
-        if "HOGSHARD_METRICS_PORT" in env:
-            env["HOGSHARD_METRICS_PORT"] = port_for(name, env["HOGSHARD_METRICS_PORT"])
+        for variable in ("HOGSHARD_METRICS_PORT", "HOGSHARD_HTTP_PORT"):
+            if variable in env:
+                env[variable] = port_for(name, env[variable])
         local[name] = {"argv": [fix(name, a, mounts) for a in service["command"]], "env": env,
                        "health": [fix(name, a, mounts) for a in service.get(
                            "healthcheck", {}).get("test", ["NONE"])[1:]]}
