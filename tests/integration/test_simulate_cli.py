@@ -13,6 +13,8 @@ import pytest
 
 from hogshard.datasets import FASHION_MNIST
 
+pytestmark = pytest.mark.integration
+
 TIMEOUT = 600  # the process imports torch and reads the data set: slow on a loaded host
 
 
