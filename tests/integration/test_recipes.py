@@ -49,6 +49,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, dict
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.timeout(240, method="signal")
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_one_worker_under_ssp0_ends_with_torch_optims_weights(
