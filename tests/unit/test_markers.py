@@ -13,9 +13,10 @@ TESTS = Path(__file__).resolve().parents[1]
 SLOW_TIMEOUT_S = 150
 
 
-def _marks(decorators: list[ast.expr]) -> tuple[set[str], float | None]:
+def _marks(decorators: list[ast.expr], constants: dict[str, object]
+           ) -> tuple[set[str], float | None]:
     """The ``pytest.mark.NAME`` names among ``decorators`` (or a ``pytestmark`` value) and the
-    timeout one of them gives (None if none, or not a literal)."""
+    timeout one of them gives (a literal or a module constant; None if none)."""
     names: set[str] = set()
     timeout = None
     for node in decorators:
@@ -24,9 +25,11 @@ def _marks(decorators: list[ast.expr]) -> tuple[set[str], float | None]:
                     and sub.value.attr == "mark":
                 names.add(sub.attr)
             if isinstance(sub, ast.Call) and isinstance(sub.func, ast.Attribute) \
-                    and sub.func.attr == "timeout" and sub.args \
-                    and isinstance(sub.args[0], ast.Constant):
-                timeout = float(sub.args[0].value)
+                    and sub.func.attr == "timeout" and sub.args:
+                arg = sub.args[0]
+                value = arg.value if isinstance(arg, ast.Constant) else \
+                    constants.get(arg.id) if isinstance(arg, ast.Name) else None
+                timeout = float(value) if isinstance(value, (int, float)) else None
     return names, timeout
 
 
@@ -34,12 +37,15 @@ def _tests(path: Path) -> Iterator[tuple[str, set[str], float | None]]:
     """Each test function of ``path``: its name, its markers (the module's ``pytestmark``
     included) and its timeout."""
     tree = ast.parse(path.read_text())
+    constants = {target.id: node.value.value for node in tree.body if isinstance(node, ast.Assign)
+                 and isinstance(node.value, ast.Constant)
+                 for target in node.targets if isinstance(target, ast.Name)}
     module: list[ast.expr] = [node.value for node in tree.body if isinstance(node, ast.Assign)
                               and any(getattr(t, "id", "") == "pytestmark" for t in node.targets)]
-    module_names, module_timeout = _marks(module)
+    module_names, module_timeout = _marks(module, constants)
     for node in ast.walk(tree):
         if isinstance(node, ast.FunctionDef) and node.name.startswith("test"):
-            names, timeout = _marks(node.decorator_list)
+            names, timeout = _marks(node.decorator_list, constants)
             yield node.name, names | module_names, timeout if timeout is not None else module_timeout
 
 
