@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import json
+import logging
 import os
 import pstats
 import signal
@@ -75,7 +76,10 @@ def micro(size: int) -> dict[str, float]:
 
     import zmq
 
-    from hogshard.proto.transport import recv_routed, reply_ok, request_header, send
+    from hogshard.proto.ops import ANYONE, bind_ops, declare_ops
+    from hogshard.proto.requests import Reply
+    from hogshard.proto.service import ServiceCore
+    from hogshard.proto.transport import request_header, send
     from hogshard.proto.wire import decode, encode
     from hogshard.ps.dense import DenseStore
     from hogshard.ps.stats import ServerStats
@@ -92,11 +96,13 @@ def micro(size: int) -> dict[str, float]:
     frames = [bytes(f) for f in encode(head, [grad])]
     stats = ServerStats()
     state: dict = {}
+    ops = bind_ops(declare_ops({"push": ()}, {"push": ANYONE}),
+                   {"push": lambda request: Reply({"staleness": [0]})})
+    core = ServiceCore(router, ops, "the server", errors={}, log=logging.getLogger(__name__))
 
     def round_trip() -> None:  # request there, reply back: both sides' transport + wire
         send(client, request_header("push", 7, "worker-0", **fields), [grad])
-        identity, message, rid = recv_routed(router)
-        reply_ok(router, identity, rid, {"staleness": [0]})
+        core.handle_one()  # the service core's receive, decode, header check and reply
         decode(client.recv_multipart(copy=False))
 
     def send_recv_only() -> None:  # the same bytes with bare pyzmq calls (the floor)
@@ -121,7 +127,7 @@ def micro(size: int) -> dict[str, float]:
         "dense.validate_push (1 chunk)":
             lambda: store.validate_push("t", [0], state["message"].arrays, [0]),
         "stats.record_push_bytes": lambda: stats.record_push_bytes(state["message"].arrays),
-        "round trip: send + recv_routed + reply_ok + recv/decode (inproc)": round_trip,
+        "round trip: send + ServiceCore.handle_one + recv/decode (inproc)": round_trip,
         "round trip, bare pyzmq send/recv_multipart (inproc)": bare,
     }
     out = {}

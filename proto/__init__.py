@@ -2,7 +2,7 @@
 
 ====================  ============================================================================
 ``wire.py``           :class:`Message`, :class:`Limits`, ``encode``/``decode``: frames and headers
-``transport.py``      ``bind_router``, ``connect_dealer``, ``send``, ``reply_ok``/``reply_error``
+``transport.py``      ``bind_router``, ``connect_dealer``, ``send``, ``recv_message``, ``RpcChannel``
 ``service.py``        :class:`ServiceCore`, :class:`Replies`: the request loop of every service
 ``requests.py``       :class:`Request`, :class:`Reply`, ``HELD``: the one handler contract
 ``held.py``           :class:`HeldRequests`: requests answered later, bounded per peer and in all
@@ -23,7 +23,7 @@
 ``rule_specs.py``     ``check_rule_spec``, ``check_params``: rules' parameters, defaults, ranges
 ``tables.py``         :class:`Chunk`, :class:`DenseTableSpec`, :class:`EmbeddingSpec`: table specs
 ``packed_rows.py``    ``pack``, ``split_ids``, ``split_rows``: many tables' rows in one frame
-``hashing.py``        ``splitmix64``, ``shard_of``, ``row_keys``: ids to shards and rows
+``hashing.py``        ``splitmix64``, ``shard_of``, ``init_rows``: ids to shards and rows
 ``slot_index.py``     :class:`SlotIndex`: a vectorised id -> slot map (embedding rows, row cache)
 ``shm.py``            :class:`Segment`, :class:`PeerSegments`: shared memory on one host
 ``doorbell.py``       :class:`BellEnd`, ``pack``: the pipe messages of a co-located doorbell

@@ -94,11 +94,6 @@ def table_key(seed: int, table: str) -> np.uint64:
     return splitmix64(np.array([mixed], dtype=np.uint64))[0]
 
 
-def row_keys(seed: int, table: str, ids: np.ndarray) -> np.ndarray:
-    """One uint64 key per row, from (seed, table name, id)."""
-    return splitmix64(as_uint64(ids) ^ table_key(seed, table))
-
-
 def init_rows(seed: int, table: str, ids: np.ndarray, dim: int, scale: float) -> np.ndarray:
     """Initial rows, uniform in [-scale, scale), shape ``(len(ids), dim)`` float32.
 

@@ -43,7 +43,6 @@ class SlotIndex:
         self._buf_keys, self._buf_slots = _EMPTY, _EMPTY
         self._min_buffer = min_buffer
         self._fraction = buffer_fraction
-        self.merges = 0
 
     def __len__(self) -> int:
         return int(self._keys.size + self._buf_keys.size)
@@ -86,7 +85,6 @@ class SlotIndex:
             return
         self._keys, self._slots = _merge(self._keys, self._slots, self._buf_keys, self._buf_slots)
         self._buf_keys, self._buf_slots = _EMPTY, _EMPTY
-        self.merges += 1
 
     def items(self) -> tuple[np.ndarray, np.ndarray]:
         """All (ids, slots), sorted by id."""

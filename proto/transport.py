@@ -150,29 +150,6 @@ def send_frames(
     return zmq.MessageTracker(*trackers) if track else None
 
 
-def reply_ok(
-    sock: zmq.Socket,
-    identity: bytes,
-    request_id: int,
-    fields: dict[str, Any] | None = None,
-    arrays: Sequence[np.ndarray] = (),
-    track: bool = False,
-) -> zmq.MessageTracker | None:
-    header = {"v": PROTOCOL_VERSION, "op": OK, "id": request_id, **(fields or {})}
-    return send(sock, header, arrays, identity, track=track)
-
-
-def reply_error(sock: zmq.Socket, identity: bytes, request_id: int, error: HogshardError) -> None:
-    header = {
-        "v": PROTOCOL_VERSION,
-        "op": ERROR,
-        "id": request_id,
-        "code": error.code.value,
-        "message": error.message,
-    }
-    send(sock, header, (), identity)
-
-
 def salvage_request_id(frame: Any) -> int:
     """Best effort: the request id of a message that failed to decode, or 0."""
     try:
@@ -208,20 +185,6 @@ def recv_frames(sock: zmq.Socket) -> list[zmq.Frame]:
 def recv_message(sock: zmq.Socket, limits: Limits = DEFAULT_LIMITS) -> Message:
     """Receive and decode one message on a DEALER (a reply); raises the decode error."""
     return decode(recv_frames(sock), limits)
-
-
-def recv_routed(
-    sock: zmq.Socket, limits: Limits = DEFAULT_LIMITS
-) -> tuple[bytes, Message | HogshardError, int]:
-    """Receive on a ROUTER: (identity, message or the decode error, request id)."""
-    frames = recv_frames(sock)
-    identity = frames[0].bytes
-    body = frames[1:]
-    try:
-        message = decode(body, limits)
-    except HogshardError as err:
-        return identity, err, salvage_request_id(body[0]) if body else 0
-    return identity, message, message.request_id
 
 
 def raise_if_error(message: Message) -> Message:

@@ -71,12 +71,4 @@ class CountMinSketch:
         rows = np.arange(self.counts.shape[0])[:, None]
         saturated = self.counts[rows, columns] < np.iinfo(np.uint32).max
         self.counts[rows, columns] += saturated.astype(np.uint32)
-        return self.estimate_at(columns)
-
-    def estimate(self, ids: np.ndarray) -> np.ndarray:
-        """The (over-)estimated count of each of ``ids``."""
-        return self.estimate_at(self._columns(ids))
-
-    def estimate_at(self, columns: np.ndarray) -> np.ndarray:
-        rows = np.arange(self.counts.shape[0])[:, None]
         return self.counts[rows, columns].min(axis=0).astype(np.int64)

@@ -161,11 +161,6 @@ class ErrorFeedback:
     def _arrays(self) -> list[dict[Hashable, Any]]:
         return [self._residuals]
 
-    @property
-    def memory_bytes(self) -> int:
-        """Bytes held in residuals (and momenta)."""
-        return sum(a.nbytes for store in self._arrays() for a in store.values())
-
     def state_dict(self) -> dict[str, Any]:
         """Copies of the residuals (and momenta), for a checkpoint."""
         return {"residuals": {k: v.copy() for k, v in self._residuals.items()}}

@@ -190,10 +190,6 @@ class Doorbells:
         """The servers with a doorbell, open or asked for."""
         return list(self._bells)
 
-    def is_open(self, rank: int) -> bool:
-        bell = self._bells.get(rank)
-        return bell is not None and bell.end is not None
-
     def close(self) -> None:
         for rank in list(self._bells):
             self.drop(rank)

@@ -190,12 +190,6 @@ class GradientBuckets:
         self.reset()
         return futures
 
-    @property
-    def sent_early(self) -> int:
-        """How many buckets of the current step have left during backward (or wait, complete,
-        for their copy to the host to end)."""
-        return sum(self._sent)
-
     def remove(self) -> None:
         """Unregister the hooks."""
         for handle in self._handles:

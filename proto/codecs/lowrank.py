@@ -144,11 +144,6 @@ class PowerSGDCodec(Codec):
     def spec(self) -> str:
         return f"{self.name}:{self.rank}"
 
-    def effective_rank(self, size: int) -> int:
-        """The rank used for a flat slice of ``size`` elements: ``min(rank, rows, cols)``."""
-        rows, cols = matrix_shape(size)
-        return min(self.rank, rows, cols)
-
     def _compresses(self, rows: int, cols: int) -> bool:
         return min(self.rank, rows, cols) * (rows + cols) < rows * cols
 

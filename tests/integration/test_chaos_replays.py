@@ -67,6 +67,7 @@ def _replicated_job(procs: Any, *scheduler_flags: str
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.timeout(240, method="signal")
 def test_seed_1_both_servers_replaced_then_the_scheduler_restarted(procs) -> None:
     address, argv, scheduler, server, servers, worker = _replicated_job(procs)
@@ -137,6 +138,7 @@ def test_seed_1_both_servers_replaced_then_the_scheduler_restarted(procs) -> Non
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.timeout(180, method="signal")
 def test_seed_3_a_primary_lost_while_its_chunks_had_no_backup_fails_the_job(
         procs, tmp_path: Path) -> None:

@@ -46,6 +46,7 @@ def _weights(address: str, context: zmq.Context) -> tuple[np.ndarray, list[int]]
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.timeout(180, method="signal")
 def test_checkpoint_kill_everything_restore_bit_identical(
         procs, cluster_factory, tmp_path: Path, zmq_ctx: zmq.Context) -> None:

@@ -100,6 +100,7 @@ def _assert_training_went_on(procs: Any, cluster: Any, trainer: Any) -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.timeout(240, method="signal")
 def test_a_full_disk_fails_the_checkpoint_and_training_goes_on(
         procs, cluster_factory, small_disk: Path) -> None:
@@ -130,6 +131,7 @@ def test_a_full_disk_fails_the_checkpoint_and_training_goes_on(
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.timeout(240, method="signal")
 def test_a_read_only_disk_fails_the_checkpoint_and_training_goes_on(
         procs, cluster_factory, small_disk: Path) -> None:

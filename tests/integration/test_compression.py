@@ -49,6 +49,7 @@ MIN_ACCURACY = {"topk:0.05": {"fashion-mnist": 0.6, "sklearn-digits": 0.45},
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.timeout(150, method="signal")
 @pytest.mark.parametrize(("codec", "max_fraction", "epochs"),
                          [("topk:0.05", 0.101, 1), ("sign:256", 0.036, 2)])
@@ -82,6 +83,7 @@ def test_lossy_codec_trains_with_fewer_bytes(procs, tmp_path: Path, codec: str,
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.timeout(150, method="signal")
 def test_powersgd_sends_each_layer_at_its_own_rank(procs, tmp_path: Path) -> None:
     """The worker compresses each weight matrix of the model (conv weights as out x rest) at
@@ -117,6 +119,7 @@ def test_powersgd_sends_each_layer_at_its_own_rank(procs, tmp_path: Path) -> Non
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.timeout(240, method="signal")
 def test_dgc_trains_with_its_recipe_and_refuses_a_server_momentum(procs, tmp_path: Path) -> None:
     """Without --rule/--lr the example takes DGC's recipe (plain sgd on the servers, lr 0.05);

@@ -38,6 +38,9 @@ from hogshard.proto.errors import ConfigError
 from hogshard.proto.roles import Role
 from hogshard.proto.security import Security, clients_for, generate_keys
 
+#: Every test here, the static checks of the deployment files too.
+pytestmark = pytest.mark.integration
+
 REPO = Path(__file__).resolve().parents[2]
 DOCKER = REPO / "docker"
 COMPOSE = DOCKER / "docker-compose.yml"

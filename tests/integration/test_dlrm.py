@@ -35,6 +35,7 @@ def launch_dlrm(procs, tmp_path: Path, *args: str, timeout: float = 100.0) -> di
     return result
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_dlrm_synthetic_matches_single_process(procs, tmp_path: Path) -> None:
     # log-uniform ids: on the Zipf default a run this short trails the single process by
@@ -48,6 +49,7 @@ def test_dlrm_synthetic_matches_single_process(procs, tmp_path: Path) -> None:
     assert r["server_rows"] == r["distinct_ids"]  # every touched row, and nothing else
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_dlrm_open_bandit_matches_single_process(procs, tmp_path: Path) -> None:
     if not (OPEN_BANDIT / "random" / "all" / "all.csv").is_file():
@@ -75,6 +77,7 @@ def auc_standard_error(auc: float, positives: int, negatives: int) -> float:
     return variance ** 0.5
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_billion_row_tables_hold_only_touched_rows(procs, tmp_path: Path) -> None:
     r = launch_dlrm(procs, tmp_path, "--data", "synthetic", "--samples", "6000", "--vocab",

@@ -32,6 +32,7 @@ def train(procs, cluster, tmp_path: Path, *args: str) -> dict:
     return json.loads((tmp_path / "cluster.json").read_text())
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_exported_dlrm_predicts_what_the_cluster_model_does(cluster_factory, procs,
                                                             tmp_path: Path) -> None:
@@ -63,6 +64,7 @@ def test_exported_dlrm_predicts_what_the_cluster_model_does(cluster_factory, pro
     assert served["servers"] == 0 and abs(served["auc"] - report["auc"]) <= 1e-6
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_admission_expiry_and_cap_bound_every_shard(cluster_factory, procs,
                                                     tmp_path: Path) -> None:
@@ -88,6 +90,7 @@ def test_admission_expiry_and_cap_bound_every_shard(cluster_factory, procs,
     assert all(e["bytes"] > 0 for e in emb)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_hot_row_cache_serves_rows_within_its_staleness(cluster_factory, procs,
                                                         tmp_path: Path) -> None:

@@ -49,6 +49,7 @@ def _alive(procs: Any, address: str, rank: int) -> bool:
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.timeout(420, method="signal")
 def test_a_dlrm_job_grows_drains_server_0_stops_it_checkpoints_and_restores(
         procs, tmp_path: Path) -> None:

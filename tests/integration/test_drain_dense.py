@@ -59,6 +59,7 @@ def _chunks_moved(job: DenseJob, rank: int) -> dict[str, Any] | None:
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.timeout(150, method="signal")
 def test_a_drained_server_hands_over_its_dense_chunks_and_can_then_stop(
         procs, tmp_path: Path) -> None:

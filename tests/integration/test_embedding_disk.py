@@ -51,6 +51,7 @@ def _train(client: PSClient, steps: int, seed: int) -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.timeout(180, method="signal")
 def test_disk_tables_train_checkpoint_and_restore(procs, cluster_factory,
                                                   tmp_path: Path) -> None:
@@ -88,6 +89,7 @@ def test_disk_tables_train_checkpoint_and_restore(procs, cluster_factory,
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.timeout(150, method="signal")
 def test_a_drain_moves_disk_rows_block_by_block_and_loses_no_push(procs, tmp_path: Path) -> None:
     _, address = start_scheduler(procs, tmp_path, "--servers", "2", "--embedding-slots", "64",

@@ -16,6 +16,7 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fashion_mnist.py"
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_example_logs_json_lines_when_asked(tmp_path: Path) -> None:
     (tmp_path / "no-data").mkdir()

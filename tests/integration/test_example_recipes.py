@@ -19,6 +19,7 @@ RECIPE = ["--weight-decay", "0.01", "--clip", "0.5", "--warmup", "0.2"]
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.timeout(180, method="signal")
 @pytest.mark.parametrize(("schedule", "rule"), [("cosine", "momentum"), ("onecycle", "momentum"),
                                                ("step", "momentum"), ("onecycle", "sgd")])

@@ -17,6 +17,8 @@ from hogshard.proto.transport import RpcChannel
 from tests.conftest import PYTHON, REPO
 from tests.integration.conftest import start_scheduler
 
+pytestmark = pytest.mark.integration
+
 TRAIN = str(REPO / "tests" / "integration" / "train_worker.py")
 #: A worker script that only joins (logging at INFO, as the examples do) and leaves.
 JOIN = ("import logging; logging.basicConfig(level=logging.INFO); "

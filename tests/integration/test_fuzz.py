@@ -109,6 +109,7 @@ def burst(sock: zmq.Socket, rng: random.Random, ops: list[str], n: int) -> int:
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.timeout(240, method="signal")
 def test_fuzz_server_and_scheduler(cluster_factory, zmq_ctx: zmq.Context) -> None:
     cluster = cluster_factory(servers=1, policy="async")

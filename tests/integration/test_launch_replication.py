@@ -27,6 +27,7 @@ def _is_server(argv: list[str], rank: int) -> bool:
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.timeout(150, method="signal")
 def test_launcher_replaces_a_killed_server_and_the_job_finishes(procs, tmp_path: Path) -> None:
     launcher = procs.hogshard(

@@ -131,6 +131,7 @@ def _free_port() -> int:
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.timeout(180, method="signal")
 def test_partitioned_primary_never_acknowledges_after_promotion(procs, network: Network,
                                                                 tmp_path: Path) -> None:

@@ -39,6 +39,7 @@ def steps_of(share: int, batch: int = 64, epochs: int = 3) -> int:
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.timeout(240, method="signal")
 def test_the_readme_script_trains_under_launch(procs, tmp_path: Path) -> None:
     script = tmp_path / "train.py"

@@ -67,6 +67,7 @@ def _check(results: dict[str, dict[str, Any]], recipe: str) -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.timeout(240, method="signal")
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_one_worker_under_ssp0_ends_with_torch_optims_weights(

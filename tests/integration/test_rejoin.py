@@ -105,6 +105,7 @@ def chunk_versions(cluster: Any, context: zmq.Context, table: str) -> dict[str, 
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.timeout(180, method="signal")
 def test_restarted_server_takes_its_rank_back_restored_from_the_checkpoint(
         procs, cluster_factory, tmp_path: Path) -> None:
@@ -137,6 +138,7 @@ def test_restarted_server_takes_its_rank_back_restored_from_the_checkpoint(
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.timeout(240, method="signal")
 def test_restarted_server_takes_its_rank_back_as_the_backup(
         procs, cluster_factory, zmq_ctx: zmq.Context) -> None:
@@ -185,6 +187,7 @@ def test_lost_server_without_replica_or_checkpoint_fails_workers_in_bounded_time
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.timeout(150, method="signal")
 def test_restart_without_checkpoint_fails_the_job_and_writes_no_checkpoint(
         procs, cluster_factory, tmp_path: Path) -> None:

@@ -130,6 +130,7 @@ class Job:
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.timeout(240, method="signal")
 def test_killed_primary_loses_no_acknowledged_update(procs, tmp_path: Path) -> None:
     """Two runs of the same job: undisturbed, then with server-0 SIGKILLed at step 120 and a

@@ -23,6 +23,7 @@ TIMING = ["--heartbeat-interval", "0.2", "--heartbeat-timeout", "1.5"]
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.timeout(150, method="signal")
 def test_embedding_rows_survive_two_primary_deaths(procs, tmp_path: Path) -> None:
     address_file = tmp_path / "scheduler.address"

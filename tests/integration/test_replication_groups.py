@@ -17,6 +17,7 @@ KILL_AT_STEP = 50
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.timeout(480, method="signal")
 @pytest.mark.parametrize(("policy", "workers"), [("softsync:2", 4), ("hardsync", 2)])
 def test_killed_primary_mid_group_loses_no_acknowledged_gradient(

@@ -114,6 +114,7 @@ class Job:
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.timeout(150, method="signal")
 def test_a_server_added_mid_job_takes_a_third_of_the_rows_and_loses_no_push(
         procs, tmp_path: Path) -> None:
@@ -148,6 +149,7 @@ def test_a_server_added_mid_job_takes_a_third_of_the_rows_and_loses_no_push(
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.timeout(150, method="signal")
 def test_a_drained_server_hands_over_every_row_and_can_then_stop(procs, tmp_path: Path) -> None:
     job = Job(procs, tmp_path, servers=3)
@@ -174,6 +176,7 @@ def test_a_drained_server_hands_over_every_row_and_can_then_stop(procs, tmp_path
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.timeout(150, method="signal")
 def test_a_worker_forgets_a_server_drained_out_of_the_placement_and_stopped(
         procs, tmp_path: Path) -> None:
@@ -204,6 +207,7 @@ def test_a_worker_forgets_a_server_drained_out_of_the_placement_and_stopped(
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.timeout(150, method="signal")
 def test_a_restarted_scheduler_keeps_the_slots_where_they_moved(procs, tmp_path: Path) -> None:
     """After server 2 was added (beyond --servers 2), the scheduler is SIGKILLed and started
@@ -329,6 +333,7 @@ def checkpoint_after_an_add(job: Job, tmp_path: Path) -> tuple[Any, dict[str, An
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.timeout(150, method="signal")
 def test_a_checkpoint_after_an_add_holds_three_servers_and_restores(procs, tmp_path: Path
                                                                      ) -> None:
@@ -346,6 +351,7 @@ def test_a_checkpoint_after_an_add_holds_three_servers_and_restores(procs, tmp_p
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.timeout(150, method="signal")
 def test_a_checkpoint_without_a_drained_server_restores_on_ranks_1_and_2(
         procs, tmp_path: Path) -> None:

@@ -46,6 +46,7 @@ def _backed_up(job: Job, ranks: set[int]) -> bool:
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.timeout(180, method="signal")
 def test_a_primary_killed_while_its_slots_move_loses_no_push(procs, tmp_path: Path) -> None:
     job = _replicated(procs, tmp_path)
@@ -77,6 +78,7 @@ def test_a_primary_killed_while_its_slots_move_loses_no_push(procs, tmp_path: Pa
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.timeout(180, method="signal")
 def test_a_primary_killed_after_its_slots_moved_loses_no_push(procs, tmp_path: Path) -> None:
     job = _replicated(procs, tmp_path)
@@ -105,6 +107,7 @@ def test_a_primary_killed_after_its_slots_moved_loses_no_push(procs, tmp_path: P
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.timeout(180, method="signal")
 def test_a_checkpoint_after_an_add_restores_every_row_with_backups(procs, tmp_path: Path
                                                                   ) -> None:
@@ -122,6 +125,7 @@ def test_a_checkpoint_after_an_add_restores_every_row_with_backups(procs, tmp_pa
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.timeout(180, method="signal")
 def test_a_restarted_scheduler_relearns_the_slots_and_backs_them_up_again(
         procs, tmp_path: Path) -> None:

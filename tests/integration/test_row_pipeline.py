@@ -142,6 +142,7 @@ def test_stale_rows_are_refused_under_ssp0(cluster_factory) -> None:
         client.close()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_one_worker_dlrm_predicts_the_same_with_the_exact_pipeline(procs, tmp_path: Path
                                                                    ) -> None:

@@ -35,6 +35,7 @@ def last_clock(proc) -> int:
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.timeout(150, method="signal")
 @pytest.mark.parametrize("replication", ["1", "2"])
 def test_scheduler_killed_and_restarted_training_finishes(procs, tmp_path: Path,

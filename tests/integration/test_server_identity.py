@@ -23,6 +23,7 @@ TRAIN_WORKER = str(Path(__file__).with_name("train_worker.py"))
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.timeout(150, method="signal")
 def test_a_server_key_speaks_only_for_its_own_rank(procs, tmp_path: Path, rpc_channel) -> None:
     keys = tmp_path / "keys"
@@ -93,6 +94,7 @@ def test_a_server_without_its_rank_is_refused_with_the_fix(procs, tmp_path: Path
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.timeout(150, method="signal")
 def test_launch_gives_each_server_its_own_key(procs, tmp_path: Path) -> None:
     """``hogshard launch --keys DIR`` starts server R with ``--rank R``, so each loads its own

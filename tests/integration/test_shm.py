@@ -22,6 +22,8 @@ from hogshard.proto.shm import Segment
 from hogshard.proto.transport import RpcChannel, connect_dealer, recv_frames, request_header, send
 from hogshard.proto.wire import decode
 
+pytestmark = pytest.mark.integration
+
 SIZE = 5 * (1 << 17) + 1000  # five 512 KiB chunks and a small one
 CHUNK_ELEMS = 1 << 17
 STEPS = 6

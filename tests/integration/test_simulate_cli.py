@@ -13,6 +13,8 @@ import pytest
 
 from hogshard.datasets import FASHION_MNIST
 
+pytestmark = pytest.mark.integration
+
 TIMEOUT = 600  # the process imports torch and reads the data set: slow on a loaded host
 
 
@@ -22,6 +24,7 @@ def run(*args: str) -> subprocess.CompletedProcess:
                           stdin=subprocess.DEVNULL, check=False)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(TIMEOUT)
 def test_simulate_writes_the_report(tmp_path: Path) -> None:
     report = tmp_path / "sim.json"
@@ -41,6 +44,7 @@ def test_simulate_writes_the_report(tmp_path: Path) -> None:
     assert result["model"] == "mlp" and 0.0 <= result["test_accuracy_all_live"] <= 1.0
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(TIMEOUT)
 @pytest.mark.skipif(not (FASHION_MNIST / "train-images-idx3-ubyte.gz").is_file(),
                     reason="Rudra's shape needs Fashion-MNIST (the digits fallback is 1,797 "
@@ -70,6 +74,7 @@ def test_the_defaults_reproduce_rudra(tmp_path: Path) -> None:
     assert accuracy["softsync:30"] < accuracy["hardsync"] - 0.2, accuracy
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(TIMEOUT)
 def test_learners_sharing_cores_take_longer(tmp_path: Path) -> None:
     args = ["--learners", "4", "--rule", "sgd", "--lr", "0.05", "--batch", "16", "--limit", "128",

@@ -46,6 +46,7 @@ def _launch(procs, name: str, launch_args: list[str], example_args: list[str],
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.timeout(150, method="signal")
 @pytest.mark.parametrize(
     ("policy", "data"),
@@ -108,6 +109,7 @@ def _sequential_vs_local(procs, tmp_path: Path, rule: str, cluster_flags: tuple 
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.timeout(120, method="signal")
 def test_one_worker_ssp0_sgd_is_sequential_sgd(procs, tmp_path: Path, device: str) -> None:
     """One worker under ssp:0 with server-side SGD is plain sequential SGD: the final weights
@@ -117,6 +119,7 @@ def test_one_worker_ssp0_sgd_is_sequential_sgd(procs, tmp_path: Path, device: st
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.timeout(120, method="signal")
 def test_one_worker_ssp0_momentum_is_sequential_momentum(procs, tmp_path: Path) -> None:
     """Same as the SGD case with server-side momentum (0.9) against torch.optim.SGD(momentum).
@@ -129,6 +132,7 @@ def test_one_worker_ssp0_momentum_is_sequential_momentum(procs, tmp_path: Path) 
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.timeout(120, method="signal")
 def test_one_worker_ssp0_sgd_with_overlap_is_sequential_sgd(procs, tmp_path: Path,
                                                            device: str) -> None:
@@ -140,6 +144,7 @@ def test_one_worker_ssp0_sgd_with_overlap_is_sequential_sgd(procs, tmp_path: Pat
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.timeout(240, method="signal")
 def test_fallback_data_set_trains_long_enough_to_mean_something(procs, tmp_path: Path) -> None:
     """Without Fashion-MNIST (an empty ``--data`` folder, as on a fresh clone) the example
@@ -161,6 +166,7 @@ def test_fallback_data_set_trains_long_enough_to_mean_something(procs, tmp_path:
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.timeout(300, method="signal")
 def test_two_cuda_workers_reach_the_accuracy_of_two_cpu_workers(procs, tmp_path: Path) -> None:
     """The example with ``--device cuda`` and 2 workers (async, 2 servers) ends within 0.05 test

@@ -19,6 +19,7 @@ FLAGS = ["--epochs", "1", "--limit", "256", "--batch", "64", "--rule", "sgd", "-
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.timeout(240, method="signal")
 def test_a_finished_workers_rank_is_not_handed_to_a_newcomer(
         procs, cluster_factory, tmp_path: Path) -> None:

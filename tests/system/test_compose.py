@@ -132,6 +132,7 @@ FAULTS: dict[str, Callable[[ComposeCluster], None]] = {
 }
 
 
+@pytest.mark.slow
 def test_undisturbed_run_trains(reference: dict[str, Any]) -> None:
     assert reference["codes"] == [0] * WORKERS, reference["logs"]
     assert reference["report"]["test_accuracy"] >= MIN_ACCURACY, reference["report"]
@@ -144,6 +145,7 @@ def faulty(request: pytest.FixtureRequest, reference: dict[str, Any],
     yield request.param, _run(request.param, tmp_path, FAULTS[request.param])
 
 
+@pytest.mark.slow
 def test_job_survives_fault(faulty: tuple[str, dict[str, Any]],
                             reference: dict[str, Any]) -> None:
     name, run = faulty

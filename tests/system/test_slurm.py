@@ -107,6 +107,7 @@ def _check_finished(job: BatchJob, report_path: Path, state: tuple[str, int | No
     return report
 
 
+@pytest.mark.slow
 def test_sbatch_script_trains(cluster: SlurmCluster) -> None:
     job, _, report_path = _submit(cluster, "undisturbed")
     state = job.wait(JOB_TIMEOUT_S)
@@ -115,6 +116,7 @@ def test_sbatch_script_trains(cluster: SlurmCluster) -> None:
     assert "exited with code" not in output, output[-6000:]
 
 
+@pytest.mark.slow
 def test_replicated_job_survives_a_killed_server(cluster: SlurmCluster) -> None:
     job, port, report_path = _submit(cluster, "server-sigkill", HOGSHARD_REPLICATION="2")
     keys = cluster.root / "keys"

@@ -6,6 +6,7 @@ group knows each of its push ids. The backup is a ROUTER socket played by the te
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,7 +16,7 @@ import zmq
 
 from hogshard.proto.policy import parse_policy
 from hogshard.proto.requests import Request
-from hogshard.proto.transport import reply_ok
+from hogshard.proto.service import ServiceCore
 from hogshard.proto.wire import PROTOCOL_VERSION, Message, decode
 from hogshard.ps.applier import UpdateApplier
 from hogshard.ps.dense import DenseStore
@@ -43,6 +44,9 @@ class Primaries:
     def __init__(self, context: zmq.Context, policy: str, workers: int) -> None:
         self.schedule = PolicySchedule()  # policy changes the scheduler announced
         self.backup = context.socket(zmq.ROUTER)
+        #: answers as a backup's service core does
+        self.backup_core = ServiceCore(self.backup, {}, "the backup", errors={},
+                                       log=logging.getLogger(__name__))
         port = self.backup.bind_to_random_port("tcp://127.0.0.1")
         self.store = DenseStore()
         self.store.init("m", {"rule": "sgd", "lr": 1.0}, [(0, 0, 2), (1, 2, 2)],
@@ -85,7 +89,7 @@ class Primaries:
 
     def ack(self, received: tuple[bytes, Message]) -> None:
         identity, message = received
-        reply_ok(self.backup, identity, message.request_id, {"seq": message.get("seq")})
+        self.backup_core.reply(identity, message.request_id, {"seq": message.get("seq")})
         link = self.replicas.links[1]
         assert link.socket.poll(WAIT_MS)
         self.replicas.read_acks(link.socket)

@@ -82,7 +82,6 @@ def test_buckets_leave_during_backward_last_layers_first(device: str) -> None:
     for ids, values in push.sent:
         lo = min(chunks[i].offset for i in ids)
         np.testing.assert_array_equal(values, expected[lo:lo + values.size])
-    assert buckets.sent_early == 0  # reset for the next step
 
 
 def test_unused_parameters_are_zeroed_and_pushed_at_finish(device: str) -> None:
@@ -218,7 +217,7 @@ def test_a_bucket_leaves_only_once_its_copy_is_done_and_in_order(polls: int) -> 
         assert 0 < during < len(buckets.buckets)
     else:
         assert during == 0
-    assert buckets.sent_early == len(buckets.buckets)  # all complete, some still copying
+    # all complete, some still copying: finish leaves nothing for the closing push
     buckets.finish(lambda chunks, close: chunks and pytest.fail("every bucket was complete"))
     assert [ids for ids, _ in push.sent] == [[c.chunk_id for c in b] for b in buckets.buckets]
     expected = _all_grads(params)

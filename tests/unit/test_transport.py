@@ -1,4 +1,5 @@
-"""Unit tests of hogshard.proto.transport over real ZeroMQ sockets inside the test process.
+"""Unit tests of hogshard.proto.transport over real ZeroMQ sockets inside the test process;
+the ROUTER side answers through the service core every server and the scheduler use.
 
 Every wait is bounded: sockets are polled with a timeout, threads are joined with a timeout, and
 all sockets, contexts and threads are cleaned up by fixtures even when a test fails.
@@ -6,6 +7,7 @@ all sockets, contexts and threads are cleaned up by fixtures even when a test fa
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -28,6 +30,9 @@ from hogshard.proto.errors import (
     UnknownTableError,
     VersionMismatchError,
 )
+from hogshard.proto.ops import ANYONE, OpSpec, op_table, unbound
+from hogshard.proto.requests import HELD, Reply, Request, Result
+from hogshard.proto.service import ServiceCore
 from hogshard.proto.transport import (
     ERROR,
     OK,
@@ -36,19 +41,28 @@ from hogshard.proto.transport import (
     connect_dealer,
     normalise_endpoint,
     raise_if_error,
-    recv_routed,
-    reply_error,
-    reply_ok,
     request_header,
     salvage_request_id,
     send,
 )
-from hogshard.proto.wire import PROTOCOL_VERSION, Limits, Message, decode, encode
+from hogshard.proto.wire import DEFAULT_LIMITS, PROTOCOL_VERSION, Limits, Message, decode, encode
 
 POLL_MS = 2000  # upper bound on any single wait for a message that should arrive
 JOIN_S = 5.0
+log = logging.getLogger(__name__)
 
-Handler = Callable[[zmq.Socket, bytes, "Message | HogshardError", int], None]
+#: The ops the test ROUTER answers (each echoes unless a test gives it a handler).
+OPS = ("status", "ping", "echo", "fail", "hang", "slow", "push")
+
+#: A test handler: the core (to answer held requests later, or send raw replies) and the request.
+Handler = Callable[[ServiceCore, Request], Result]
+
+
+def service_core(sock: zmq.Socket, limits: Limits = DEFAULT_LIMITS) -> ServiceCore:
+    """The service core over ``sock``, answering :data:`OPS` (the handler is given by the
+    ``invoke`` of each ``handle_one``)."""
+    return ServiceCore(sock, op_table(OpSpec(op, unbound, ANYONE) for op in OPS),
+                       "the test server", errors={}, log=log, limits=limits)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -88,7 +102,8 @@ def channels() -> Iterator[list[RpcChannel]]:
 
 
 class RouterServer:
-    """A ROUTER loop in a thread: ``recv_routed`` each message and hand it to a handler.
+    """A ROUTER loop in a thread: the service core receives each request and hands it to the
+    handler of its op (a decode error is answered by the core).
 
     The socket is created, used and closed by the server thread only.
     """
@@ -97,7 +112,7 @@ class RouterServer:
         self._context = context
         self._address = address
         self.endpoint = ""
-        self.received: list[tuple[bytes, Message | HogshardError, int]] = []
+        self.received: list[Request] = []
         self.crashed: BaseException | None = None
         self._handlers: dict[str, Handler] = {}
         self._default: Handler = echo_handler
@@ -124,16 +139,17 @@ class RouterServer:
         sock = None
         try:
             sock, self.endpoint = bind_router(self._context, self._address)
+            core = service_core(sock)
+
+            def invoke(spec: OpSpec, request: Request) -> Result:
+                self.received.append(request)
+                return self._handlers.get(spec.name, self._default)(core, request)
+
             self._ready.set()
             while not self._stop.is_set():
                 if not sock.poll(20, zmq.POLLIN):
                     continue
-                identity, msg, rid = recv_routed(sock)
-                self.received.append((identity, msg, rid))
-                if isinstance(msg, HogshardError):
-                    reply_error(sock, identity, rid, msg)
-                    continue
-                self._handlers.get(msg.op, self._default)(sock, identity, msg, rid)
+                core.handle_one(invoke)
         except BaseException as exc:  # surfaced by the fixture
             self.crashed = exc
         finally:
@@ -142,8 +158,8 @@ class RouterServer:
                 sock.close(0)
 
 
-def echo_handler(sock: zmq.Socket, identity: bytes, msg: Any, rid: int) -> None:
-    reply_ok(sock, identity, rid, {"echo_op": msg.op, "echo": msg.get("payload")}, msg.arrays)
+def echo_handler(core: ServiceCore, request: Request) -> Result:
+    return Reply({"echo_op": request.op, "echo": request.get("payload")}, request.message.arrays)
 
 
 @pytest.fixture
@@ -226,15 +242,21 @@ def test_router_dealer_round_trip_tcp(ctx: zmq.Context, sockets: list[zmq.Socket
     send(dealer, request_header("push", 5, "worker-3", table="model"), [array])
 
     assert router.poll(POLL_MS, zmq.POLLIN)
-    identity, msg, rid = recv_routed(router)
-    assert identity == b"worker-3"
-    assert isinstance(msg, Message)
-    assert rid == 5 and msg.op == "push"
+    got: list[Request] = []
+
+    def push(spec: OpSpec, request: Request) -> Result:
+        got.append(request)
+        return Reply({"applied": True}, [request.message.arrays[0] * 2])
+
+    service_core(router).handle_one(push)
+    [request] = got
+    msg = request.message
+    assert request.identity == b"worker-3"
+    assert request.request_id == 5 and msg.op == "push"
     assert msg.header["from"] == "worker-3" and msg.header["table"] == "model"
     assert msg.header["v"] == PROTOCOL_VERSION
     np.testing.assert_array_equal(msg.arrays[0], array)
 
-    reply_ok(router, identity, rid, {"applied": True}, [array * 2])
     reply = decode(recv_with_timeout(dealer))
     assert raise_if_error(reply) is reply
     assert (reply.op, reply.request_id, reply.get("applied")) == (OK, 5, True)
@@ -269,9 +291,8 @@ def test_call_returns_reply(
     assert reply.get("echo") == {"a": [1, 2]}
     assert reply.request_id == 1
     # the server saw the standard request fields
-    _, request, rid = server.received[-1]
-    assert isinstance(request, Message)
-    assert request.header["from"] == "worker-0" and rid == 1
+    request = server.received[-1]
+    assert request.header["from"] == "worker-0" and request.request_id == 1
 
 
 def test_call_ids_increase(
@@ -319,7 +340,7 @@ def test_error_reply_raises_typed_exception(
     error: HogshardError,
     code: str,
 ) -> None:
-    server.on("fail", lambda sock, ident, msg, rid: reply_error(sock, ident, rid, error))
+    server.on("fail", lambda core, request: error)
     channel = RpcChannel(ctx, server.endpoint, sender="w")
     channels.append(channel)
     with pytest.raises(type(error)) as info:
@@ -333,9 +354,11 @@ def test_error_reply_raises_typed_exception(
 
 
 def _raw_error_reply(code: Any, message: Any) -> Handler:
-    def handler(sock: zmq.Socket, identity: bytes, msg: Any, rid: int) -> None:
-        header = {"v": PROTOCOL_VERSION, "op": ERROR, "id": rid, "code": code, "message": message}
-        send(sock, header, (), identity)
+    def handler(core: ServiceCore, request: Request) -> Result:
+        header = {"v": PROTOCOL_VERSION, "op": ERROR, "id": request.request_id, "code": code,
+                  "message": message}
+        send(core.sock, header, (), request.identity)
+        return HELD  # answered here
 
     return handler
 
@@ -354,8 +377,10 @@ def test_unknown_error_code_is_remote_error(
 def test_reply_with_unexpected_op_is_protocol_error(
     ctx: zmq.Context, server: RouterServer, channels: list[RpcChannel]
 ) -> None:
-    def handler(sock: zmq.Socket, identity: bytes, msg: Any, rid: int) -> None:
-        send(sock, {"v": PROTOCOL_VERSION, "op": "pong", "id": rid}, (), identity)
+    def handler(core: ServiceCore, request: Request) -> Result:
+        send(core.sock, {"v": PROTOCOL_VERSION, "op": "pong", "id": request.request_id}, (),
+             request.identity)
+        return HELD  # answered here
 
     server.on("ping", handler)
     channel = RpcChannel(ctx, server.endpoint, sender="w")
@@ -368,7 +393,7 @@ def test_reply_with_unexpected_op_is_protocol_error(
 def test_silent_server_times_out(
     ctx: zmq.Context, server: RouterServer, channels: list[RpcChannel], timeout: float
 ) -> None:
-    server.on("hang", lambda *args: None)
+    server.on("hang", lambda core, request: HELD)
     channel = RpcChannel(ctx, server.endpoint, sender="w")
     channels.append(channel)
     start = time.monotonic()
@@ -398,7 +423,7 @@ def test_no_server_at_all_times_out(
 def test_zero_timeout_raises_immediately(
     ctx: zmq.Context, server: RouterServer, channels: list[RpcChannel]
 ) -> None:
-    server.on("hang", lambda *args: None)
+    server.on("hang", lambda core, request: HELD)
     channel = RpcChannel(ctx, server.endpoint, sender="w")
     channels.append(channel)
     start = time.monotonic()
@@ -413,15 +438,16 @@ def test_late_reply_is_dropped(
     """A reply to a timed-out request arrives first; the next call still gets its own reply."""
     held: list[tuple[bytes, int]] = []
 
-    def hold(sock: zmq.Socket, identity: bytes, msg: Any, rid: int) -> None:
-        held.append((identity, rid))
+    def hold(core: ServiceCore, request: Request) -> Result:
+        held.append((request.identity, request.request_id))
+        return HELD
 
-    def answer_late_then_echo(sock: zmq.Socket, identity: bytes, msg: Any, rid: int) -> None:
+    def answer_late_then_echo(core: ServiceCore, request: Request) -> Result:
         for old_identity, old_rid in held:
-            reply_ok(sock, old_identity, old_rid, {"echo": "late"})
-            reply_error(sock, old_identity, old_rid, UnknownTableError("late error"))
+            core.reply(old_identity, old_rid, {"echo": "late"})
+            core.fail(old_identity, old_rid, UnknownTableError("late error"))
         held.clear()
-        echo_handler(sock, identity, msg, rid)
+        return echo_handler(core, request)
 
     server.on("slow", hold)
     server.on("ping", answer_late_then_echo)
@@ -444,12 +470,16 @@ def test_late_replies_from_several_timeouts(
     ctx: zmq.Context, server: RouterServer, channels: list[RpcChannel]
 ) -> None:
     held: list[tuple[bytes, int]] = []
-    server.on("slow", lambda sock, ident, msg, rid: held.append((ident, rid)))
+    def hold(core: ServiceCore, request: Request) -> Result:
+        held.append((request.identity, request.request_id))
+        return HELD
 
-    def flush(sock: zmq.Socket, identity: bytes, msg: Any, rid: int) -> None:
+    def flush(core: ServiceCore, request: Request) -> Result:
         for old_identity, old_rid in reversed(held):
-            reply_ok(sock, old_identity, old_rid, {"echo": f"late-{old_rid}"})
-        echo_handler(sock, identity, msg, rid)
+            core.reply(old_identity, old_rid, {"echo": f"late-{old_rid}"})
+        return echo_handler(core, request)
+
+    server.on("slow", hold)
 
     server.on("ping", flush)
     channel = RpcChannel(ctx, server.endpoint, sender="w")
@@ -472,7 +502,7 @@ def test_channel_close_is_safe(ctx: zmq.Context, server: RouterServer) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# recv_routed on malformed messages
+# malformed requests, answered by the service core
 # ---------------------------------------------------------------------------------------------
 
 
@@ -486,13 +516,32 @@ def pair(ctx: zmq.Context, sockets: list[zmq.Socket]) -> tuple[zmq.Socket, zmq.S
     return router, dealer
 
 
-def routed(router: zmq.Socket, limits: Limits | None = None) -> tuple[bytes, Any, int]:
+def answered(pair: tuple[zmq.Socket, zmq.Socket], limits: Limits = DEFAULT_LIMITS,
+             got: list[Request] | None = None) -> Message:
+    """The service core handles one request on the ROUTER (a good one is echoed and kept in
+    ``got``); returns the reply the DEALER receives."""
+    router, dealer = pair
     assert router.poll(POLL_MS, zmq.POLLIN), "router got nothing within the timeout"
-    return recv_routed(router) if limits is None else recv_routed(router, limits)
+
+    def echo(spec: OpSpec, request: Request) -> Result:
+        if got is not None:
+            got.append(request)
+        return Reply({"echo_op": request.op})
+
+    service_core(router, limits).handle_one(echo)
+    return decode(recv_with_timeout(dealer))
 
 
 def header_bytes(**fields: Any) -> bytes:
     return msgpack.packb({"v": PROTOCOL_VERSION, "op": "push", "id": 42, **fields})
+
+
+def refused(reply: Message, error_type: type[HogshardError], rid: int) -> HogshardError:
+    """The typed error an ``ERROR`` reply under ``rid`` carries."""
+    assert reply.op == ERROR and reply.request_id == rid
+    with pytest.raises(error_type) as info:
+        raise_if_error(reply)
+    return info.value
 
 
 @pytest.mark.parametrize(
@@ -539,70 +588,55 @@ def header_bytes(**fields: Any) -> bytes:
         "negative-dim",
     ],
 )
-def test_recv_routed_malformed(
+def test_a_malformed_request_is_answered_with_its_typed_error(
     pair: tuple[zmq.Socket, zmq.Socket],
     frames: list[bytes],
     error_type: type[HogshardError],
     rid: int,
     needle: str,
 ) -> None:
-    router, dealer = pair
-    dealer.send_multipart(frames)
-    identity, err, got_rid = routed(router)
-    assert identity == b"client"
-    assert type(err) is error_type
-    assert needle in str(err)
-    assert got_rid == rid
-
-    # the server can answer with the error, and the client gets it typed under the same id
-    reply_error(router, identity, got_rid, err)
-    reply = decode(recv_with_timeout(dealer))
-    assert reply.op == ERROR and reply.request_id == rid
-    with pytest.raises(error_type) as info:
-        raise_if_error(reply)
-    assert str(info.value) == str(err)
+    """The client gets the decode error typed, under the request id salvaged from the header
+    (0 where there is none)."""
+    pair[1].send_multipart(frames)
+    assert needle in str(refused(answered(pair), error_type, rid))
 
 
-def test_recv_routed_too_large(pair: tuple[zmq.Socket, zmq.Socket]) -> None:
-    router, dealer = pair
+def test_a_request_too_large_is_refused(pair: tuple[zmq.Socket, zmq.Socket]) -> None:
+    dealer = pair[1]
     dealer.send_multipart([header_bytes(pad="x" * 200)])
-    _, err, rid = routed(router, Limits(max_header_bytes=64))
-    assert err.code.value == "TOO_LARGE" and rid == 42
+    reply = answered(pair, Limits(max_header_bytes=64))
+    assert (reply.op, reply.get("code"), reply.request_id) == (ERROR, "TOO_LARGE", 42)
 
     dealer.send_multipart([header_bytes(arrays=[{"dtype": "|u1", "shape": [1]}] * 3)] + [b"\0"] * 3)
-    _, err, rid = routed(router, Limits(max_frames=2))
-    assert err.code.value == "TOO_LARGE" and rid == 42
+    reply = answered(pair, Limits(max_frames=2))
+    assert (reply.op, reply.get("code"), reply.request_id) == (ERROR, "TOO_LARGE", 42)
 
 
-def test_recv_routed_good_message_after_bad(pair: tuple[zmq.Socket, zmq.Socket]) -> None:
-    router, dealer = pair
+def test_a_good_request_after_a_bad_one_is_answered(pair: tuple[zmq.Socket, zmq.Socket]) -> None:
+    dealer = pair[1]
     dealer.send_multipart([b"\xc1"])
     send(dealer, request_header("ping", 9, "client"))
-    _, err, rid = routed(router)
-    assert isinstance(err, ProtocolError) and rid == 0
-    _, msg, rid = routed(router)
-    assert isinstance(msg, Message) and msg.op == "ping" and rid == 9
+    refused(answered(pair), ProtocolError, 0)
+    reply = answered(pair)
+    assert (reply.op, reply.request_id, reply.get("echo_op")) == (OK, 9, "ping")
 
 
-def test_recv_routed_unhashable_dtype(pair: tuple[zmq.Socket, zmq.Socket]) -> None:
-    router, dealer = pair
-    dealer.send_multipart([header_bytes(arrays=[{"dtype": ["<f4"], "shape": [1]}]), b"\0" * 4])
-    _, err, rid = routed(router)
-    assert isinstance(err, DtypeError) and rid == 42
+def test_an_unhashable_dtype_is_refused(pair: tuple[zmq.Socket, zmq.Socket]) -> None:
+    pair[1].send_multipart([header_bytes(arrays=[{"dtype": ["<f4"], "shape": [1]}]),
+                            b"\0" * 4])
+    refused(answered(pair), DtypeError, 42)
 
 
-def test_recv_routed_zero_sized_huge_shape(pair: tuple[zmq.Socket, zmq.Socket]) -> None:
-    router, dealer = pair
-    dealer.send_multipart([header_bytes(arrays=[{"dtype": "<f4", "shape": [0, 2**63]}]), b""])
-    _, err, rid = routed(router)
-    assert isinstance(err, ShapeError) and rid == 42
+def test_a_zero_sized_huge_shape_is_refused(pair: tuple[zmq.Socket, zmq.Socket]) -> None:
+    pair[1].send_multipart([header_bytes(arrays=[{"dtype": "<f4", "shape": [0, 2**63]}]), b""])
+    refused(answered(pair), ShapeError, 42)
 
 
 def test_received_arrays_are_read_only(pair: tuple[zmq.Socket, zmq.Socket]) -> None:
-    router, dealer = pair
-    send(dealer, request_header("push", 1, "client"), [np.arange(4, dtype="<f4")])
-    _, msg, _ = routed(router)
-    assert not msg.arrays[0].flags.writeable
+    send(pair[1], request_header("push", 1, "client"), [np.arange(4, dtype="<f4")])
+    got: list[Request] = []
+    assert answered(pair, got=got).op == OK
+    assert not got[0].message.arrays[0].flags.writeable
 
 
 @pytest.mark.parametrize(
