@@ -78,6 +78,8 @@ class LocalCluster:
     #: Start again a worker (same rank) or the scheduler (same address) that a signal killed,
     #: and replace killed servers without the cap of MAX_SERVER_RESTARTS (fault drills).
     respawn: bool = False
+    #: The scheduler's port on 127.0.0.1 (0: any free port).
+    scheduler_port: int = 0
     out: IO[str] = field(default_factory=lambda: sys.stdout)
     _children: list[Child] = field(default_factory=list)
     _output: JobOutput = field(init=False)
@@ -156,7 +158,8 @@ class LocalCluster:
         try:
             with tempfile.TemporaryDirectory(prefix="hogshard-") as workdir:
                 self._workdir = Path(workdir)
-                scheduler = self._start_scheduler(Path(workdir))
+                scheduler = self._start_scheduler(
+                    Path(workdir), bind=f"tcp://127.0.0.1:{self.scheduler_port}")
                 self._emit(f"[launch] scheduler at {scheduler}; {self.servers} servers, "
                            f"{self.workers} workers, policy {self.policy}")
                 self._emit(f"[launch] CURVE on: keys from {self.keys}" if self.keys else
@@ -170,6 +173,9 @@ class LocalCluster:
         except KeyboardInterrupt:
             self._emit("[launch] interrupted; stopping every process")
             return 130
+        except JobFailed as failure:
+            self._emit(f"[launch] ERROR: {failure.message}")
+            return 1
         finally:
             self._stop_all()
 
@@ -246,7 +252,12 @@ class LocalCluster:
             if self._respawned(child):
                 continue
             if child.role == "worker":
-                continue  # its exit code is the job's (see _supervise)
+                if child.process.returncode != 0:
+                    raise JobFailed(f"{child.label} exited with code "
+                                    f"{describe_exit(child.process.returncode)} and --respawn "
+                                    "is off; stopping the job (every other process is sent "
+                                    "SIGTERM), exit status 1")
+                continue  # it finished; the job ends once every worker has
             if child.process.returncode == 0:
                 continue  # the job ended (every worker done, or `hogshard stop`)
             restarts = sum(1 for c in self._children if c.role == "server" and c.replaced)
@@ -258,9 +269,9 @@ class LocalCluster:
                            "replacement")
                 self._start_server(self._scheduler_address, child.rank, restore=False)
                 continue
-            raise HogshardError(
-                f"{child.label} exited with code {child.process.returncode}; stopping the job"
-            )
+            raise JobFailed(f"{child.label} exited with code "
+                            f"{describe_exit(child.process.returncode)}; stopping the job "
+                            "(every other process is sent SIGTERM), exit status 1")
 
     def _server_ranks(self) -> list[int]:
         """0 .. --servers - 1, or with --restore the ranks whose files the checkpoint holds
@@ -311,6 +322,26 @@ class LocalCluster:
 
     def _stop_all(self, grace: float = 5.0) -> None:
         stop_children(self._children, grace)
+
+
+class JobFailed(HogshardError):
+    """A process of the job failed and the launcher ends the job (exit status 1)."""
+
+
+def describe_exit(code: int) -> str:
+    """A child's exit code as an operator reads it.
+
+    >>> describe_exit(-9), describe_exit(143), describe_exit(1)
+    ('-9 (killed by SIGKILL)', '143 (stopped by SIGTERM)', '1')
+    """
+    if code < 0:
+        try:
+            return f"{code} (killed by {signal.Signals(-code).name})"
+        except ValueError:
+            return f"{code} (killed by signal {-code})"
+    if code == 143:
+        return "143 (stopped by SIGTERM)"
+    return str(code)
 
 
 def _interrupt(signum: int, frame: Any) -> None:

@@ -184,6 +184,11 @@ class MembershipTable:
         self.epoch += 1
         return holder
 
+    def holder(self, node_id: str) -> Member | None:
+        """The live member ``node_id``, or None."""
+        member = self._members.get(node_id)
+        return member if member is not None and member.alive else None
+
     def get(self, node_id: str) -> Member:
         member = self._members.get(node_id)
         if member is None or not member.alive:

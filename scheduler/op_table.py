@@ -53,7 +53,7 @@ FIELDS: dict[str, tuple[Field, ...]] = {
 ROLES: dict[str, frozenset[Role]] = {
     "register": WORKERS | SERVERS, "heartbeat": WORKERS | SERVERS,
     "wait_servers": WORKERS | ADMINS, "declare_table": WORKERS, "table_ready": WORKERS,
-    "get_table": ANYONE, "barrier": WORKERS, "leave": WORKERS,
+    "get_table": ANYONE, "barrier": WORKERS, "leave": WORKERS | SERVERS,
     "shutdown": ADMINS, "set_policy": ADMINS, "checkpoint": ADMINS, "status": ANYONE,
     "add_embedding_server": ADMINS, "drain_embedding_server": ADMINS,
 }

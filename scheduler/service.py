@@ -24,6 +24,7 @@ import logging
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import zmq
 
@@ -45,7 +46,7 @@ from hogshard.scheduler.membership import MembershipTable, server_list
 from hogshard.scheduler.op_table import scheduler_ops
 from hogshard.scheduler.policy_control import PolicyControl
 from hogshard.scheduler.recovery import parse_table_report
-from hogshard.scheduler.rejoin import Rejoin, server_key_rank_hint
+from hogshard.scheduler.rejoin import RankClaim, Rejoin, server_key_rank_hint
 from hogshard.scheduler.replication import check_replication
 from hogshard.scheduler.resharding import check_slots, parse_slot_report
 from hogshard.scheduler.server_recovery import ServerRecovery
@@ -216,9 +217,25 @@ class Scheduler:
     # ---- handlers (proto/requests.py: a request in, a reply, HELD or an error out) ----------
 
     def _register(self, request: Request) -> Result:
+        """A member joins; a server claiming a rank that a live server holds waits for that
+        server's next heartbeat (``CONFLICT``) or its silence (it is replaced): RankClaim."""
         msg = request.message
         role = msg.header["role"]
         check_claimed_role(role, request.roles, "register")
+        rank_hint = server_key_rank_hint(msg.get("rank_hint"), request.rank)
+        holder = self.rejoin.rival(role, rank_hint, msg.get("incarnation"))
+        if holder is None:
+            return Reply(self._admit(request, rank_hint))
+        interval = self.heartbeat_interval
+        window = min(self.members.heartbeat_timeout / 2, max(4 * interval, 1.0))
+        claim = RankClaim(holder, msg.get("incarnation"), str(msg.get("address", "")),
+                          time.monotonic(), window, quiet=min(interval, window / 3))
+        return self._waiters.wait(request, lambda: self._admit(request, rank_hint)
+                                  if claim.settled(time.monotonic()) else None)
+
+    def _admit(self, request: Request, rank_hint: Any) -> Fields:
+        msg = request.message
+        role = msg.header["role"]
         start_clock = max(self.members.min_live_clock(), self.restored_clock) \
             if role == "worker" else 0
         if role == "worker" and msg.get("clock") is not None and msg.get("clock") >= 0:
@@ -228,7 +245,6 @@ class Scheduler:
         owned_slots = parse_slot_report(msg.get("embedding_slots"),
                                         self.shard_map.resharding.slots) \
             if role == "server" and msg.get("embedding_slots") is not None else None
-        rank_hint = server_key_rank_hint(msg.get("rank_hint"), request.rank)
         member, restore = self.rejoin.join(role, str(msg.get("address", "")), rank_hint,
                                            start_clock, msg.get("incarnation"),
                                            exact_rank=request.rank is not None)
@@ -242,7 +258,7 @@ class Scheduler:
         extra: Fields = {"restore": restore} if restore is not None else {}
         if self.shard_map.resharding.slots:
             extra["embedding_slots"] = self.shard_map.resharding.slots
-        return Reply({**extra,
+        return {**extra,
             "node_id": member.node_id,
             "rank": member.rank,
             "policy": self.policy.policy.spec,
@@ -255,7 +271,7 @@ class Scheduler:
             "expected_servers": self.expected_servers,
             **({"num_workers": self.members.num_workers}
                if self.members.num_workers is not None else {}),
-        })
+        }
 
     def _heartbeat(self, request: Request) -> Result:
         return Reply(self.heartbeats.handle(request.message))
@@ -361,6 +377,11 @@ class Scheduler:
         member = self.members.leave(msg.get("from", ""))
         if msg.get("clock") is not None:
             member.clock = max(member.clock, msg.get("clock"))
+        if member.role == "server":  # its backups take over now, not after the timeout
+            log.warning("%s left the job (its process was stopped)", member.node_id)
+            self._log_membership()
+            self.rejoin.members_gone([member])
+            return Reply()
         log.info("%s left (clock %d)", member.node_id, member.clock)
         return Reply()
 
