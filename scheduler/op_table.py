@@ -41,7 +41,7 @@ FIELDS: dict[str, tuple[Field, ...]] = {
     "table_ready": (_TABLE,),
     "get_table": (_TABLE, Field("wait", bool)),
     "barrier": (Field("name", str, required=True), Field("ranks", int)),
-    "leave": (Field("clock", int),),
+    "leave": (Field("clock", int), Field("stopped", bool)),
     "shutdown": (),
     "set_policy": (Field("policy", str, required=True, nonempty=True),),
     "status": (),

@@ -122,6 +122,23 @@ class Rejoin:
         restore = self._recovery.back(member) if role == "server" else None
         return member, restore
 
+    def leave(self, node_id: str, clock: Any, stopped: bool = False) -> Member:
+        """A member leaves (``leave``): a worker done, or with ``stopped`` one that stopped
+        before its work was done (dead: its rank free, not finished); a server (stopped)
+        gone at once, its backups promoted, not a heartbeat timeout later."""
+        member = self._members.leave(node_id, stopped=stopped)
+        if type(clock) is int:
+            member.clock = max(member.clock, clock)
+        if member.role == "server":
+            log.warning("%s left the job (its process was stopped)", member.node_id)
+            self.members_gone([member])
+        elif stopped:
+            log.warning("%s stopped before its work was done (clock %d): its rank is free for "
+                        "another worker", member.node_id, member.clock)
+        else:
+            log.info("%s left (clock %d)", member.node_id, member.clock)
+        return member
+
     def members_gone(self, dead: list[Member]) -> None:
         """Members declared dead or replaced: promote backups of replicated tables, and note
         the ranks that held chunks of unreplicated ones."""

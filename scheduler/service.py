@@ -42,7 +42,7 @@ from hogshard.scheduler.checkpointing import CheckpointRounds
 from hogshard.scheduler.heartbeats import Heartbeats
 from hogshard.scheduler.lifecycle import JobLifecycle
 from hogshard.scheduler.lost import LostShards
-from hogshard.scheduler.membership import MembershipTable, server_list
+from hogshard.scheduler.membership import MembershipTable, MemberState, server_list
 from hogshard.scheduler.op_table import scheduler_ops
 from hogshard.scheduler.policy_control import PolicyControl
 from hogshard.scheduler.recovery import parse_table_report
@@ -374,15 +374,10 @@ class Scheduler:
 
     def _leave(self, request: Request) -> Result:
         msg = request.message
-        member = self.members.leave(msg.get("from", ""))
-        if msg.get("clock") is not None:
-            member.clock = max(member.clock, msg.get("clock"))
-        if member.role == "server":  # its backups take over now, not after the timeout
-            log.warning("%s left the job (its process was stopped)", member.node_id)
+        member = self.rejoin.leave(str(msg.get("from", "")), msg.get("clock"),
+                                   stopped=msg.get("stopped") is True)
+        if member.role == "server" or member.state is not MemberState.DONE:
             self._log_membership()
-            self.rejoin.members_gone([member])
-            return Reply()
-        log.info("%s left (clock %d)", member.node_id, member.clock)
         return Reply()
 
     def _set_policy(self, request: Request) -> Result:

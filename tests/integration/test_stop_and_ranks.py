@@ -1,6 +1,6 @@
 """A requested stop and a rank in use, with real processes: SIGTERM to a server is a graceful
 leave (logged, the scheduler told at once, its backups promoted at once, exit status 143); to
-the scheduler, a logged stop with exit status 143; and a server started with a ``--rank`` that
+a worker, a leave that frees its rank (exit status 143); to the scheduler, a logged stop with exit status 143; and a server started with a ``--rank`` that
 a live server holds is refused (``CONFLICT`` naming the rank and the holder) while the holder
 keeps serving."""
 
@@ -16,9 +16,14 @@ import zmq
 
 from hogshard.proto.config import ClientSettings
 from hogshard.worker.client import PSClient
+from tests.conftest import PYTHON
 
 #: Long enough that nothing here can be noticed through a heartbeat timeout.
 SLOW_TIMEOUT = 60.0
+#: A worker that joins and waits (as at a barrier) until it is stopped.
+WAITING_WORKER = ("import time\nfrom hogshard import PSClient\n"
+                  "with PSClient.from_env() as client:\n"
+                  "    print('joined', client.node_id, flush=True)\n    time.sleep(120)\n")
 
 
 def live_ranks(cluster: Any) -> list[int]:
@@ -33,7 +38,7 @@ def free_bind() -> str:
 
 @pytest.mark.integration
 @pytest.mark.timeout(120, method="signal")
-def test_sigterm_is_a_graceful_leave(cluster_factory, zmq_ctx: zmq.Context) -> None:
+def test_sigterm_is_a_graceful_leave(procs, cluster_factory, zmq_ctx: zmq.Context) -> None:
     cluster = cluster_factory(servers=2, heartbeat_timeout=SLOW_TIMEOUT,
                               scheduler_args=("--replication", "2"),
                               server_args=lambda i: ["--rank", str(i)])
@@ -43,6 +48,16 @@ def test_sigterm_is_a_graceful_leave(cluster_factory, zmq_ctx: zmq.Context) -> N
                                    init=np.ones(64, np.float32), chunk_elems=16)
         chunks = cluster.status()["tables"]["model"]["chunks"]
         assert {c[3] for c in chunks} == {0, 1}, chunks  # each server is primary of some
+
+        # a worker (through `hogshard worker`) stopped by SIGTERM leaves, its rank free at once
+        worker = procs.hogshard("worker", "worker", "--scheduler", cluster.address, "--",
+                                PYTHON, "-c", WAITING_WORKER)
+        node_id = worker.wait_for_output(r"joined (worker-\d+)", 60.0).group(1)
+        worker.signal_group(signal.SIGTERM)
+        assert worker.wait(15.0) == 143, worker.tail()
+        assert f"{node_id}: SIGTERM received; leaving the job" in worker.output(), worker.tail()
+        assert cluster.member(node_id)["state"] == "dead", cluster.members("worker")
+        assert f"{node_id} stopped before its work was done" in cluster.scheduler.output()
 
         server = cluster.servers[1]
         server.signal_group(signal.SIGTERM)
