@@ -124,7 +124,9 @@ def scheduler(bind: str, policy: str, servers: int, heartbeat_interval: float,
               metrics_host: str, checkpoint_every: float | None, checkpoint_dir: str | None,
               restore: str | None, keys: str | None, insecure: bool) -> None:
     """Run the scheduler: membership, heartbeats, shard map, consistency policy. Exits 0 when
-    the job ends (`hogshard stop`, or --exit-when-done); see docs/LIFECYCLE.md."""
+    the job ends (`hogshard stop`, or --exit-when-done), 143 when stopped by SIGTERM (130:
+    Ctrl-C; servers and workers go on and register again with a scheduler restarted at the
+    same address); see docs/LIFECYCLE.md."""
     from hogshard.scheduler.service import Scheduler
 
     security = process_security(keys, bind, insecure, role=None)
@@ -184,7 +186,10 @@ def server(scheduler: str, bind: str, advertise: str | None, rank: int | None,
            embedding_disk: str | None, embedding_disk_min_rows: int,
            metrics_port: int | None, metrics_host: str, restore: str | None, keys: str | None,
            insecure: bool) -> None:
-    """Run one parameter-server shard. Exits 0 when the scheduler ends the job."""
+    """Run one parameter-server shard. Exits 0 when the scheduler ends the job; 143 when
+    stopped by SIGTERM (130: Ctrl-C), after telling the scheduler it leaves (its backups take
+    over at once); 1 on an error, e.g. its --rank held by a live server (CONFLICT) or taken
+    over by a newer process (fenced). See docs/LIFECYCLE.md."""
     from hogshard.tuning import default_update_threads, tune_server_process
 
     tune_server_process()
@@ -218,7 +223,8 @@ def worker(scheduler: str, rank: int | None, num_workers: int | None, codec: str
            keys: str | None, command: tuple[str, ...]) -> None:
     """Run COMMAND as a worker of the job (it calls PSClient.from_env()): COMMAND replaces
     this process with HOGSHARD_SCHEDULER, HOGSHARD_RANK, HOGSHARD_NUM_WORKERS, HOGSHARD_CODEC
-    and HOGSHARD_KEYS set from the flags, and its exit status is the command's."""
+    and HOGSHARD_KEYS set from the flags, and its exit status is the command's (a
+    PSClient.from_env() worker stopped by SIGTERM leaves the job and exits 143)."""
     from hogshard.children import worker_environment
 
     check_command(command)
@@ -251,7 +257,7 @@ def worker(scheduler: str, rank: int | None, num_workers: int | None, codec: str
 @click.option("--verbose", is_flag=True, help="show the scheduler's and servers' INFO logs")
 @option("respawn", is_flag=True, default=False,
         help="start again a worker (same rank) or the scheduler (same address) killed by a "
-        "signal, and replace killed servers without a cap: for fault drills (without it, a "
+        "signal or stopped by SIGTERM, and replace killed servers without a cap: for fault drills (without it, a "
         "worker that exits non-zero or is killed ends the job at once: exit status 1)")
 @option("scheduler-port", default=0, type=click.IntRange(min=0, max=65535),
         help="the scheduler's port on 127.0.0.1, for `hogshard status`/`stop` from another "

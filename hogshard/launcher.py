@@ -53,6 +53,8 @@ MAX_RESPAWNS = 200
 FINAL_CHECKPOINT_S = 120.0
 #: The same without a final checkpoint: the servers hear of the end at their next heartbeat.
 END_S = 15.0
+#: The exit status of a process of the job stopped by SIGTERM (it left the job).
+STOPPED_EXIT = 143
 
 
 @dataclass
@@ -287,10 +289,12 @@ class LocalCluster:
         return list(range(self.servers))
 
     def _respawned(self, child: Child) -> bool:
-        """With ``respawn``: a worker or the scheduler that a signal killed is started again
+        """With ``respawn``: a worker or the scheduler that a signal killed (or SIGTERM stopped:
+        exit status 143) is started again
         (a worker once the scheduler has declared its rank dead: a live rank is not handed out
         twice). Returns whether ``child`` was taken care of."""
-        if not self.respawn or child.role == "server" or child.process.returncode >= 0 \
+        code = child.process.returncode
+        if not self.respawn or child.role == "server" or (code >= 0 and code != STOPPED_EXIT) \
                 or self._respawns >= MAX_RESPAWNS:
             return False
         child.replaced = True
@@ -339,8 +343,8 @@ def describe_exit(code: int) -> str:
             return f"{code} (killed by {signal.Signals(-code).name})"
         except ValueError:
             return f"{code} (killed by signal {-code})"
-    if code == 143:
-        return "143 (stopped by SIGTERM)"
+    if code == STOPPED_EXIT:
+        return f"{STOPPED_EXIT} (stopped by SIGTERM)"
     return str(code)
 
 
