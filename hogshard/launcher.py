@@ -255,10 +255,12 @@ class LocalCluster:
                 continue
             if child.role == "worker":
                 if child.process.returncode != 0:
+                    why = "(--respawn starts again only one killed by a signal or SIGTERM)" \
+                        if self.respawn else "and --respawn is off"
                     raise JobFailed(f"{child.label} exited with code "
-                                    f"{describe_exit(child.process.returncode)} and --respawn "
-                                    "is off; stopping the job (every other process is sent "
-                                    "SIGTERM), exit status 1")
+                                    f"{describe_exit(child.process.returncode)} {why}; stopping "
+                                    "the job (every other process is sent SIGTERM), exit "
+                                    "status 1")
                 continue  # it finished; the job ends once every worker has
             if child.process.returncode == 0:
                 continue  # the job ended (every worker done, or `hogshard stop`)

@@ -51,7 +51,7 @@ def test_a_killed_worker_waits_until_the_scheduler_no_longer_counts_its_rank_ali
 
 def test_without_respawn_a_killed_worker_ends_the_job_and_a_failed_one_always() -> None:
     for respawn, code, says in ((False, -9, "code -9 (killed by SIGKILL)"),
-                                (True, 1, "code 1 and")):
+                                (True, 1, "code 1 (--respawn starts again only")):
         cluster = _cluster(respawn=respawn)
         child = Child("worker", 0, Exited(code))  # type: ignore[arg-type]
         cluster._children.append(child)
