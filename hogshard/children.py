@@ -11,12 +11,14 @@ Example::
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -118,12 +120,43 @@ class JobOutput:
             self._bar = None
 
 
+#: ``prctl`` option: the signal the kernel sends a process when its parent dies (Linux).
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has the kernel send the child SIGTERM when the process that
+    started it dies, however it dies (SIGKILL included), so that no child of a killed
+    launcher runs on; None where ``prctl`` is not there (not Linux). The C library is loaded
+    here, before the fork, so that the child only makes the call.
+
+    >>> die_with_parent() is None or callable(die_with_parent())
+    True
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def in_child() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the call: nobody would tell us
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return in_child
+
+
 def spawn(output: JobOutput, role: str, rank: int, argv: Sequence[str],
           env: dict[str, str]) -> Child:
-    """Start ``argv`` in a session of its own, its output copied to ``output``."""
+    """Start ``argv`` in a session of its own, its output copied to ``output``; it is sent
+    SIGTERM if this process dies (:func:`die_with_parent`)."""
     process = subprocess.Popen(
         list(argv), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL, text=True, bufsize=1, start_new_session=True,
+        preexec_fn=die_with_parent(),
     )
     child = Child(role, rank, process)
     child.reader = threading.Thread(target=output.pipe, args=(child,), daemon=True)

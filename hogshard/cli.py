@@ -127,8 +127,10 @@ def scheduler(bind: str, policy: str, servers: int, heartbeat_interval: float,
               restore: str | None, keys: str | None, insecure: bool, http_port: int,
               http_host: str | None, http_token: str | None) -> None:
     """Run the scheduler: membership, heartbeats, shard map, consistency policy. Exits 0 when
-    the job ends (`hogshard stop`, or --exit-when-done); see docs/LIFECYCLE.md. With
-    --http-port it serves a live status page (docs/DEPLOYMENT.md)."""
+    the job ends (`hogshard stop`, or --exit-when-done), 143 when stopped by SIGTERM (130:
+    Ctrl-C; servers and workers go on and register again with a scheduler restarted at the
+    same address); see docs/LIFECYCLE.md. With --http-port it serves a live status page
+    (docs/DEPLOYMENT.md)."""
     from hogshard.scheduler.service import Scheduler
 
     security = process_security(keys, bind, insecure, role=None)
@@ -191,7 +193,10 @@ def server(scheduler: str, bind: str, advertise: str | None, rank: int | None,
            embedding_disk: str | None, embedding_disk_min_rows: int,
            metrics_port: int | None, metrics_host: str, restore: str | None, keys: str | None,
            insecure: bool) -> None:
-    """Run one parameter-server shard. Exits 0 when the scheduler ends the job."""
+    """Run one parameter-server shard. Exits 0 when the scheduler ends the job; 143 when
+    stopped by SIGTERM (130: Ctrl-C), after telling the scheduler it leaves (its backups take
+    over at once); 1 on an error, e.g. its --rank held by a live server (CONFLICT) or taken
+    over by a newer process (fenced). See docs/LIFECYCLE.md."""
     from hogshard.tuning import default_update_threads, tune_server_process
 
     tune_server_process()
@@ -225,7 +230,8 @@ def worker(scheduler: str, rank: int | None, num_workers: int | None, codec: str
            keys: str | None, command: tuple[str, ...]) -> None:
     """Run COMMAND as a worker of the job (it calls PSClient.from_env()): COMMAND replaces
     this process with HOGSHARD_SCHEDULER, HOGSHARD_RANK, HOGSHARD_NUM_WORKERS, HOGSHARD_CODEC
-    and HOGSHARD_KEYS set from the flags, and its exit status is the command's."""
+    and HOGSHARD_KEYS set from the flags, and its exit status is the command's (a
+    PSClient.from_env() worker stopped by SIGTERM leaves the job and exits 143)."""
     from hogshard.children import worker_environment
 
     check_command(command)
@@ -258,7 +264,11 @@ def worker(scheduler: str, rank: int | None, num_workers: int | None, codec: str
 @click.option("--verbose", is_flag=True, help="show the scheduler's and servers' INFO logs")
 @option("respawn", is_flag=True, default=False,
         help="start again a worker (same rank) or the scheduler (same address) killed by a "
-        "signal, and replace killed servers without a cap: for fault drills")
+        "signal or stopped by SIGTERM, and replace killed servers without a cap: for fault drills (without it, a "
+        "worker that exits non-zero or is killed ends the job at once: exit status 1)")
+@option("scheduler-port", default=0, type=click.IntRange(min=0, max=65535),
+        help="the scheduler's port on 127.0.0.1, for `hogshard status`/`stop` from another "
+        "shell (0: any free port; the launcher prints the address)")
 @checkpoint_options
 @restore_option
 @keys_option
@@ -268,16 +278,22 @@ def worker(scheduler: str, rank: int | None, num_workers: int | None, codec: str
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def launch(servers: int, workers: int, policy: str, heartbeat_timeout: float, replication: int,
            embedding_slots: int, codec: str | None,
-           progress: bool, verbose: bool, respawn: bool, checkpoint_every: float | None,
+           progress: bool, verbose: bool, respawn: bool, scheduler_port: int,
+           checkpoint_every: float | None,
            checkpoint_dir: str | None, restore: str | None, keys: str | None, http_port: int,
            command: tuple[str, ...]) -> None:
     """Run a whole job on this host: a scheduler, SERVERS servers and WORKERS copies of COMMAND.
 
     Binds 127.0.0.1 only. The scheduler runs with --num-workers WORKERS --exit-when-done: it
     ends the job (a final checkpoint with --checkpoint-dir) once every worker is done, or at
-    `hogshard stop`. Exits 0 when every worker exited 0, 1 when a worker failed or the
-    scheduler or a server failed (with --replication 2 a failed server is replaced instead),
-    130 on Ctrl-C or SIGTERM."""
+    `hogshard stop`.
+
+    A worker that exits non-zero or is killed (without --respawn), the scheduler failing, or
+    a server failing (with --replication 2 a failed server is replaced instead) ends the job
+    at once: one '[launch] ERROR:' line names the process, its exit code and that the job
+    stops; every other process is sent SIGTERM (SIGKILL after 5 s). Exits 0 when every
+    worker exited 0, 1 when the job failed so, 130 on Ctrl-C or SIGTERM. Its children get
+    SIGTERM if the launcher itself dies (even by SIGKILL, on Linux)."""
     from hogshard.launcher import LocalCluster
 
     check_command(command)
@@ -290,25 +306,54 @@ def launch(servers: int, workers: int, policy: str, heartbeat_timeout: float, re
                                            checkpoint_every=checkpoint_every,
                                            checkpoint_dir=checkpoint_dir, restore=restore,
                                            keys=keys, respawn=respawn,
-                                           http_port=http_port))
+                                           http_port=http_port,
+                                           scheduler_port=scheduler_port))
     code = or_exit(cluster.run)
     sys.exit(code)
 
 
+#: Exit statuses of `scheduler` and `server` stopped by a signal (128 + its number, as a shell
+#: reports it): a requested stop, told apart from a crash (1) and from the job's end (0).
+SIGNAL_EXIT = {"SIGTERM": 143, "SIGINT": 130}
+
+
 def _serve(service) -> None:
+    """Run ``service`` until it stops. SIGTERM (and Ctrl-C) is a graceful leave: logged, a
+    server tells the scheduler it leaves (its backups take over at once), and the process
+    exits 143 (130 for Ctrl-C)."""
+    import logging
     import signal
 
     context = click.get_current_context(silent=True)
     log_context = context.meta.get("hogshard.log_context") if context else None
     if log_context is not None and isinstance(getattr(service, "rank", None), int):
         log_context.rank = service.rank  # every line from now on names e.g. server-3
-    signal.signal(signal.SIGTERM, lambda *_: service.stop())
-    try:
-        service.serve_forever()
-    except KeyboardInterrupt:
-        service.stop()
+    stopped_by: list[str] = []
+    log = logging.getLogger("hogshard.cli")
+
+    def on_signal(signum: int, _frame: object) -> None:
+        name = signal.Signals(signum).name
+        if stopped_by:
+            return  # already stopping
+        stopped_by.append(name)
+        leave = getattr(service, "leave", None)
+        if leave is not None:
+            log.warning("%s: %s received; leaving the job (the scheduler is told) and "
+                        "exiting %d", service.node_id, name, SIGNAL_EXIT[name])
+            leave(f"stopped by {name}")
+        else:
+            log.warning("scheduler: %s received; stopping and exiting %d (servers and workers "
+                        "go on and register again with a scheduler started at this address)",
+                        name, SIGNAL_EXIT[name])
+            service.stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    service.serve_forever()
     if getattr(service, "fenced", None):
         raise SystemExit(f"hogshard: {service.node_id} stopped, fenced off: {service.fenced}")
+    if stopped_by:
+        sys.exit(SIGNAL_EXIT[stopped_by[0]])
 
 
 def _add_deployment_commands() -> None:

@@ -53,6 +53,8 @@ MAX_RESPAWNS = 200
 FINAL_CHECKPOINT_S = 120.0
 #: The same without a final checkpoint: the servers hear of the end at their next heartbeat.
 END_S = 15.0
+#: The exit status of a process of the job stopped by SIGTERM (it left the job).
+STOPPED_EXIT = 143
 
 
 @dataclass
@@ -80,6 +82,8 @@ class LocalCluster:
     respawn: bool = False
     #: The scheduler's status page on 127.0.0.1:PORT (0: off).
     http_port: int = 0
+    #: The scheduler's port on 127.0.0.1 (0: any free port).
+    scheduler_port: int = 0
     out: IO[str] = field(default_factory=lambda: sys.stdout)
     _children: list[Child] = field(default_factory=list)
     _output: JobOutput = field(init=False)
@@ -160,7 +164,8 @@ class LocalCluster:
         try:
             with tempfile.TemporaryDirectory(prefix="hogshard-") as workdir:
                 self._workdir = Path(workdir)
-                scheduler = self._start_scheduler(Path(workdir))
+                scheduler = self._start_scheduler(
+                    Path(workdir), bind=f"tcp://127.0.0.1:{self.scheduler_port}")
                 self._emit(f"[launch] scheduler at {scheduler}; {self.servers} servers, "
                            f"{self.workers} workers, policy {self.policy}")
                 self._emit(f"[launch] CURVE on: keys from {self.keys}" if self.keys else
@@ -176,6 +181,9 @@ class LocalCluster:
         except KeyboardInterrupt:
             self._emit("[launch] interrupted; stopping every process")
             return 130
+        except JobFailed as failure:
+            self._emit(f"[launch] ERROR: {failure.message}")
+            return 1
         finally:
             self._stop_all()
 
@@ -252,7 +260,14 @@ class LocalCluster:
             if self._respawned(child):
                 continue
             if child.role == "worker":
-                continue  # its exit code is the job's (see _supervise)
+                if child.process.returncode != 0:
+                    why = "(--respawn starts again only one killed by a signal or SIGTERM)" \
+                        if self.respawn else "and --respawn is off"
+                    raise JobFailed(f"{child.label} exited with code "
+                                    f"{describe_exit(child.process.returncode)} {why}; stopping "
+                                    "the job (every other process is sent SIGTERM), exit "
+                                    "status 1")
+                continue  # it finished; the job ends once every worker has
             if child.process.returncode == 0:
                 continue  # the job ended (every worker done, or `hogshard stop`)
             restarts = sum(1 for c in self._children if c.role == "server" and c.replaced)
@@ -264,9 +279,9 @@ class LocalCluster:
                            "replacement")
                 self._start_server(self._scheduler_address, child.rank, restore=False)
                 continue
-            raise HogshardError(
-                f"{child.label} exited with code {child.process.returncode}; stopping the job"
-            )
+            raise JobFailed(f"{child.label} exited with code "
+                            f"{describe_exit(child.process.returncode)}; stopping the job "
+                            "(every other process is sent SIGTERM), exit status 1")
 
     def _server_ranks(self) -> list[int]:
         """0 .. --servers - 1, or with --restore the ranks whose files the checkpoint holds
@@ -282,10 +297,12 @@ class LocalCluster:
         return list(range(self.servers))
 
     def _respawned(self, child: Child) -> bool:
-        """With ``respawn``: a worker or the scheduler that a signal killed is started again
+        """With ``respawn``: a worker or the scheduler that a signal killed (or SIGTERM stopped:
+        exit status 143) is started again
         (a worker once the scheduler has declared its rank dead: a live rank is not handed out
         twice). Returns whether ``child`` was taken care of."""
-        if not self.respawn or child.role == "server" or child.process.returncode >= 0 \
+        code = child.process.returncode
+        if not self.respawn or child.role == "server" or (code >= 0 and code != STOPPED_EXIT) \
                 or self._respawns >= MAX_RESPAWNS:
             return False
         child.replaced = True
@@ -317,6 +334,26 @@ class LocalCluster:
 
     def _stop_all(self, grace: float = 5.0) -> None:
         stop_children(self._children, grace)
+
+
+class JobFailed(HogshardError):
+    """A process of the job failed and the launcher ends the job (exit status 1)."""
+
+
+def describe_exit(code: int) -> str:
+    """A child's exit code as an operator reads it.
+
+    >>> describe_exit(-9), describe_exit(143), describe_exit(1)
+    ('-9 (killed by SIGKILL)', '143 (stopped by SIGTERM)', '1')
+    """
+    if code < 0:
+        try:
+            return f"{code} (killed by {signal.Signals(-code).name})"
+        except ValueError:
+            return f"{code} (killed by signal {-code})"
+    if code == STOPPED_EXIT:
+        return f"{STOPPED_EXIT} (stopped by SIGTERM)"
+    return str(code)
 
 
 def _interrupt(signum: int, frame: Any) -> None:

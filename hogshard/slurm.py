@@ -186,10 +186,15 @@ def _stop(processes: Sequence[subprocess.Popen], grace: float = 5.0) -> None:
             process.wait()
 
 
+#: A server's exit status once SIGTERM stopped it (it left the job: a requested stop).
+STOPPED = 143
+
+
 class ServerKeeper:
     """This task's server process. With replication, one that exits non-zero (a crash, a
     SIGKILL) before the job ends is started again under its rank, up to ``max_restarts``
-    times; one that exits 0 (the scheduler ended the job, or SIGTERM) is done."""
+    times; one that exits 0 (the scheduler ended the job) or 143 (stopped by SIGTERM: it left
+    the job) is done."""
 
     def __init__(self, argv: Sequence[str], rank: int, replication: int,
                  max_restarts: int = MAX_SERVER_RESTARTS) -> None:
@@ -209,7 +214,8 @@ class ServerKeeper:
         code = self.process.poll()
         if code is None:
             return None
-        if code != 0 and self.replication > 1 and self.restarts < self.max_restarts:
+        if code not in (0, STOPPED) and self.replication > 1 \
+                and self.restarts < self.max_restarts:
             self.restarts += 1
             log.warning("server %d exited with code %d; its backups take over, starting a "
                         "replacement (restart %d of at most %d)", self.rank, exit_code(code),

@@ -122,5 +122,10 @@ class SchedulerLink:
                 self._in_flight = None
                 yield reply
 
+    def leave(self, timeout: float) -> None:
+        """Tell the scheduler this server leaves the job (raises its error or a timeout)."""
+        self._in_flight = None  # a heartbeat reply that comes now is dropped
+        self._channel.call("leave", {}, timeout=timeout)
+
     def close(self) -> None:
         self._channel.close()

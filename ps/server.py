@@ -122,6 +122,8 @@ class ShardServer:
         shm_settings = ShmSettings.from_env()
         self.host = host_identity(shm_settings.host_id)
         self.fenced: str | None = None  # why a newer process under this rank replaced this one
+        #: Why this server leaves the job (a signal), once :meth:`leave` was called.
+        self.leaving: str | None = None
         self._stop = threading.Event()
         # heartbeats on a context of their own: a backup link connecting to a host whose
         # name is slow to resolve blocks its context's I/O thread (inproc needs the shared one)
@@ -221,10 +223,30 @@ class ShardServer:
                         if not readable(self._sock):
                             break
         finally:
+            if self.leaving is not None:
+                self._say_leaving()
             self.close()
 
     def stop(self) -> None:
         self._stop.set()
+
+    def leave(self, reason: str) -> None:
+        """Stop serving and leave the job: once the loop has stopped, the scheduler is told
+        (``leave``), which hands this server's primaries to their backups at once (replicated
+        tables) or notes its rank's chunks lost (restored if a server comes back under the
+        rank), as for a death but without the heartbeat timeout. Safe from a signal handler."""
+        self.leaving = reason
+        self._stop.set()
+
+    def _say_leaving(self) -> None:
+        timeout = min(2.0, max(0.5, 2 * self.link.interval))
+        try:
+            self.link.leave(timeout)
+        except HogshardError as err:
+            log.warning("%s: could not tell the scheduler that it leaves (%s); it will be "
+                        "declared dead after its heartbeat timeout", self.node_id, err.message)
+        else:
+            log.warning("%s left the job (%s)", self.node_id, self.leaving)
 
     def close(self) -> None:
         self.updates.close()

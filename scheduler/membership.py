@@ -184,6 +184,11 @@ class MembershipTable:
         self.epoch += 1
         return holder
 
+    def holder(self, node_id: str) -> Member | None:
+        """The live member ``node_id``, or None."""
+        member = self._members.get(node_id)
+        return member if member is not None and member.alive else None
+
     def get(self, node_id: str) -> Member:
         member = self._members.get(node_id)
         if member is None or not member.alive:
@@ -202,9 +207,11 @@ class MembershipTable:
         member.last_seen = now
         return member
 
-    def leave(self, node_id: str) -> Member:
+    def leave(self, node_id: str, stopped: bool = False) -> Member:
+        """``node_id`` left: done, or with ``stopped`` (it stopped before its work was done)
+        dead, so that its rank is free and not counted as finished."""
         member = self.get(node_id)
-        member.state = MemberState.DONE
+        member.state = MemberState.DEAD if stopped else MemberState.DONE
         self.epoch += 1
         return member
 

@@ -41,7 +41,7 @@ FIELDS: dict[str, tuple[Field, ...]] = {
     "table_ready": (_TABLE,),
     "get_table": (_TABLE, Field("wait", bool)),
     "barrier": (Field("name", str, required=True), Field("ranks", int)),
-    "leave": (Field("clock", int),),
+    "leave": (Field("clock", int), Field("stopped", bool)),
     "shutdown": (),
     "set_policy": (Field("policy", str, required=True, nonempty=True),),
     "status": (),
@@ -53,7 +53,7 @@ FIELDS: dict[str, tuple[Field, ...]] = {
 ROLES: dict[str, frozenset[Role]] = {
     "register": WORKERS | SERVERS, "heartbeat": WORKERS | SERVERS,
     "wait_servers": WORKERS | ADMINS, "declare_table": WORKERS, "table_ready": WORKERS,
-    "get_table": ANYONE, "barrier": WORKERS, "leave": WORKERS,
+    "get_table": ANYONE, "barrier": WORKERS, "leave": WORKERS | SERVERS,
     "shutdown": ADMINS, "set_policy": ADMINS, "checkpoint": ADMINS, "status": ANYONE,
     "add_embedding_server": ADMINS, "drain_embedding_server": ADMINS,
 }

@@ -17,7 +17,7 @@ import logging
 import time
 from typing import Any, Protocol
 
-from hogshard.proto.errors import ForbiddenError
+from hogshard.proto.errors import ConflictError, ForbiddenError
 from hogshard.scheduler.membership import Member, MembershipTable
 from hogshard.scheduler.server_recovery import ServerRecovery
 
@@ -46,6 +46,44 @@ def server_key_rank_hint(rank_hint: Any, key_rank: int | None) -> Any:
     return key_rank
 
 
+class RankClaim:
+    """A server's registration under a rank that a live member holds under another
+    incarnation: a restart after a death not yet noticed, or a second process started with a
+    rank in use. The holder is given ``window`` seconds to show it is alive: a heartbeat from
+    it read more than ``quiet`` seconds after the claim (not one that waited in the socket
+    while the holder died) refuses the claim (``CONFLICT``) and it keeps serving; silence, or
+    its death declared meanwhile, lets the claim through (the holder is fenced off).
+
+    >>> holder = Member("server", 1, "tcp://10.0.0.5:7001", 0.0, last_seen=0.0, incarnation=7)
+    >>> claim = RankClaim(holder, incarnation=8, address="tcp://10.0.0.6:7001", at=1.0,
+    ...                   window=2.0, quiet=0.5)
+    >>> claim.settled(now=2.0), claim.settled(now=3.5)
+    (False, True)
+    """
+
+    def __init__(self, holder: Member, incarnation: Any, address: str, at: float,
+                 window: float, quiet: float) -> None:
+        self.holder, self.incarnation, self.address = holder, incarnation, address
+        self.at, self.window, self.quiet = at, window, quiet
+
+    def settled(self, now: float) -> bool:
+        """True once the claim may go on; raises ``ConflictError`` when the holder is alive."""
+        holder = self.holder
+        if not holder.alive:
+            return True
+        if holder.last_seen > self.at + self.quiet:
+            log.error("refused a server registering under rank %d from %s (incarnation %s): "
+                      "%s (incarnation %s, at %s) holds it and is alive", holder.rank,
+                      self.address or "?", self.incarnation, holder.node_id,
+                      holder.incarnation, holder.address)
+            raise ConflictError(
+                f"server rank {holder.rank} is held by a live server: {holder.node_id} at "
+                f"{holder.address} (incarnation {holder.incarnation}) sent a heartbeat "
+                f"{now - holder.last_seen:.1f} s ago; start this server with another --rank, "
+                "or none (the lowest free rank), or stop that one first")
+        return now - self.at >= self.window
+
+
 class Rejoin:
     """Registration with fencing, and the consequences of members being gone."""
 
@@ -54,6 +92,16 @@ class Rejoin:
         self._members = members
         self._shard_map = shard_map
         self._recovery = recovery
+
+    def rival(self, role: str, rank_hint: Any, incarnation: Any) -> Member | None:
+        """The live server holding ``rank_hint`` under another incarnation than the
+        registering server's, if any (see :class:`RankClaim`)."""
+        if role != "server" or type(rank_hint) is not int or type(incarnation) is not int:
+            return None
+        holder = self._members.holder(f"server-{rank_hint}")
+        if holder is None or holder.incarnation in (None, incarnation):
+            return None
+        return holder
 
     def join(self, role: str, address: str, rank_hint: Any, clock: int, incarnation: Any,
              exact_rank: bool = False) -> tuple[Member, dict[str, Any] | None]:
@@ -73,6 +121,23 @@ class Rejoin:
                                         exact_rank=exact_rank)
         restore = self._recovery.back(member) if role == "server" else None
         return member, restore
+
+    def leave(self, node_id: str, clock: Any, stopped: bool = False) -> Member:
+        """A member leaves (``leave``): a worker done, or with ``stopped`` one that stopped
+        before its work was done (dead: its rank free, not finished); a server (stopped)
+        gone at once, its backups promoted, not a heartbeat timeout later."""
+        member = self._members.leave(node_id, stopped=stopped)
+        if type(clock) is int:
+            member.clock = max(member.clock, clock)
+        if member.role == "server":
+            log.warning("%s left the job (its process was stopped)", member.node_id)
+            self.members_gone([member])
+        elif stopped:
+            log.warning("%s stopped before its work was done (clock %d): its rank is free for "
+                        "another worker", member.node_id, member.clock)
+        else:
+            log.info("%s left (clock %d)", member.node_id, member.clock)
+        return member
 
     def members_gone(self, dead: list[Member]) -> None:
         """Members declared dead or replaced: promote backups of replicated tables, and note

@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import zmq
 
@@ -42,11 +43,11 @@ from hogshard.scheduler.checkpointing import CheckpointRounds
 from hogshard.scheduler.heartbeats import Heartbeats
 from hogshard.scheduler.lifecycle import JobLifecycle
 from hogshard.scheduler.lost import LostShards
-from hogshard.scheduler.membership import MembershipTable, server_list
+from hogshard.scheduler.membership import MembershipTable, MemberState, server_list
 from hogshard.scheduler.op_table import scheduler_ops
 from hogshard.scheduler.policy_control import PolicyControl
 from hogshard.scheduler.recovery import parse_table_report
-from hogshard.scheduler.rejoin import Rejoin, server_key_rank_hint
+from hogshard.scheduler.rejoin import RankClaim, Rejoin, server_key_rank_hint
 from hogshard.scheduler.replication import check_replication
 from hogshard.scheduler.resharding import check_slots, parse_slot_report
 from hogshard.scheduler.server_recovery import ServerRecovery
@@ -227,9 +228,25 @@ class Scheduler:
     # ---- handlers (proto/requests.py: a request in, a reply, HELD or an error out) ----------
 
     def _register(self, request: Request) -> Result:
+        """A member joins; a server claiming a rank that a live server holds waits for that
+        server's next heartbeat (``CONFLICT``) or its silence (it is replaced): RankClaim."""
         msg = request.message
         role = msg.header["role"]
         check_claimed_role(role, request.roles, "register")
+        rank_hint = server_key_rank_hint(msg.get("rank_hint"), request.rank)
+        holder = self.rejoin.rival(role, rank_hint, msg.get("incarnation"))
+        if holder is None:
+            return Reply(self._admit(request, rank_hint))
+        interval = self.heartbeat_interval
+        window = min(self.members.heartbeat_timeout / 2, max(4 * interval, 1.0))
+        claim = RankClaim(holder, msg.get("incarnation"), str(msg.get("address", "")),
+                          time.monotonic(), window, quiet=min(interval, window / 3))
+        return self._waiters.wait(request, lambda: self._admit(request, rank_hint)
+                                  if claim.settled(time.monotonic()) else None)
+
+    def _admit(self, request: Request, rank_hint: Any) -> Fields:
+        msg = request.message
+        role = msg.header["role"]
         start_clock = max(self.members.min_live_clock(), self.restored_clock) \
             if role == "worker" else 0
         if role == "worker" and msg.get("clock") is not None and msg.get("clock") >= 0:
@@ -239,7 +256,6 @@ class Scheduler:
         owned_slots = parse_slot_report(msg.get("embedding_slots"),
                                         self.shard_map.resharding.slots) \
             if role == "server" and msg.get("embedding_slots") is not None else None
-        rank_hint = server_key_rank_hint(msg.get("rank_hint"), request.rank)
         member, restore = self.rejoin.join(role, str(msg.get("address", "")), rank_hint,
                                            start_clock, msg.get("incarnation"),
                                            exact_rank=request.rank is not None)
@@ -253,7 +269,7 @@ class Scheduler:
         extra: Fields = {"restore": restore} if restore is not None else {}
         if self.shard_map.resharding.slots:
             extra["embedding_slots"] = self.shard_map.resharding.slots
-        return Reply({**extra,
+        return {**extra,
             "node_id": member.node_id,
             "rank": member.rank,
             "policy": self.policy.policy.spec,
@@ -266,7 +282,7 @@ class Scheduler:
             "expected_servers": self.expected_servers,
             **({"num_workers": self.members.num_workers}
                if self.members.num_workers is not None else {}),
-        })
+        }
 
     def _heartbeat(self, request: Request) -> Result:
         return Reply(self.heartbeats.handle(request.message))
@@ -370,10 +386,10 @@ class Scheduler:
 
     def _leave(self, request: Request) -> Result:
         msg = request.message
-        member = self.members.leave(msg.get("from", ""))
-        if msg.get("clock") is not None:
-            member.clock = max(member.clock, msg.get("clock"))
-        log.info("%s left (clock %d)", member.node_id, member.clock)
+        member = self.rejoin.leave(str(msg.get("from", "")), msg.get("clock"),
+                                   stopped=msg.get("stopped") is True)
+        if member.role == "server" or member.state is not MemberState.DONE:
+            self._log_membership()
         return Reply()
 
     def _set_policy(self, request: Request) -> Result:

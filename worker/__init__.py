@@ -10,6 +10,7 @@ sparse.py                     EmbeddingHandle; create_table, pull_rows, push_row
 tables.py                     DenseHandle: chunks, owners, pulled versions (open_dense_table)
 control.py                    call_across_restarts, reregister, leave: scheduler restarts
 heartbeat.py                  Heartbeat: the thread sending clock and progress
+stop_signal.py                install: SIGTERM as a graceful leave, exit status 143
 futures.py                    Future, PendingRequest, RequestBook: requests in flight
 replies.py                    pump: replies read, requests settled or sent elsewhere
 rerouting.py                  Rerouter, Route: requests follow chunks that moved

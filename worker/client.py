@@ -37,7 +37,7 @@ from hogshard.proto.security import load_security
 from hogshard.proto.shm import host_identity
 from hogshard.proto.tables import DEFAULT_CHUNK_ELEMS, Chunk
 from hogshard.proto.transport import RpcChannel
-from hogshard.worker import control, dense, sparse
+from hogshard.worker import control, dense, sparse, stop_signal
 from hogshard.worker.channel import Channel
 from hogshard.worker.compression import Compressor
 from hogshard.worker.futures import Future
@@ -85,6 +85,8 @@ class PSClient:
         self._closed = False
         #: The optimizers built on this client, whose weights :meth:`finish` pulls.
         self.optimizers: list[Pullable] = []
+        #: The signal that stopped this worker (worker/stop_signal.py), or None.
+        self.stopped_by: str | None = None
         shm = shm or ShmSettings.from_env()
         #: Shared memory with the servers on this host (worker/shm.py).
         self.shm = ShmLink(shm, host_identity(shm.host_id))
@@ -167,8 +169,12 @@ class PSClient:
 
     @classmethod
     def from_env(cls, context: zmq.Context | None = None) -> PSClient:
-        """A client configured from the ``HOGSHARD_*`` environment variables."""
-        return cls(ClientSettings.from_env(), context)
+        """A client configured from the ``HOGSHARD_*`` environment variables. In the main
+        thread, where SIGTERM has its default action, SIGTERM then stops the process
+        gracefully: it leaves the job and exits 143 (worker/stop_signal.py)."""
+        client = cls(ClientSettings.from_env(), context)
+        stop_signal.install(client)
+        return client
 
     def reregister(self, channel: RpcChannel) -> None:
         """Called by the heartbeat thread when the scheduler no longer knows this worker."""
@@ -303,18 +309,24 @@ class PSClient:
     def status(self) -> dict[str, Any]:
         return self.channel.control.call("status", timeout=self.settings.connect_timeout).header
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def close(self, leave: bool = True) -> None:
         """Leave the job (so no policy waits for this worker) and release the sockets."""
         if self._closed:
             return
         self._closed = True
+        stopped = self.stopped_by is not None
+        leave = leave or stopped
         if self.heartbeat is not None:
             self.heartbeat.stopped.set()
             self.heartbeat.join(timeout=10.0)  # no heartbeat may arrive after the leave
         else:
             leave = False  # never registered
         if leave:
-            control.leave(self)
+            control.leave(self, stopped=stopped)
         self.channel.close()
 
     def register_optimizer(self, optimizer: Pullable) -> None:

@@ -162,15 +162,17 @@ def reregister(client: PSClient, channel: RpcChannel) -> None:
     client.generation += 1
 
 
-def leave(client: PSClient) -> None:
+def leave(client: PSClient, stopped: bool = False) -> None:
     """Tell the scheduler (registering again first if it restarted) and every server that
-    ``client`` leaves, so that no policy waits for it; failures are logged, not raised."""
+    ``client`` leaves, so that no policy waits for it; failures are logged, not raised.
+    ``stopped``: it stops before its work is done (a signal), so its rank is not finished."""
+    fields = {"clock": client.clock, **({"stopped": True} if stopped else {})}
     try:
         try:
-            client.channel.control.call("leave", {"clock": client.clock}, timeout=5.0)
+            client.channel.control.call("leave", fields, timeout=5.0)
         except UnknownMemberError:  # a restarted scheduler: rejoin to leave cleanly
             reregister(client, client.channel.control)
-            client.channel.control.call("leave", {"clock": client.clock}, timeout=5.0)
+            client.channel.control.call("leave", fields, timeout=5.0)
     except HogshardError as err:
         log.warning("leave failed: %s", err.message)
     try:  # so that no server waits for this worker until its next heartbeat

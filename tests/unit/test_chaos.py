@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import io
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
+
 from hogshard.chaos import CUT_WEIGHTS, Fault, Storm, classify, format_table
-from hogshard.launcher import Child, LocalCluster
+from hogshard.launcher import Child, JobFailed, LocalCluster
 from hogshard.status import ClusterView
 
 
@@ -46,12 +49,14 @@ def test_a_killed_worker_waits_until_the_scheduler_no_longer_counts_its_rank_ali
     assert started == [1] and not cluster._pending_workers
 
 
-def test_without_respawn_a_killed_worker_is_the_jobs_exit_code_and_a_failed_one_always() -> None:
-    for respawn, code in ((False, -9), (True, 1)):
+def test_without_respawn_a_killed_worker_ends_the_job_and_a_failed_one_always() -> None:
+    for respawn, code, says in ((False, -9, "code -9 (killed by SIGKILL)"),
+                                (True, 1, "code 1 (--respawn starts again only")):
         cluster = _cluster(respawn=respawn)
         child = Child("worker", 0, Exited(code))  # type: ignore[arg-type]
         cluster._children.append(child)
-        cluster._check_infrastructure()
+        with pytest.raises(JobFailed, match=re.escape(f"worker 0 exited with {says}")):
+            cluster._check_infrastructure()
         assert not child.replaced and not cluster._pending_workers
         assert cluster._workers() == [child]
 

@@ -369,3 +369,33 @@ def test_a_scheduler_that_did_not_run_holds_no_silence_against_its_members(
     assert table.expire(now=9.0) == []
     assert (server.last_seen, worker.last_seen) == (9.0, 8.5)
     assert [m.node_id for m in table.expire(now=12.0)] == ["worker-0"]  # 3.5 s of its own
+
+
+def test_a_rank_claim_is_refused_once_its_holder_is_heard_after_it() -> None:
+    from hogshard.proto.errors import ConflictError
+    from hogshard.scheduler.membership import Member
+    from hogshard.scheduler.rejoin import RankClaim
+
+    holder = Member("server", 1, "tcp://10.0.0.5:7001", 0.0, last_seen=0.0, incarnation=7)
+    claim = RankClaim(holder, 8, "tcp://10.0.0.6:7001", at=1.0, window=2.0, quiet=0.5)
+    holder.last_seen = 1.2  # read just after the claim: it may have waited in the socket
+    assert not claim.settled(1.3)
+    holder.last_seen = 1.6  # a heartbeat well after the claim: the holder is alive
+    with pytest.raises(ConflictError, match=r"server rank 1 is held by a live server: "
+                                            r"server-1 at tcp://10\.0\.0\.5:7001 \(incarnation 7"):
+        claim.settled(1.7)
+    dead = Member("server", 1, "tcp://10.0.0.5:7001", 0.0, last_seen=0.0, incarnation=7)
+    claim = RankClaim(dead, 8, "tcp://10.0.0.6:7001", at=1.0, window=2.0, quiet=0.5)
+    dead.state = MemberState.DEAD  # declared dead meanwhile: no need to wait the window out
+    assert claim.settled(1.1)
+
+
+def test_a_worker_stopped_before_its_work_is_done_frees_its_rank(table: MembershipTable) -> None:
+    table.num_workers = 2
+    first = table.register("worker", "", now=0.0, rank_hint=0)
+    table.leave(first.node_id, stopped=True)
+    assert first.state is MemberState.DEAD
+    assert table.register("worker", "", now=1.0, rank_hint=0).rank == 0
+    done = table.register("worker", "", now=1.0, rank_hint=1)
+    table.leave(done.node_id)
+    assert done.state is MemberState.DONE
