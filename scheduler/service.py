@@ -39,6 +39,7 @@ from hogshard.scheduler.barriers import Barriers
 from hogshard.scheduler.checkpoint_coordinator import CheckpointCoordinator, restore_job
 from hogshard.scheduler.checkpointing import CheckpointRounds
 from hogshard.scheduler.heartbeats import Heartbeats
+from hogshard.scheduler.job_phase import PhaseWatch
 from hogshard.scheduler.lifecycle import JobLifecycle
 from hogshard.scheduler.lost import LostShards
 from hogshard.scheduler.membership import MembershipTable, server_list
@@ -120,6 +121,8 @@ class Scheduler:
                                      self.checkpoints, self.policy, self.barriers,
                                      self.lifecycle)
 
+        #: the job's phase (scheduler/job_phase.py)
+        self.phase = PhaseWatch(self.members, self.lifecycle, self.recovery, expected_servers)
         self._stop = threading.Event()
         self._own_context = context is None
         self._context = context or zmq.Context()
@@ -195,6 +198,7 @@ class Scheduler:
         self.shard_map.place_reported_slots()
         self.checkpoints.tick(now)
         self._waiters.release()
+        self.phase.log_change()
         if self.lifecycle.tick(now):
             self.stop()
 
@@ -384,7 +388,7 @@ class Scheduler:
             "uptime": now - self.started_at,
             "expected_servers": self.expected_servers,
             "shutdown": self.shutting_down,
-            "job": self.lifecycle.status(),
+            "job": {**self.lifecycle.status(), **self.phase.now().to_wire()},
             "members": [
                 {
                     "node_id": m.node_id, "role": m.role, "rank": m.rank, "address": m.address,
