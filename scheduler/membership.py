@@ -238,6 +238,13 @@ class MembershipTable:
     def live_clocks(self) -> dict[str, int]:
         return {m.node_id: m.clock for m in self.live("worker")}
 
+    def worker_clocks(self) -> dict[str, int]:
+        """The clocks of the live workers and of those that finished (left): what a
+        checkpoint keeps, so that one taken as the job ends (every worker gone) still has
+        them."""
+        return {m.node_id: m.clock for m in self._members.values() if m.role == "worker"
+                and (m.alive or m.state is MemberState.DONE)}
+
     def min_live_clock(self) -> int:
         clocks = self.live_clocks()
         return min(clocks.values()) if clocks else 0

@@ -37,7 +37,7 @@ from hogshard.proto.transport import bind_router
 from hogshard.proto.wire import Message
 from hogshard.scheduler.barriers import Barriers
 from hogshard.scheduler.checkpoint_coordinator import CheckpointCoordinator, restore_job
-from hogshard.scheduler.checkpointing import CheckpointRounds
+from hogshard.scheduler.checkpointing import CheckpointRounds, checkpoint_folder
 from hogshard.scheduler.heartbeats import Heartbeats
 from hogshard.scheduler.job_phase import PhaseWatch
 from hogshard.scheduler.lifecycle import JobLifecycle
@@ -93,9 +93,12 @@ class Scheduler:
         self.errors: dict[str, int] = {}
         restored = restore_job(Path(restore), expected_servers) if restore else None
         if restored is not None:
+            if restored.policy.spec != consistency.spec:
+                log.warning("--restore %s: the checkpoint's policy %s replaces --policy %s",
+                            restore, restored.policy.spec, consistency.spec)
             consistency = restored.policy
         rounds = CheckpointRounds(
-            checkpoint_every, Path(checkpoint_dir) if checkpoint_dir else None,
+            checkpoint_every, checkpoint_folder(checkpoint_dir) if checkpoint_dir else None,
             complete=restored.round(self._job_description) if restored is not None else None)
         #: the lowest worker clock of the checkpoint restored (0: none)
         self.restored_clock = restored.clock if restored is not None else 0
@@ -214,7 +217,7 @@ class Scheduler:
         return {
             "policy": self.policy.policy.spec, "epoch": self.members.epoch,
             "servers": self.expected_servers, "tables": self.shard_map.views(),
-            "clocks": self.members.live_clocks(),
+            "clocks": self.members.worker_clocks(),
         }
 
     # ---- handlers (proto/requests.py: a request in, a reply, HELD or an error out) ----------
