@@ -153,10 +153,10 @@ def status(scheduler: str, as_json: bool, timeout: float, watch_every: float | N
 
     \b
     Exit status (without --watch):
-      0  the job is starting, running, stopping or done
+      0  the job is starting, running, degraded (it goes on with a part missing: a
+         WARNING line says which), stopping or done
       1  no answer from the scheduler within --timeout (or another error)
-      3  the job failed (the ERROR line, or job.cause in --json, says why)
-      4  the job is degraded: it goes on with a server rank or a worker missing"""
+      3  the job failed (the ERROR line, or job.cause in --json, says why)"""
     from hogshard.status import EXIT_STATUS, ClusterView
 
     if as_json:

@@ -15,7 +15,7 @@ from hogshard.ps.stats import merge_histograms, summarise_histogram
 #: The job's phases (scheduler/job_phase.py).
 PHASES = ("starting", "running", "degraded", "failed", "stopping", "done")
 #: ``hogshard status`` exit status by phase (docs/CLI.md); 1 is "no answer".
-EXIT_STATUS = {"failed": 3, "degraded": 4}
+EXIT_STATUS = {"failed": 3}
 
 
 class ClusterView:

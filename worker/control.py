@@ -54,17 +54,15 @@ def connect_error(settings: ClientSettings, op: str,
     time waited and the likely causes (``seen``: what the connection saw, which says it
     when it knows: RpcChannel.diagnosis)."""
     waited = f"{settings.connect_timeout:.0f} s ({env_name('connect_timeout')})"
-    if op == "register" and seen is not None and not seen.startswith("connected"):
-        return RequestTimeoutError(
-            f"no reply from the scheduler at {settings.scheduler} after {waited}: {seen}")
     if op == "register":
         keys = (f"the keys in {settings.keys} may not be this cluster's (the scheduler logs "
                 "a refused CURVE handshake)" if settings.keys else
                 "this cluster may use CURVE; pass --keys (HOGSHARD_KEYS)")
+        saw = f" (its socket saw: {seen})" if seen and not seen.startswith("connected") else ""
         return RequestTimeoutError(
             f"no reply from the scheduler at {settings.scheduler} after {waited}: nothing "
             f"listening there (a wrong host or port, the scheduler not started), a firewall "
-            f"between, or {keys}")
+            f"between, or {keys}{saw}")
     return RequestTimeoutError(
         f"registered with the scheduler at {settings.scheduler}, but "
         f"{servers or 'not every server'} had registered after {waited}: start the missing "
