@@ -239,11 +239,12 @@ class MembershipTable:
         return {m.node_id: m.clock for m in self.live("worker")}
 
     def worker_clocks(self) -> dict[str, int]:
-        """The clocks of the live workers and of those that finished (left): what a
-        checkpoint keeps, so that one taken as the job ends (every worker gone) still has
+        """What a checkpoint keeps: the live workers' clocks or, with none live, those of
+        the workers that finished (left), so that one taken as the job ends still has
         them."""
-        return {m.node_id: m.clock for m in self._members.values() if m.role == "worker"
-                and (m.alive or m.state is MemberState.DONE)}
+        return self.live_clocks() or {
+            m.node_id: m.clock for m in self._members.values()
+            if m.role == "worker" and m.state is MemberState.DONE}
 
     def min_live_clock(self) -> int:
         clocks = self.live_clocks()
