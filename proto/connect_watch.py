@@ -97,14 +97,15 @@ class ConnectWatch:
             # a plain peer never fails a handshake: the peer uses CURVE (it may close the
             # connection before the mismatch is told, hence "no detail")
             return ("the handshake failed: the peer uses CURVE keys and this process has none; "
-                    "pass the cluster's keys folder with --keys (HOGSHARD_KEYS)")
+                    "pass the cluster's keys folder with --keys (HOGSHARD_KEYS) (or the "
+                    "address is not a hogshard process's)")
         if self.mismatched:
             return ("the handshake failed: this process uses --keys but the peer runs without "
                     "keys (a plain cluster): drop --keys, or start the cluster with them")
         if self.failed and not self.handshakes:
             return ("the CURVE handshake never completed: the keys in --keys are not this "
                     "cluster's (another cluster's server key); use the folder the scheduler "
-                    "was started with")
+                    "was started with (or the address is not a hogshard process's)")
         if not self.connected:
             return ("nothing accepts connections there (a wrong host or port, or the process "
                     "is not started yet)" if self.retried else

@@ -45,6 +45,7 @@ def test_the_readme_script_trains_under_launch(procs, tmp_path: Path) -> None:
     output = proc.output()
     assert code == 0, f"hogshard launch exited with {code}\n{proc.tail(80)}"
 
+    assert "registering with the scheduler at" in output, output[-4000:]  # logged as it joins
     found = re.search(r"test accuracy (\d\.\d+) on (\S+)", output)
     assert found, output[-4000:]
     accuracy, dataset = float(found.group(1)), found.group(2)
