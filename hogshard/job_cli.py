@@ -36,8 +36,11 @@ from hogshard.proto.config import DEFAULT_SCHEDULER
 @click.argument("directory", type=click.Path(file_okay=False))
 def checkpoint(scheduler: str, timeout: float, keys: str | None, directory: str) -> None:
     """Checkpoint every shard of a running job into DIRECTORY/ckpt-N (atomically; LATEST is
-    moved once the manifest is written). Prints the checkpoint's path; exits 1 when the round
-    fails or no reply comes within --timeout."""
+    moved once the manifest is written). DIRECTORY must be a folder the scheduler and every
+    server share (docs/CHECKPOINTS.md); a relative one is resolved against this command's
+    working folder. Prints the checkpoint's path; exits 1 when the round fails (a server's
+    file not in that folder as the scheduler sees it included) or no reply comes within
+    --timeout."""
     reply = call_scheduler(scheduler, "checkpoint", {"dir": str(Path(directory).resolve())},
                             timeout, keys)
     total = sum(f["bytes"] for f in reply["files"])
