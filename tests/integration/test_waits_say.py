@@ -1,7 +1,7 @@
 """No silent waits: a server started before its scheduler says it waits and what it sees
 (nothing listening), then registers once the scheduler is up; ``hogshard status`` without
 keys, or with another cluster's, against a keyed cluster names the keys (and the scheduler
-logs the refused handshake); a worker pointed at a server's port is told that it is a server,
+logs the refused handshake), and so does a server with another cluster's keys as it waits; a worker pointed at a server's port is told that it is a server,
 not the scheduler."""
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def test_a_server_started_first_says_it_waits_then_registers(procs, tmp_path: Pa
 
 
 @pytest.mark.integration
-@pytest.mark.timeout(60, method="signal")
+@pytest.mark.timeout(120, method="signal")
 def test_status_without_the_clusters_keys_names_the_keys(procs, tmp_path: Path) -> None:
     keys, other = tmp_path / "keys", tmp_path / "other"
     generate_keys(keys)
@@ -57,6 +57,11 @@ def test_status_without_the_clusters_keys_names_the_keys(procs, tmp_path: Path) 
                              30.0)
     assert code == 1 and "are not this cluster's" in output, output
     scheduler.wait_for_output(r"refused a CURVE handshake", 10.0)
+    # a server with another cluster's keys says so while it waits (not 30 s of silence)
+    server = procs.hogshard("server", "server", "--scheduler", address, "--keys", str(other))
+    line = server.wait_for_output(r"WARNING .*waiting for the scheduler at \S+: no reply to "
+                                  r"'register' yet \(\d+ s\): ([^\n]*)", 45.0)
+    assert "the keys in --keys are not this cluster's" in line[1], server.output()
 
 
 @pytest.mark.integration
