@@ -75,8 +75,10 @@ def codec_option():
 def checkpoint_options(command):
     """``--checkpoint-every SECONDS`` with ``--checkpoint-dir DIR`` (both or neither)."""
     command = option("checkpoint-dir", default=None, type=click.Path(file_okay=False),
-                     help="directory for periodic checkpoints (ckpt-N folders, LATEST); "
-                     "alone, without --checkpoint-every, it takes none")(command)
+                     help="directory for checkpoints (ckpt-N folders, LATEST) that the "
+                     "scheduler and every server share (docs/CHECKPOINTS.md); a relative path "
+                     "is resolved against the scheduler's working folder; alone, without "
+                     "--checkpoint-every, only the final checkpoint of a stop")(command)
     return option("checkpoint-every", default=None, type=click.FloatRange(min=0.1),
                   help="seconds between checkpoints of every shard (needs --checkpoint-dir)"
                   )(command)
@@ -87,8 +89,8 @@ def restore_option(command):
                   help="resume from this checkpoint (a ckpt-N folder, or its parent: LATEST); "
                   "the number of servers must match and each server comes back under a rank "
                   "that wrote it (launch starts those ranks); the scheduler takes "
-                  "the checkpoint's policy, not --policy (docs/LIFECYCLE.md: ranks and data "
-                  "of a resumed job)")(command)
+                  "the checkpoint's policy, not --policy (a WARNING says so when they "
+                  "differ; docs/LIFECYCLE.md: ranks and data of a resumed job)")(command)
 
 
 def server_restore_option(command):

@@ -11,6 +11,7 @@ Example::
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import click
@@ -35,8 +36,11 @@ from hogshard.proto.config import DEFAULT_SCHEDULER
 @click.argument("directory", type=click.Path(file_okay=False))
 def checkpoint(scheduler: str, timeout: float, keys: str | None, directory: str) -> None:
     """Checkpoint every shard of a running job into DIRECTORY/ckpt-N (atomically; LATEST is
-    moved once the manifest is written). Prints the checkpoint's path; exits 1 when the round
-    fails or no reply comes within --timeout."""
+    moved once the manifest is written). DIRECTORY must be a folder the scheduler and every
+    server share (docs/CHECKPOINTS.md); a relative one is resolved against this command's
+    working folder. Prints the checkpoint's path; exits 1 when the round fails (a server's
+    file not in that folder as the scheduler sees it included) or no reply comes within
+    --timeout."""
     reply = call_scheduler(scheduler, "checkpoint", {"dir": str(Path(directory).resolve())},
                             timeout, keys)
     total = sum(f["bytes"] for f in reply["files"])
@@ -145,19 +149,30 @@ def policy_show(scheduler: str, timeout: float, keys: str | None) -> None:
 @keys_option
 def status(scheduler: str, as_json: bool, timeout: float, watch_every: float | None,
            count: int | None, keys: str | None) -> None:
-    """Show members, clocks, the shard map, updates per second, bytes per second and
-    staleness percentiles (a live table with --watch). Exits 1 when the scheduler does not
-    answer within --timeout."""
+    """Show the job's phase (starting, running, degraded, failed, stopping, done: the first
+    line, and an ERROR line naming the cause and next step when the job failed), members,
+    clocks, the shard map, updates per second, bytes per second and staleness percentiles (a
+    live table with --watch).
+
+    \b
+    Exit status (without --watch):
+      0  the job is starting, running, degraded (it goes on with a part missing: a
+         WARNING line says which), stopping or done
+      1  no answer from the scheduler within --timeout (or another error)
+      3  the job failed (the ERROR line, or job.cause in --json, says why)"""
+    from hogshard.status import EXIT_STATUS, ClusterView
+
     if as_json:
         reply = call_scheduler(scheduler, "status", None, timeout, keys)
         click.echo(json.dumps(reply, indent=2, sort_keys=True))
-        return
+        sys.exit(EXIT_STATUS.get(ClusterView(reply).phase()["phase"], 0))
     from hogshard.live_status import make_console, status_panel, watch
 
     console = make_console()
     if watch_every is None:
-        console.print(status_panel(call_scheduler(scheduler, "status", None, timeout, keys)))
-        return
+        reply = call_scheduler(scheduler, "status", None, timeout, keys)
+        console.print(status_panel(reply))
+        sys.exit(EXIT_STATUS.get(ClusterView(reply).phase()["phase"], 0))
     try:
         watch(lambda: call_scheduler(scheduler, "status", None, timeout, keys), watch_every,
               console, count)

@@ -21,6 +21,8 @@ from rich.text import Text
 from hogshard.status import ClusterView
 
 STATE_STYLE = {"alive": "green", "dead": "bold red", "done": "dim"}
+PHASE_STYLE = {"running": "bold green", "failed": "bold red", "degraded": "bold yellow",
+               "stopping": "yellow", "done": "dim"}
 
 
 def _bytes(n: float) -> str:
@@ -95,7 +97,10 @@ def summary_line(view: ClusterView) -> Text:
                       if m["state"] == "alive")
     done, total = view.progress()
     loss = view.mean_loss()
+    phase = view.phase()
+    style = PHASE_STYLE.get(phase["phase"], "bold")
     head = [
+        f"phase [{style}]{phase['phase'].upper()}[/]",
         f"policy [bold]{s.get('policy')}[/]", f"epoch {s.get('epoch')}",
         f"uptime {s.get('uptime', 0):.0f}s",
         f"servers {len([m for m in servers if m['state'] == 'alive'])}/"
@@ -109,8 +114,6 @@ def summary_line(view: ClusterView) -> Text:
         parts.append(f"steps {done}/{total}")
     if loss is not None:
         parts.append(f"loss {loss:.4f}")
-    if s.get("shutdown"):
-        parts.append("[yellow]shutting down[/]")
     return Text.from_markup("  ".join(head) + "\n" + "  ".join(parts))
 
 
@@ -119,7 +122,10 @@ def status_panel(status: dict[str, Any]) -> RenderableType:
     view = ClusterView(status)
     checkpoint = [Text(line, style="red" if "FAILED" in line else "")
                   for line in view.checkpoint_lines()]
-    return Group(summary_line(view), *checkpoint, members_table(view), shard_table(status))
+    phase = [Text(line, style="bold red" if line.startswith("ERROR") else "yellow")
+             for line in view.phase_lines()]
+    return Group(summary_line(view), *phase, *checkpoint, members_table(view),
+                 shard_table(status))
 
 
 def make_console() -> Console:

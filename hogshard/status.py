@@ -12,6 +12,11 @@ from typing import Any
 
 from hogshard.ps.stats import merge_histograms, summarise_histogram
 
+#: The job's phases (scheduler/job_phase.py).
+PHASES = ("starting", "running", "degraded", "failed", "stopping", "done")
+#: ``hogshard status`` exit status by phase (docs/CLI.md); 1 is "no answer".
+EXIT_STATUS = {"failed": 3}
+
 
 class ClusterView:
     """Derived figures over one status snapshot."""
@@ -24,13 +29,49 @@ class ClusterView:
         return sorted((m for m in self.members if m["role"] == role), key=lambda m: m["rank"])
 
     def progress(self) -> tuple[int, int]:
-        """Steps done and steps planned, summed over the workers that report them."""
+        """Steps done and steps planned, summed over the workers that report them (a worker
+        that finished counts every step it planned: its last report may predate its end).
+
+        >>> ClusterView({"members": [{"role": "worker", "rank": 0, "state": "done",
+        ...     "progress": {"done": 1405, "total": 1407}}]}).progress()
+        (1407, 1407)
+        """
         done = total = 0
         for member in self.of_role("worker"):
             progress = member.get("progress") or {}
-            done += int(progress.get("done", 0))
-            total += int(progress.get("total", 0))
+            planned = int(progress.get("total", 0))
+            done += planned if member.get("state") == "done" and planned \
+                else int(progress.get("done", 0))
+            total += planned
         return done, total
+
+    def phase(self) -> dict[str, Any]:
+        """The job's phase, cause and next step (the ``status`` reply's ``job``); an older
+        scheduler's reply without one reads as ``failed`` when it names a failure.
+
+        >>> ClusterView({"failed": "server-1 is gone", "job": {"step": "running"}}).phase()
+        {'phase': 'failed', 'cause': 'server-1 is gone', 'next': None}
+        """
+        job = self.status.get("job") or {}
+        if job.get("phase") in PHASES:
+            return {"phase": job["phase"], "cause": job.get("cause"), "next": job.get("next")}
+        if self.status.get("failed"):
+            return {"phase": "failed", "cause": self.status["failed"], "next": None}
+        return {"phase": "running", "cause": None, "next": None}
+
+    def phase_lines(self) -> list[str]:
+        """One ERROR line when the job failed, a WARNING line when it is degraded.
+
+        >>> ClusterView({"job": {"phase": "failed", "cause": "server-1 is gone",
+        ...     "next": "restart the job"}}).phase_lines()
+        ['ERROR: the job failed: server-1 is gone; next: restart the job']
+        """
+        phase = self.phase()
+        label = {"failed": "ERROR: the job failed", "degraded": "WARNING: the job is degraded"}
+        if phase["phase"] not in label:
+            return []
+        line = f"{label[phase['phase']]}: {phase['cause']}"
+        return [line + (f"; next: {phase['next']}" if phase["next"] else "")]
 
     def staleness(self) -> dict[str, float]:
         histograms = [m.get("stats", {}).get("staleness", []) for m in self.of_role("server")]
@@ -101,12 +142,11 @@ class ClusterView:
         return line
 
     def recovery_lines(self) -> list[str]:
-        """One line per server that came back as a new process, and the job's failure."""
+        """One line per server that came back as a new process, and the job's failure (or
+        degradation)."""
         lines = [f"recovered {r['node_id']} from {r['from']}: {r['lost_updates']} chunk updates "
                  "lost" for r in self.status.get("recoveries", [])]
-        if self.status.get("failed"):
-            lines.append(f"FAILED: {self.status['failed']}")
-        return lines
+        return lines + self.phase_lines()
 
     def checkpoint_lines(self) -> list[str]:
         """The newest complete checkpoint, the round in progress, and the last round's error

@@ -12,6 +12,8 @@
 ``roles.py``          :class:`Role`, ``roles_of``: who a connection is
 ``security.py``       :class:`Security`, ``generate_keys``, ``load_security``: CURVE and ZAP
 ``handshakes.py``     :class:`HandshakeMonitor`, :class:`DenialLog`: refused handshakes, logged
+``connect_watch.py``  :class:`ConnectWatch`: what a connecting socket saw (nothing listening,
+                      a handshake refused for keys), for "no reply" messages
 ``errors.py``         :class:`ErrorCode`, :class:`HogshardError` and its typed subclasses
 ``config.py``         :class:`ClientSettings`, ``env_name``: configuration, read in one place
 ``malloc.py``         ``tune_malloc``: glibc settings that keep large receive buffers

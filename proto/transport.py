@@ -22,11 +22,13 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 import zmq
 
+from hogshard.proto.connect_watch import ConnectWatch
 from hogshard.proto.errors import (
     ConfigError,
     HogshardError,
     ProtocolError,
     RequestTimeoutError,
+    UnknownOpError,
     error_from_reply,
 )
 from hogshard.proto.wire import DEFAULT_LIMITS, PROTOCOL_VERSION, Limits, Message, decode, encode
@@ -39,6 +41,8 @@ log = logging.getLogger(__name__)
 OK = "ok"
 ERROR = "error"
 
+#: Seconds a control call waits between its "no reply yet" log lines.
+NOTICE_S = 5.0
 _SNDMORE = int(zmq.SNDMORE)  # a plain int: ``Flag | Flag`` costs ~0.6 us per frame
 #: Array frames smaller than this are copied into the message (pyzmq's default
 #: ``copy_threshold``: below it a zero-copy send costs more than the copy).
@@ -197,9 +201,13 @@ def raise_if_error(message: Message) -> Message:
 
 
 class RpcChannel:
-    """Synchronous request/reply over one DEALER, each call bounded by a timeout.
+    """Synchronous request/reply over one DEALER to the scheduler, each call bounded by a
+    timeout.
 
-    Replies to requests that already timed out are recognised by their id and dropped.
+    Replies to requests that already timed out are recognised by their id and dropped. A call
+    that waits says so every ``NOTICE_S`` seconds (what it waits for and what the connection
+    saw: nothing listening, a refused handshake), and its timeout error names the likely
+    cause; a peer that does not know the op because it is not the scheduler is named so.
 
     Example::
 
@@ -211,9 +219,35 @@ class RpcChannel:
                  security: Security | None = None) -> None:
         self.address = address
         self.sender = sender
-        self._sock = connect_dealer(context, address, security=security)
+        sock = context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        if security is not None:
+            security.secure_client(sock)
+        #: what the connection saw (none on inproc://)
+        self.watch = ConnectWatch(sock, security is not None) \
+            if not address.startswith("inproc://") else None
+        sock.connect(address)
+        self._sock = sock
         self._sock.setsockopt(zmq.SNDHWM, 64)
         self._ids = itertools.count(1)
+
+    def diagnosis(self) -> str:
+        """The likeliest reason a call got no reply (ConnectWatch.diagnosis)."""
+        return self.watch.diagnosis() if self.watch is not None else "no reply"
+
+    def _notice(self, op: str, waited: float) -> None:
+        """Log that ``op`` still waits, and what the connection saw."""
+        if self.watch is None:
+            return
+        self.watch.poll()
+        healthy = self.watch.connected and not (self.watch.refused_auth or self.watch.mismatched
+                                                or self.watch.failed)
+        if healthy:
+            log.info("waiting for the scheduler at %s: no reply to '%s' yet (%.0f s; connected)",
+                     self.address, op, waited)
+        else:
+            log.warning("waiting for the scheduler at %s: no reply to '%s' yet (%.0f s): %s",
+                        self.address, op, waited, self.diagnosis())
 
     @property
     def socket(self) -> zmq.Socket:
@@ -243,26 +277,52 @@ class RpcChannel:
         fields: dict[str, Any] | None = None,
         arrays: Sequence[np.ndarray] = (),
         timeout: float = 10.0,
+        notice: float | None = NOTICE_S,
     ) -> Message:
+        """Send ``op`` and wait for its reply; every ``notice`` seconds without one (None:
+        never) a log line says so."""
         request_id = next(self._ids)
         if not self._sock.poll(int(timeout * 1000), zmq.POLLOUT):
             raise RequestTimeoutError(f"cannot send '{op}' to {self.address}: queue full")
         send(self._sock, request_header(op, request_id, self.sender, **(fields or {})), arrays)
-        deadline = time.monotonic() + timeout
+        started = time.monotonic()
+        deadline = started + timeout
+        next_notice = started + notice if notice else deadline
         while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not self._sock.poll(int(remaining * 1000) + 1, zmq.POLLIN):
+            now = time.monotonic()
+            if now >= next_notice and notice:
+                self._notice(op, now - started)
+                next_notice += notice
+            remaining = deadline - now
+            wait = min(remaining, next_notice - now)
+            if remaining <= 0:
                 raise RequestTimeoutError(
-                    f"no reply to '{op}' from {self.address} within {timeout:.1f} s"
-                )
+                    f"no reply to '{op}' from {self.address} within {timeout:.1f} s: "
+                    f"{self.diagnosis()}")
+            if not self._sock.poll(int(wait * 1000) + 1, zmq.POLLIN):
+                continue
             try:
                 reply = recv_message(self._sock)
             except HogshardError as err:
                 log.warning("dropping undecodable reply from %s: %s", self.address, err.message)
                 continue
             if reply.request_id == request_id:
-                return raise_if_error(reply)
+                return self._checked(reply)
             log.debug("dropping late reply id=%s on %s", reply.request_id, self.address)
 
+    def _checked(self, reply: Message) -> Message:
+        """``raise_if_error``, naming a peer that is not the scheduler (a server's port)."""
+        try:
+            return raise_if_error(reply)
+        except UnknownOpError as err:
+            if "for the scheduler" in err.message:
+                raise
+            peer = "a server" if "for a server" in err.message else "not the scheduler"
+            raise ConfigError(f"{self.address} is {peer}, not the scheduler ({err.message}): "
+                              "point --scheduler (HOGSHARD_SCHEDULER) at the address the "
+                              "scheduler logs as 'scheduler listening on ...'") from None
+
     def close(self) -> None:
+        if self.watch is not None:
+            self.watch.close()
         self._sock.close(0)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -168,6 +169,9 @@ class ShardCheckpointer:
         try:
             Path(path).mkdir(parents=True, exist_ok=True)
             files = save_shard(self._store, self._embeddings, rank, clocks, Path(path), tick)
+            host = socket.gethostname()  # where each file lives (a folder not shared)
+            for entry in files:
+                entry.update(host=host, path=str((Path(path) / entry["file"]).resolve()))
             self.report = {"path": path, "files": files, **about}
             log.info("wrote checkpoint %s", path)
         except (OSError, HogshardError, ValueError) as err:

@@ -133,6 +133,8 @@ class ShardServer:
                                              sender="server-?", security=security))
         self.peer_gate = PeerGate(self.link.hurry)
 
+        log.info("registering with the scheduler at %s (waiting up to %.0f s)", scheduler,
+                 register_timeout)
         registration = self.link.register(self._register_fields(rank_hint, {}), register_timeout)
         self.node_id, self.rank = registration.node_id, registration.rank
         self._registered(registration)

@@ -31,6 +31,8 @@
 ``waiters.py``                :class:`Waiters`: requests answered later, bounded per peer
 ``lifecycle.py``              :class:`JobLifecycle`: the end of a job (``hogshard stop``,
                               ``--exit-when-done``): workers, a final checkpoint, servers
+``job_phase.py``              :class:`PhaseWatch`: the job's phase (starting, running,
+                              degraded, failed, stopping, done) for ``status`` and the log
 ``metrics.py``                :class:`SchedulerCollector`: Prometheus metrics
 ============================  ================================================================
 """

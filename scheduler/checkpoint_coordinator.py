@@ -26,7 +26,7 @@ from hogshard.proto.errors import CheckpointError, ConfigError, ConflictError, H
 from hogshard.proto.manifest import load_manifest, manifest_ranks, resolve_checkpoint
 from hogshard.proto.policy import ConsistencyPolicy, parse_policy
 from hogshard.proto.tables import Chunk, DenseTableSpec
-from hogshard.scheduler.checkpointing import CheckpointRounds, Round
+from hogshard.scheduler.checkpointing import CheckpointRounds, Round, checkpoint_folder
 from hogshard.scheduler.membership import MembershipTable
 from hogshard.scheduler.placement import PlacedTable
 from hogshard.scheduler.waiters import Fields, Ready
@@ -98,7 +98,7 @@ class CheckpointCoordinator:
 
     def request(self, directory: str) -> Ready:
         """The ``checkpoint`` op: a round into ``directory``, answered once it is written."""
-        return self.rounds.waiter(self.start(Path(directory)))
+        return self.rounds.waiter(self.start(checkpoint_folder(directory)))
 
     def tick(self, now: float) -> None:
         """Fail a round past its deadline or with a dead server; start a periodic one."""

@@ -5,8 +5,12 @@ A round: the scheduler picks ``PARENT/ckpt-N`` and, in every live server's next 
 reply, sets ``checkpoint: {"path": ...}``. Each server writes its shard files there (its loop
 stops serving while it writes, so each shard file is a consistent cut of that shard) and
 reports ``checkpoint: {"path", "files"}`` (or ``"error"``) in its following heartbeats. When
-every server of the round has reported, the scheduler writes ``manifest.json`` (the shard map,
-policy, worker clocks and every file's size and SHA-256) and moves ``LATEST``. A round fails if
+every server of the round has reported, the scheduler checks that it sees every file in the
+round's folder with the size its server reported (a folder not shared by every host fails
+this), then writes ``manifest.json`` (the shard map, policy, worker clocks and every file's
+size, SHA-256, host and absolute path) and moves ``LATEST``; where some file is not there, the
+round is not complete: the manifest goes to ``manifest.pending.json`` naming where each file
+lives, and the files are left for an operator to gather (docs/CHECKPOINTS.md). A round fails if
 a server reports an error (a full or read-only disk), dies, or takes longer than ``timeout``
 seconds, or the manifest cannot be written: the error is logged and kept for ``status``, the
 files of the failed folder are deleted (best effort; its number is not used again), ``LATEST``
@@ -20,7 +24,9 @@ Example::
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,6 +35,7 @@ from typing import Any
 
 from hogshard.proto.errors import CheckpointError, ConfigError, ConflictError
 from hogshard.proto.manifest import (
+    atomic_write_bytes,
     discard_partial,
     disk_error,
     new_checkpoint_dir,
@@ -37,6 +44,23 @@ from hogshard.proto.manifest import (
 )
 
 log = logging.getLogger(__name__)
+
+#: Where a round whose files the scheduler cannot all see leaves its manifest.
+PENDING = "manifest.pending.json"
+
+
+def checkpoint_folder(directory: str | os.PathLike[str]) -> Path:
+    """``--checkpoint-dir`` or a ``checkpoint`` op's ``dir`` as an absolute path: a relative
+    one is resolved against the scheduler's working folder (and logged), so that every
+    server is sent the same folder whatever its own working folder."""
+    path = Path(directory)
+    if path.is_absolute():
+        return path
+    resolved = path.resolve()
+    log.info("checkpoint folder %s is relative: resolved against the scheduler's working "
+             "folder to %s (every server writes there: share it, docs/CHECKPOINTS.md)",
+             directory, resolved)
+    return resolved
 
 
 @dataclass
@@ -163,14 +187,38 @@ class CheckpointRounds:
         assert r is not None
         manifest = {**r.describe(), "servers": len(r.ranks), "server_ranks": sorted(r.ranks),
                     "files": [e for rank in sorted(r.files) for e in r.files[rank]]}
+        unseen = unseen_files(r.path, manifest["files"])
+        if unseen:
+            self._scattered(r, manifest, unseen)
+            return
         try:
             write_manifest(r.path, manifest)
         except OSError as err:
             self._fail(f"cannot write the manifest: {disk_error(err)}")
             return
         r.manifest = manifest
-        log.info("checkpoint %s complete (%d files)", r.path, len(manifest["files"]))
+        log.info("checkpoint %s complete (%d files, each checked in that folder)", r.path,
+                 len(manifest["files"]))
         self.last, self.current, self.complete = r, None, r
+
+    def _scattered(self, r: Round, manifest: dict[str, Any], unseen: list[str]) -> None:
+        """Some files are not in the round's folder as the scheduler sees it (servers on
+        hosts that do not share it): not complete; ``manifest.pending.json`` says where each
+        file lives, and nothing is deleted."""
+        pending = r.path / PENDING
+        try:
+            atomic_write_bytes(pending, json.dumps({"format": 1, "created": time.time(),
+                                                    **manifest}, indent=1).encode())
+            where = f"{pending} names where each file lives"
+        except OSError as err:
+            where = f"cannot write {pending}: {disk_error(err)}"
+        r.error = (f"checkpoint {r.path} is not complete where the scheduler can read it: "
+                   f"{'; '.join(unseen)}; --checkpoint-dir must be a folder every server and "
+                   f"the scheduler share; to restore this one, copy each file next to "
+                   f"{PENDING} and rename it manifest.json ({where})")
+        log.error("%s", r.error)
+        self.failures += 1
+        self.last, self.current = r, None
 
     def _fail(self, why: str) -> None:
         r = self.current
@@ -207,6 +255,29 @@ class CheckpointRounds:
             return {"path": str(r.path), "files": r.manifest["files"]}
 
         return ready
+
+
+def unseen_files(ckpt: Path, files: list[dict[str, Any]]) -> list[str]:
+    """The files of ``files`` not in ``ckpt`` with the size their server reported, each
+    with where its server wrote it.
+
+    >>> import tempfile
+    >>> unseen_files(Path(tempfile.mkdtemp()), [{"file": "shard-1.npz", "bytes": 3,
+    ...     "host": "node-b", "path": "/ckpt/ckpt-000001/shard-1.npz"}])
+    ['shard-1.npz (written on node-b at /ckpt/ckpt-000001/shard-1.npz) is not there']
+    """
+    unseen = []
+    for entry in files:
+        name = str(entry.get("file"))
+        try:
+            size: int | None = (ckpt / name).stat().st_size
+        except OSError:
+            size = None
+        if size != entry.get("bytes"):
+            place = f"written on {entry.get('host', '?')} at {entry.get('path', '?')}"
+            unseen.append(f"{name} ({place}) is not there" if size is None else
+                          f"{name} ({place}) has {size} bytes here, not {entry.get('bytes')}")
+    return unseen
 
 
 def _missing_chunks(expected: dict[str, set[int]], files: list[dict[str, Any]]

@@ -131,6 +131,7 @@ class JobLifecycle:
         self.phase, self._since = phase, now
 
     def status(self) -> dict[str, Any]:
-        """The ``status`` reply's ``job`` field."""
-        return {"phase": self.phase, "reason": self.reason, "num_workers": self.num_workers,
+        """The ``status`` reply's ``job`` field, less the job's phase (scheduler/job_phase.py):
+        ``step`` is this lifecycle's phase."""
+        return {"step": self.phase, "reason": self.reason, "num_workers": self.num_workers,
                 "exit_when_done": self.exit_when_done}

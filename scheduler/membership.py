@@ -245,6 +245,14 @@ class MembershipTable:
     def live_clocks(self) -> dict[str, int]:
         return {m.node_id: m.clock for m in self.live("worker")}
 
+    def worker_clocks(self) -> dict[str, int]:
+        """What a checkpoint keeps: the live workers' clocks or, with none live, those of
+        the workers that finished (left), so that one taken as the job ends still has
+        them."""
+        return self.live_clocks() or {
+            m.node_id: m.clock for m in self._members.values()
+            if m.role == "worker" and m.state is MemberState.DONE}
+
     def min_live_clock(self) -> int:
         clocks = self.live_clocks()
         return min(clocks.values()) if clocks else 0

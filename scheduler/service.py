@@ -39,8 +39,9 @@ from hogshard.proto.transport import bind_router
 from hogshard.proto.wire import Message
 from hogshard.scheduler.barriers import Barriers
 from hogshard.scheduler.checkpoint_coordinator import CheckpointCoordinator, restore_job
-from hogshard.scheduler.checkpointing import CheckpointRounds
+from hogshard.scheduler.checkpointing import CheckpointRounds, checkpoint_folder
 from hogshard.scheduler.heartbeats import Heartbeats
+from hogshard.scheduler.job_phase import PhaseWatch
 from hogshard.scheduler.lifecycle import JobLifecycle
 from hogshard.scheduler.lost import LostShards
 from hogshard.scheduler.membership import MembershipTable, MemberState, server_list
@@ -97,9 +98,12 @@ class Scheduler:
         self.errors: dict[str, int] = {}
         restored = restore_job(Path(restore), expected_servers) if restore else None
         if restored is not None:
+            if restored.policy.spec != consistency.spec:
+                log.warning("--restore %s: the checkpoint's policy %s replaces --policy %s",
+                            restore, restored.policy.spec, consistency.spec)
             consistency = restored.policy
         rounds = CheckpointRounds(
-            checkpoint_every, Path(checkpoint_dir) if checkpoint_dir else None,
+            checkpoint_every, checkpoint_folder(checkpoint_dir) if checkpoint_dir else None,
             complete=restored.round(self._job_description) if restored is not None else None)
         #: the lowest worker clock of the checkpoint restored (0: none)
         self.restored_clock = restored.clock if restored is not None else 0
@@ -125,6 +129,8 @@ class Scheduler:
                                      self.checkpoints, self.policy, self.barriers,
                                      self.lifecycle)
 
+        #: the job's phase (scheduler/job_phase.py)
+        self.phase = PhaseWatch(self.members, self.lifecycle, self.recovery, expected_servers)
         self._stop = threading.Event()
         self._own_context = context is None
         self._context = context or zmq.Context()
@@ -207,6 +213,7 @@ class Scheduler:
         self.shard_map.place_reported_slots()
         self.checkpoints.tick(now)
         self._waiters.release()
+        self.phase.log_change()
         if self.lifecycle.tick(now):
             self.stop()
 
@@ -222,7 +229,7 @@ class Scheduler:
         return {
             "policy": self.policy.policy.spec, "epoch": self.members.epoch,
             "servers": self.expected_servers, "tables": self.shard_map.views(),
-            "clocks": self.members.live_clocks(),
+            "clocks": self.members.worker_clocks(),
         }
 
     # ---- handlers (proto/requests.py: a request in, a reply, HELD or an error out) ----------
@@ -417,7 +424,7 @@ class Scheduler:
             "uptime": now - self.started_at,
             "expected_servers": self.expected_servers,
             "shutdown": self.shutting_down,
-            "job": self.lifecycle.status(),
+            "job": {**self.lifecycle.status(), **self.phase.now().to_wire()},
             "members": [
                 {
                     "node_id": m.node_id, "role": m.role, "rank": m.rank, "address": m.address,

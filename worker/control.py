@@ -48,19 +48,21 @@ POLL_S = 0.2
 
 
 def connect_error(settings: ClientSettings, op: str,
-                  servers: str | None = None) -> RequestTimeoutError:
+                  servers: str | None = None, seen: str | None = None) -> RequestTimeoutError:
     """The error of a worker that waited ``settings.connect_timeout`` seconds for ``op``
     (``register``: the scheduler; ``wait_servers``: the servers), naming the address, the
-    time waited and the likely causes."""
+    time waited and the likely causes (``seen``: what the connection saw, which says it
+    when it knows: RpcChannel.diagnosis)."""
     waited = f"{settings.connect_timeout:.0f} s ({env_name('connect_timeout')})"
     if op == "register":
         keys = (f"the keys in {settings.keys} may not be this cluster's (the scheduler logs "
                 "a refused CURVE handshake)" if settings.keys else
                 "this cluster may use CURVE; pass --keys (HOGSHARD_KEYS)")
+        saw = f" (its socket saw: {seen})" if seen and not seen.startswith("connected") else ""
         return RequestTimeoutError(
             f"no reply from the scheduler at {settings.scheduler} after {waited}: nothing "
             f"listening there (a wrong host or port, the scheduler not started), a firewall "
-            f"between, or {keys}")
+            f"between, or {keys}{saw}")
     return RequestTimeoutError(
         f"registered with the scheduler at {settings.scheduler}, but "
         f"{servers or 'not every server'} had registered after {waited}: start the missing "
@@ -81,7 +83,8 @@ def join(client: PSClient, at_exit: Callable[[Any], None]) -> Message:
             "register", {"role": "worker", "rank_hint": settings.rank, "host": client.shm.host},
             timeout=timeout)
     except RequestTimeoutError:
-        raise connect_error(settings, "register") from None
+        raise connect_error(settings, "register",
+                            seen=client.channel.control.diagnosis()) from None
     _adopt_registration(client, reply.header)
     client.policy = reply.get("policy")
     client.heartbeat = Heartbeat(client, client.channel.control_context,

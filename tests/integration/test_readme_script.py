@@ -51,6 +51,7 @@ def test_the_readme_script_trains_under_launch(procs, tmp_path: Path) -> None:
     output = proc.output()
     assert code == 0, f"hogshard launch exited with {code}\n{proc.tail(80)}"
 
+    assert "registering with the scheduler at" in output, output[-4000:]  # logged as it joins
     # client.finish() gave every rank the job's final weights: the same accuracy on both
     found = dict(re.findall(r"rank (\d): test accuracy (\d\.\d+) on \S+", output))
     assert set(found) == {"0", "1"} and len(set(found.values())) == 1, output[-4000:]

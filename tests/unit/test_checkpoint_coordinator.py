@@ -110,3 +110,45 @@ def test_periodic_rounds_wait_for_a_table_and_are_postponed_when_refused(
     job.coordinator.tick(later)
     assert job.rounds.current is None and not job.rounds.due(later)  # refused: postponed
     assert job.rounds.due(later + 10.0)
+
+
+def test_a_round_whose_files_the_scheduler_cannot_see_is_not_complete(tmp_path: Path) -> None:
+    """A server on a host that does not share the folder: its file is not where the
+    scheduler looks. The round is not complete (no manifest.json, LATEST not moved, nothing
+    deleted); manifest.pending.json names where each file lives."""
+    job = Job(tmp_path)
+    job.shard_map.declare("model", 10, None, RULE)
+    ready = job.coordinator.request(str(tmp_path))
+    path = Path(job.coordinator.heartbeat(0, None)["path"])
+    job.coordinator.heartbeat(0, job.write_shard(str(path), 0))
+    elsewhere = tmp_path / "other-host"
+    elsewhere.mkdir()
+    report = job.write_shard(str(elsewhere), 1)
+    report["path"] = str(path)
+    report["files"][0].update(host="node-b", path=str(elsewhere / "shard-1.npz"))
+    job.coordinator.heartbeat(1, report)
+    with pytest.raises(CheckpointError, match=r"shard-1.npz \(written on node-b at .*\) is "
+                                              "not there"):
+        ready()
+    assert not (path / "manifest.json").exists() and not (tmp_path / "LATEST").exists()
+    assert (path / "shard-0.npz").exists() and (path / "manifest.pending.json").exists()
+    assert job.rounds.complete is None and job.rounds.status()["last"]["ok"] is False
+    (path / "shard-1.npz").write_bytes((elsewhere / "shard-1.npz").read_bytes())  # gathered
+    (path / "manifest.pending.json").rename(path / "manifest.json")
+    assert restore_job(path, expected_servers=2).path == path
+
+
+def test_a_relative_checkpoint_folder_is_resolved_against_the_scheduler(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hogshard.scheduler.checkpointing import checkpoint_folder
+
+    monkeypatch.chdir(tmp_path)
+    assert checkpoint_folder("ckpt") == tmp_path.resolve() / "ckpt"
+    assert checkpoint_folder("/abs/ckpt") == Path("/abs/ckpt")
+
+
+def test_worker_clocks_outlive_the_workers_leave(tmp_path: Path) -> None:
+    job = Job(tmp_path)
+    job.members.leave(job.worker.node_id)
+    assert job.members.live_clocks() == {}
+    assert job.members.worker_clocks() == {job.worker.node_id: 7}
