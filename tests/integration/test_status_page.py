@@ -1,7 +1,7 @@
 """The scheduler's status page in a real headless browser (Chromium driven by Selenium): a
 scheduler started with --http-port, two servers and a worker pushing; the page shows the phase,
 the members and a plot that grows, marks a killed server dead within a few seconds, and shows
-the job's final phase after `hogshard stop`. Skipped where no browser is installed
+the job's final phase (done) after `hogshard stop`. Skipped where no browser is installed
 (`apt-get install chromium chromium-driver`, `pip install selenium`)."""
 
 from __future__ import annotations
@@ -118,8 +118,8 @@ def test_page_shows_the_job_live(procs, cluster_factory, zmq_ctx, browser) -> No
         code, output = procs.run("stop", [sys.executable, "-m", "hogshard", "stop",
                                           "--scheduler", cluster.address], 30.0)
         assert code == 0, output
-        wait(lambda: _attr(browser, "#phase", "data-phase") == "ended", 45.0,
-             "the page to show the final phase 'ended'")
+        wait(lambda: _attr(browser, "#phase", "data-phase") == "done", 45.0,
+             "the page to show the final phase 'done'")
         assert cluster.scheduler.wait(30.0) == 0, cluster.scheduler.tail()
     finally:
         if not closed:

@@ -162,7 +162,7 @@ def test_the_scheduler_loop_publishes_its_status_and_the_final_phase() -> None:
         loop.join(10.0)
     assert not loop.is_alive()
     assert seen and set(seen[0]) == set(scheduler.status_fields(0.0))
-    assert seen[-1]["job"]["phase"] == "ended"
+    assert seen[-1]["job"]["phase"] == "done"
 
 
 def test_the_page_files_are_package_data() -> None:
