@@ -74,6 +74,8 @@ class PSClient:
         self._push_ids = itertools.count(1)
         self._incarnation = secrets.randbits(30)  # push ids stay unique across restarts
         self._closed = False
+        #: The row gradients its embedding bags push in backward (worker/row_push.py).
+        self.row_pushes: Any = None
         shm = shm or ShmSettings.from_env()
         #: Shared memory with the servers on this host (worker/shm.py).
         self.shm = ShmLink(shm, host_identity(shm.host_id))
@@ -294,6 +296,11 @@ class PSClient:
         if self._closed:
             return
         self._closed = True
+        if self.row_pushes is not None and not self.failure:
+            try:  # the last backward's row push, applied before the worker leaves
+                self.row_pushes.wait()
+            except Exception as err:  # noqa: BLE001 - closing goes on; the push is lost
+                log.error("the last row push failed; its rows were not updated: %s", err)
         if self.heartbeat is not None:
             self.heartbeat.stopped.set()
             self.heartbeat.join(timeout=10.0)  # no heartbeat may arrive after the leave
