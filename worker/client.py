@@ -188,7 +188,8 @@ class PSClient:
         storage: str = "fp32", policy: str = "async",
     ) -> sparse.EmbeddingHandle:
         """Create (idempotently, on every server) or join an embedding table; rows are routed
-        by a stable hash of their id. ``rule``: ``sgd``, ``rowwise_adagrad`` (default), ``adam``.
+        by a stable hash of their id. ``rule``: a row rule spec (``sgd``, ``rowwise_adagrad``,
+        the default, ``adagrad``, ``adam``, ``adamw``, ``sparse_adam``; PROTOCOL.md 13.2).
         ``max_rows``, ``admit_after`` and ``ttl`` bound each shard's rows; ``storage`` (``fp32``,
         ``fp16``, ``bf16``) is how the shards hold them; ``policy`` (``async`` or ``ssp:S``)
         whether a pull waits for slower workers' row pushes (EmbeddingSpec)."""
@@ -298,7 +299,7 @@ class PSClient:
         self._closed = True
         if self.row_pushes is not None and not self.failure:
             try:  # the last backward's row push, applied before the worker leaves
-                self.row_pushes.wait()
+                self.row_pushes.wait(pipelined=True)
             except Exception as err:  # noqa: BLE001 - closing goes on; the push is lost
                 log.error("the last row push failed; its rows were not updated: %s", err)
         if self.heartbeat is not None:

@@ -3,9 +3,12 @@
 Each forward pulls the *unique* ids of its batch once (or uses rows already fetched by
 :func:`prefetch`, which pulls every table of a step in one request per server), builds a small
 local leaf tensor of those rows, and pools it with ``F.embedding_bag``; autograd sums the
-gradients of duplicate ids into that leaf. At the optimizer step :func:`push_gradients` sends
-the row gradients of every bag in one request per server (``PSOptimizer(embeddings=[...])``
-does it with the dense push).
+gradients of duplicate ids into that leaf. A hook on the leaf hands its gradient to the
+client's row pushes (:mod:`hogshard.worker.row_push`), which send the row gradients of every
+bag in one request per server as backward ends: rows train whatever optimizer the script
+steps, with their table's row rule (``rule``: a spec, or the ``torch.optim`` optimizer they
+follow, :mod:`hogshard.worker.row_optim`). :func:`push_gradients` (``PSOptimizer(embeddings=
+[...])`` calls it at its step) and :func:`flush` wait for those pushes.
 
 With ``cache_staleness=K`` a bag keeps the rows it pulled in a :class:`RowCache` and reuses
 a row pulled at most K clocks ago instead of pulling it again (its gradients are still pushed
@@ -31,16 +34,17 @@ unique ids are computed on the host, where the request is built).
 Example::
 
     bag = RemoteEmbeddingBag(client, "user", num_embeddings=None, embedding_dim=16, mode="sum",
-                             rule={"rule": "rowwise_adagrad", "lr": 0.05})
+                             rule=(torch.optim.Adagrad, {"lr": 0.05}))
     opt = PSOptimizer(client, model.named_parameters(), embeddings=[bag], rule="adam")
     prefetch([(bag, indices)])                   # optional: one pull for all bags
     pooled = bag(indices, offsets)               # (batch, 16)
-    loss.backward(); opt.step()                  # pushes dense and row gradients together
+    loss.backward()                              # the rows' gradients are pushed as it ends
+    opt.step()                                   # the dense push; waits for the rows' too
 
     bag = RemoteEmbeddingBag(client, "item", None, 16, pipeline="exact")
     pooled = bag(indices)                        # this batch (pulled then, or announced)
     bag.prefetch(next_indices)                   # the next batch's rows travel meanwhile
-    loss.backward(); opt.step()                  # the push is not waited for
+    loss.backward(); opt.step()                  # the row push is not waited for
     flush(client, [bag])                         # at the end: every push applied
 """
 

@@ -7,7 +7,7 @@ script steps, or none; nothing is left for a step to push.
 
 A push is not waited for at once: the next backward's push (or :func:`wait`, which
 ``push_gradients``, ``flush`` and ``client.close`` call) waits for it, and a failure raises
-there. The rows of ``"exact"`` pipeline bags announced for the next step are pulled right
+there; a push of ``pipeline`` bags only is waited for by their next push or ``flush``. The rows of ``"exact"`` pipeline bags announced for the next step are pulled right
 behind the push, on the same connections, so they read its update.
 
 A table whose rule was not chosen (``rule=None``: the default ``rowwise_adagrad``) is checked
@@ -53,6 +53,7 @@ class RowPushes:
         self.client = client
         self.gathered: list[tuple[RemoteEmbeddingBag, np.ndarray, torch.Tensor]] = []
         self.sending: list[Future] = []  # pushes not waited for (at most one backward's)
+        self.last_piped: Future | None = None  # the last push of pipeline bags only
         self.unchosen: weakref.WeakSet[RemoteEmbeddingBag] = weakref.WeakSet()
         self._step_hook: Any = None
 
@@ -90,12 +91,19 @@ class RowPushes:
         pull_announced(bags)
         for bag in bags:
             if bag.pipeline is not None:
-                bag.in_flight.pushing = future
-        self.sending.append(future)
+                bag.in_flight.pushing = future  # waited for by the bag's next push or flush
+        if any(bag.pipeline is None for bag in bags):
+            self.sending.append(future)
+        else:
+            self.last_piped = future
 
-    def wait(self) -> None:
-        """Wait until the servers applied every push sent; the first failure raises."""
+    def wait(self, pipelined: bool = False) -> None:
+        """Wait until the servers applied every push sent (``pipelined``: that of pipeline
+        bags too); the first failure raises."""
         sending, self.sending = self.sending, []
+        if pipelined and self.last_piped is not None:
+            sending.append(self.last_piped)
+            self.last_piped = None
         for future in sending:
             future.result(self.client.settings.request_timeout)
 
