@@ -302,6 +302,8 @@ class PSClient:
                 self.row_pushes.wait(pipelined=True)
             except Exception as err:  # noqa: BLE001 - closing goes on; the push is lost
                 log.error("the last row push failed; its rows were not updated: %s", err)
+        if self.row_pushes is not None:
+            self.row_pushes.close()
         if self.heartbeat is not None:
             self.heartbeat.stopped.set()
             self.heartbeat.join(timeout=10.0)  # no heartbeat may arrive after the leave

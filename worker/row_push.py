@@ -107,6 +107,13 @@ class RowPushes:
         for future in sending:
             future.result(self.client.settings.request_timeout)
 
+    def close(self) -> None:
+        """Stop checking torch optimizers' steps (the client leaves the job)."""
+        if self._step_hook is not None:
+            self._step_hook.remove()
+            self._step_hook = None
+        self.unchosen = weakref.WeakSet()
+
     def watch_rule(self, bag: RemoteEmbeddingBag) -> None:
         """Check, at the first step of a torch optimizer, that a table whose rule was not
         chosen is not trained by a script that means another rule."""
