@@ -69,7 +69,7 @@ from hogshard.worker.row_cache import DEFAULT_CAPACITY, RowCache
 from hogshard.worker.row_fetch import BagStep, FetchedRows, pull_fetched
 from hogshard.worker.row_optim import row_rule_of
 from hogshard.worker.row_push import merge, row_pushes
-from hogshard.worker.row_state import load_rows, save_rows
+from hogshard.worker.row_state import load_rows, save_rows, upload_weight
 from hogshard.worker.sparse import EmbeddingHandle
 
 
@@ -87,7 +87,8 @@ class RemoteEmbeddingBag(nn.Module):
     first step of a plain ``torch.optim`` optimizer (which means another rule). ``sparse``
     is accepted for torch's sake: the gradient is rows either way (never a dense table).
     ``max_norm`` and a ``dtype`` other than float32 are refused; ``_weight`` (initial rows) is
-    refused: rows start from the table's own init (``seed``, ``init_scale``).
+    written to the servers by the worker ranked 0 (:func:`hogshard.worker.row_state.
+    upload_weight`), or else rows start from the table's own init (``seed``, ``init_scale``).
 
     Its device is ``device`` (cpu by default), and then wherever ``.to()`` moves the module.
     ``max_rows``, ``admit_after`` and ``ttl`` bound the rows each server holds and ``storage``
@@ -132,7 +133,7 @@ class RemoteEmbeddingBag(nn.Module):
     ) -> None:
         super().__init__()
         num_embeddings, embedding_dim = torch_sizes(name, num_embeddings, embedding_dim)
-        check_torch_arguments(name, mode, max_norm, _weight, dtype)
+        check_torch_arguments(name, mode, max_norm, dtype)
         bound = row_staleness_bound(policy, name)  # refuses a bad policy before any request
         check_pipeline(pipeline, client.policy)
         check_pipeline(pipeline, policy)
@@ -169,6 +170,8 @@ class RemoteEmbeddingBag(nn.Module):
         self.cache_table = self.cache.add_table() if self.cache is not None else 0
         # no parameters to follow .to(); an empty buffer carries the device
         self.register_buffer("_device_anchor", torch.empty(0, device=device), persistent=False)
+        if _weight is not None:
+            upload_weight(self, _weight)
 
     @property
     def device(self) -> torch.device:
@@ -407,16 +410,13 @@ def torch_sizes(name: str, num_embeddings: Any, embedding_dim: Any) -> tuple[int
 
 
 def check_torch_arguments(name: str, mode: str, max_norm: float | None,
-                          weight: torch.Tensor | None, dtype: torch.dtype | None) -> None:
+                          dtype: torch.dtype | None) -> None:
     """Refuse the ``nn.EmbeddingBag`` arguments a remote table cannot honour."""
     if mode not in ("sum", "mean", "max"):
         raise ConfigError(f"table {name!r}: mode must be 'sum', 'mean' or 'max'; got {mode!r}")
     if max_norm is not None:
         raise ConfigError(f"table {name!r}: max_norm renormalises stored rows in forward, which "
                           "the servers' rows do not do; leave it None")
-    if weight is not None:
-        raise ConfigError(f"table {name!r}: initial rows (_weight) cannot be uploaded; rows "
-                          "start from the table's init (seed=, init_scale=)")
     if dtype is not None and dtype != torch.float32:
         raise ConfigError(f"table {name!r}: rows are float32 (storage= sets how servers hold "
                           f"them); got dtype={dtype}")

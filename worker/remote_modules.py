@@ -3,10 +3,14 @@ TorchRec's ``DistributedModelParallel`` shards a model's tables).
 
 :func:`remote_embeddings` replaces every ``nn.EmbeddingBag`` and ``nn.Embedding`` of a model by
 a :class:`RemoteEmbeddingBag` / :class:`RemoteEmbedding` with the same arguments, its table
-named after the module's path (``emb_l.0``), on the device of the module's weight. Initial
-weights cannot be uploaded to the servers: each table's rows start from its own init, uniform
-with the variance of the module's weights (``init_scale = sqrt(3) * std``) unless
-``init_scale`` is given. Every table takes the same ``rule`` (a row rule spec or the
+named after the module's path (``emb_l.0``), on the device of the module's weight. With
+``upload`` (the default) the worker ranked 0 writes each module's weights to its table where
+the table fits (``num_embeddings x dim`` of at most ``STATE_DICT_MAX_ELEMS``, no ``max_rows``
+or ``admit_after``) and the job hashes rows over its servers (no ``--replication``, no
+``--embedding-slots``): several workers should meet at a barrier after the call, before the
+first step. Other tables' rows start from their own init, uniform with the variance of the
+module's weights (``init_scale = sqrt(3) * std``) unless ``init_scale`` is given.
+Every table takes the same ``rule`` (a row rule spec or the
 ``torch.optim`` optimizer its rows follow, :mod:`hogshard.worker.row_optim`) and ``options``
 (``seed``, ``policy``, ``cache_staleness``, ...). Rows are pushed in backward, so the script's
 optimizer, built after the call over ``model.parameters()``, steps the dense part.
@@ -29,6 +33,7 @@ from torch import nn
 
 from hogshard.worker.client import PSClient
 from hogshard.worker.embedding import RemoteEmbeddingBag
+from hogshard.worker.row_state import assignable, upload_weight
 
 
 class RemoteEmbedding(RemoteEmbeddingBag):
@@ -82,7 +87,8 @@ class RemoteEmbedding(RemoteEmbeddingBag):
 
 
 def remote_embeddings(client: PSClient, model: nn.Module, rule: Any = None,
-                      prefix: str = "", **options: Any) -> dict[str, RemoteEmbeddingBag]:
+                      prefix: str = "", upload: bool = True,
+                      **options: Any) -> dict[str, RemoteEmbeddingBag]:
     """Replace every ``nn.EmbeddingBag`` / ``nn.Embedding`` of ``model`` (in place) by a remote
     table named ``prefix`` + its module path; returns them by path. See the module's
     docstring."""
@@ -107,6 +113,8 @@ def remote_embeddings(client: PSClient, model: nn.Module, rule: Any = None,
         else:
             remote = RemoteEmbedding(client, prefix + path, module.num_embeddings,
                                      module.embedding_dim, **common, **kwargs)
+        if upload and assignable(remote):
+            upload_weight(remote, weight)
         parent_path, _, child = path.rpartition(".")
         setattr(model.get_submodule(parent_path) if parent_path else model, child, remote)
         made[path] = remote

@@ -3,7 +3,8 @@ rows train in backward whatever optimizer the script steps (a plain ``torch.opti
 dense part moves every table's rows); rows under SGD, Adagrad and SparseAdam equal
 ``nn.EmbeddingBag(sparse=True)`` under the same torch optimizer; a table whose rule was not
 chosen is refused at the script's first step; a model of plain ``nn.EmbeddingBag`` and
-``nn.Embedding`` becomes remote in one call; ``state_dict()`` holds the rows or raises."""
+``nn.Embedding`` becomes remote in one call, its weights uploaded; ``state_dict()`` holds the
+rows or raises, and ``load_state_dict()`` writes them."""
 
 from __future__ import annotations
 
@@ -63,11 +64,15 @@ def test_rows_train_under_the_scripts_own_optimizer(cluster_factory) -> None:
     client = PSClient(ClientSettings(scheduler=address, request_timeout=30.0))
     try:
         model = Tiny()
+        initial = {k[:-len(".weight")]: v.clone() for k, v in model.state_dict().items()
+                   if not k.startswith("head")}
         tables = remote_embeddings(client, model, rule=(torch.optim.SGD, {"lr": 0.5}))
         assert sorted(tables) == ["tables.0", "tables.1", "words"]
         assert isinstance(model.words, RemoteEmbedding) and model.tables[1].mode == "mean"
         assert [t.handle.name for t in tables.values()] == ["tables.0", "tables.1", "words"]
         before = {p: all_rows(client, t) for p, t in tables.items()}
+        for path, rows in before.items():  # the modules' own weights, uploaded
+            np.testing.assert_array_equal(rows[1:], initial[path].numpy()[1:])
         opt = torch.optim.SGD(model.parameters(), lr=0.1)  # the script's own: the head only
         assert len(opt.param_groups[0]["params"]) == 2
         for ids, offsets, _ in batches(1):
@@ -83,10 +88,13 @@ def test_rows_train_under_the_scripts_own_optimizer(cluster_factory) -> None:
             np.testing.assert_array_equal(state[f"{path}.weight"].numpy()[1:], after[1:])
         assert not (all_rows(client, tables["words"])[0] != before["words"][0]).any()  # padding
         assert state["words.weight"][0].eq(0).all()
-        model.load_state_dict(state)  # the rows the servers hold: loads
         state["words.weight"][3] += 1.0
+        model.load_state_dict(state)  # written to the servers
+        np.testing.assert_array_equal(all_rows(client, tables["words"])[1:],
+                                      state["words.weight"].numpy()[1:])
+        unbounded = RemoteEmbeddingBag(client, "unbounded", None, DIM, rule="sgd")
         with pytest.raises(ConfigError, match="hogshard checkpoint"):
-            model.load_state_dict(state)
+            unbounded.state_dict()
     finally:
         client.close()
 
