@@ -50,7 +50,6 @@ Example::
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -65,6 +64,7 @@ from hogshard.proto.tables import row_staleness_bound
 from hogshard.worker.client import PSClient
 from hogshard.worker.device import to_device, to_host
 from hogshard.worker.futures import Future
+from hogshard.worker.row_args import check_torch_arguments, padding_index, torch_sizes
 from hogshard.worker.row_cache import DEFAULT_CAPACITY, RowCache
 from hogshard.worker.row_fetch import BagStep, FetchedRows, pull_fetched
 from hogshard.worker.row_optim import row_rule_of
@@ -387,55 +387,3 @@ def flush(client: PSClient, bags: Sequence[RemoteEmbeddingBag]) -> None:
 
 class RowsNotPushedError(ConfigError):
     """Gradients reached a remote table's rows and were never pushed."""
-
-
-def torch_sizes(name: str, num_embeddings: Any, embedding_dim: Any) -> tuple[int | None, int]:
-    """``num_embeddings`` (None allowed) and ``embedding_dim`` as Python ints, from any integer
-    type (numpy's, a 0-d integer tensor); ConfigError for anything else or a size below 1."""
-    sizes: list[int | None] = []
-    for what, value in (("num_embeddings", num_embeddings), ("embedding_dim", embedding_dim)):
-        if value is None and what == "num_embeddings":
-            sizes.append(None)
-            continue
-        try:
-            if isinstance(value, (bool, np.bool_)):
-                raise TypeError
-            size = operator.index(value)
-        except TypeError:
-            raise ConfigError(f"table {name!r}: {what} must be an integer, got {value!r}") from None
-        if size < 1:
-            raise ConfigError(f"table {name!r}: {what} must be at least 1, got {size}")
-        sizes.append(size)
-    return sizes[0], cast(int, sizes[1])
-
-
-def check_torch_arguments(name: str, mode: str, max_norm: float | None,
-                          dtype: torch.dtype | None) -> None:
-    """Refuse the ``nn.EmbeddingBag`` arguments a remote table cannot honour."""
-    if mode not in ("sum", "mean", "max"):
-        raise ConfigError(f"table {name!r}: mode must be 'sum', 'mean' or 'max'; got {mode!r}")
-    if max_norm is not None:
-        raise ConfigError(f"table {name!r}: max_norm renormalises stored rows in forward, which "
-                          "the servers' rows do not do; leave it None")
-    if dtype is not None and dtype != torch.float32:
-        raise ConfigError(f"table {name!r}: rows are float32 (storage= sets how servers hold "
-                          f"them); got dtype={dtype}")
-
-
-def padding_index(name: str, padding_idx: Any, num_embeddings: int | None) -> int | None:
-    """``padding_idx`` as torch takes it (negative: from the end of ``num_embeddings``)."""
-    if padding_idx is None:
-        return None
-    try:
-        index = operator.index(padding_idx)
-    except TypeError:
-        raise ConfigError(f"table {name!r}: padding_idx must be an integer, "
-                          f"got {padding_idx!r}") from None
-    if num_embeddings is not None and not -num_embeddings <= index < num_embeddings:
-        raise ConfigError(f"table {name!r}: padding_idx must be within num_embeddings "
-                          f"({num_embeddings}); got {index}")
-    if index < 0:
-        if num_embeddings is None:
-            raise ConfigError(f"table {name!r}: a negative padding_idx needs num_embeddings")
-        index += num_embeddings
-    return index

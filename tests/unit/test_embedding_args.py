@@ -12,13 +12,9 @@ from torch import nn
 
 from hogshard.proto.errors import ConfigError
 from hogshard.ps.row_rules import make_row_rule
-from hogshard.worker.embedding import (
-    RemoteEmbeddingBag,
-    check_torch_arguments,
-    padding_index,
-    torch_sizes,
-)
+from hogshard.worker.embedding import RemoteEmbeddingBag
 from hogshard.worker.remote_modules import RemoteEmbedding
+from hogshard.worker.row_args import check_torch_arguments, padding_index, torch_sizes
 from hogshard.worker.row_optim import row_rule_of
 
 
