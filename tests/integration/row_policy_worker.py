@@ -67,6 +67,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"step {step} lag {lag} applied {applied}", flush=True)
         if args.delay:
             time.sleep(args.delay)
+        # the push carries this step's clock: the pull may have admitted this worker at the
+        # others' (a joiner's first pull), which the loop does not follow
+        client.clock = step
         rows[rank].sum().backward()  # pushes the row at the end of backward
         push_gradients(client, [bag])  # waits until the servers applied it
     client.clock = args.steps
