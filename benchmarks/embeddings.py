@@ -141,9 +141,10 @@ def cache_bench(address: str, vocab: int, staleness: int, rounds: int, ids: dict
     client = PSClient(ClientSettings(scheduler=address, request_timeout=60.0))
     try:
         cache = RowCache(16, staleness, DEFAULT_CAPACITY * FEATURES)
-        kinds = {"plain": [RemoteEmbeddingBag(client, f"c{vocab}-{f}", vocab, 16)
+        kinds = {"plain": [RemoteEmbeddingBag(client, f"c{vocab}-{f}", vocab, 16, mode="sum")
                            for f in range(FEATURES)],
-                 "cached": [RemoteEmbeddingBag(client, f"c{vocab}-{f}", vocab, 16, cache=cache)
+                 "cached": [RemoteEmbeddingBag(client, f"c{vocab}-{f}", vocab, 16, mode="sum",
+                                               cache=cache)
                             for f in range(FEATURES)]}
         times: dict[str, list[float]] = {"plain": [], "cached": []}
         for r in range(rounds + 1):  # round 0 warms both (creates the rows, fills the cache)

@@ -296,7 +296,7 @@ def serve_export(args: argparse.Namespace, data: RecsysDataset) -> dict[str, Any
     from hogshard.worker.export import load_exported
 
     exported = load_exported(args.from_export[0], *args.from_export[1:])
-    bags = [exported.bag(table_spec(args, data, f).name) for f in range(data.num_sparse)]
+    bags = [exported.bag(table_spec(args, data, f).name, mode="sum") for f in range(data.num_sparse)]
     model = exported.load_dense(DLRM(data.dense.shape[1], bags, args.dim), "dlrm-dense")
     model.eval()
     host = torch.device("cpu")

@@ -49,10 +49,11 @@ if TYPE_CHECKING:
     from hogshard.worker.client import PSClient
     from hogshard.worker.embedding import RemoteEmbeddingBag
     from hogshard.worker.optimizer import PSOptimizer
+    from hogshard.worker.remote_modules import RemoteEmbedding, remote_embeddings
     from hogshard.worker.shard import Shard, ShardSampler
 
-__all__ = ["PSClient", "PSOptimizer", "RemoteEmbeddingBag", "Shard", "ShardSampler",
-           "__version__"]
+__all__ = ["PSClient", "PSOptimizer", "RemoteEmbedding", "RemoteEmbeddingBag", "Shard",
+           "ShardSampler", "__version__", "remote_embeddings"]
 
 
 def __getattr__(name: str) -> Any:
@@ -69,6 +70,10 @@ def __getattr__(name: str) -> Any:
         from hogshard.worker.embedding import RemoteEmbeddingBag
 
         return RemoteEmbeddingBag
+    if name in ("RemoteEmbedding", "remote_embeddings"):
+        from hogshard.worker import remote_modules
+
+        return getattr(remote_modules, name)
     if name in ("Shard", "ShardSampler"):
         from hogshard.worker import shard
 

@@ -171,10 +171,15 @@ ROW_RULES: Schema = {
     "sgd": {"lr": (0.01, POSITIVE), "weight_decay": (0.0, NONNEGATIVE)},
     "rowwise_adagrad": {"lr": (0.01, POSITIVE), "eps": (1e-8, POSITIVE),
                         "initial_accumulator_value": (0.0, NONNEGATIVE)},
+    "adagrad": {"lr": (1e-2, POSITIVE), "lr_decay": (0.0, NONNEGATIVE),
+                "weight_decay": (0.0, NONNEGATIVE),
+                "initial_accumulator_value": (0.0, NONNEGATIVE), "eps": (1e-10, POSITIVE)},
     "adam": {"lr": (1e-3, POSITIVE), "betas": ((0.9, 0.999), betas), "eps": (1e-8, POSITIVE),
              "weight_decay": (0.0, NONNEGATIVE)},
     "adamw": {"lr": (1e-3, POSITIVE), "betas": ((0.9, 0.999), betas), "eps": (1e-8, POSITIVE),
               "weight_decay": (1e-2, NONNEGATIVE)},
+    "sparse_adam": {"lr": (1e-3, POSITIVE), "betas": ((0.9, 0.999), betas),
+                    "eps": (1e-8, POSITIVE)},
 }
 
 

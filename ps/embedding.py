@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from hogshard.proto.errors import ProtocolError
 from hogshard.proto.hashing import init_rows
 from hogshard.proto.tables import EmbeddingSpec
 from hogshard.ps.row_block import FLOAT32, INT64, RECALLED_PULLS, STORE_DTYPES, RowBlock, TableKeys
@@ -218,6 +219,17 @@ class EmbeddingTable:
         self.block.tick += 1
         self.block.last_used[slots] = self.block.tick
         return slots
+
+    def assign(self, ids: np.ndarray, rows: np.ndarray) -> None:
+        """Set the rows of ``ids`` (validated first) to ``rows``, creating missing ones (with
+        fresh row state; a row that exists keeps its state); of an id given twice, the last
+        row. Not under admission (its rows exist only once pushed)."""
+        if self.sketch is not None:
+            raise ProtocolError(f"table {self.name!r}: rows of a table under admit_after cannot "
+                                "be assigned")
+        last = ids.size - 1 - np.unique(ids[::-1], return_index=True)[1]
+        ids, rows = ids[last], rows[last]
+        self.set_rows(self.slots_for(ids), rows)
 
     def read(self, ids: np.ndarray, found: Found | None = None,
              new_rows: np.ndarray | None = None) -> np.ndarray:

@@ -1,5 +1,5 @@
-"""The shard server's embedding ops (PROTOCOL.md section 13): create, pull, push, stats, save,
-load, as the methods of :class:`EmbeddingOps`. Each is a handler (proto/requests.py): a
+"""The shard server's embedding ops (PROTOCOL.md section 13): create, pull, push, assign,
+stats, save, load, as the methods of :class:`EmbeddingOps`. Each is a handler (proto/requests.py): a
 ``Request`` in, a ``Reply`` out (or ``HELD``: answered later).
 
 Embedding rows follow their table's own policy, whatever policy the dense tables run (hybrid
@@ -290,6 +290,19 @@ class EmbeddingOps:
             self.release()
         return fields
 
+    def assign(self, request: Request) -> Result:
+        """Set rows to the values sent (a model's initial weights, a loaded state dict); packed
+        as a push is. Only where rows are hashed over the servers (no replication, no slots)."""
+        msg = request.message
+        if msg.get("shard") is not None or msg.get("slots") is not None or \
+                self._replicas.slots.count or self._replicas.replicated(EMBEDDING_MAP):
+            raise ProtocolError("emb_assign: rows are assigned only in jobs without "
+                                "--replication and --embedding-slots")
+        ids, rows, _ = pushed_rows(self._embeddings, msg)
+        self._embeddings.assign(msg.get("tables"), ids, rows)
+        self._stats.bytes_in += sum(a.nbytes for a in msg.arrays)
+        return Reply({"rows": [int(a.size) for a in ids]})
+
     def stats(self, request: Request) -> Result:
         """Per table: dim, rows held, capacity, bytes, created, evicted, pulls, pushes, ids,
         policy; and the pulls held back now."""
@@ -322,6 +335,7 @@ FIELDS = {
     "emb_push": (Field("tables", list, required=True), Field("shard", int),
                  Field("slots", int), Field("push_id", int), Field("clock", int),
                  Field("counts", list)),
+    "emb_assign": (Field("tables", list, required=True), Field("counts", list, required=True)),
     "emb_stats": (),
     "emb_save": _PATH,
     "emb_load": _PATH,

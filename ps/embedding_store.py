@@ -189,6 +189,17 @@ class EmbeddingStore:
             else:
                 fused_push([tables[t] for t in members], [ids[t] for t in members], flat)
 
+    def assign(self, names: Any, ids: Sequence[np.ndarray], rows: Sequence[np.ndarray]) -> None:
+        """Set rows, one (ids, rows) pair per table (``emb_assign``), all checked first as a
+        push's are."""
+        tables = self.resolve(names)
+        if len(ids) != len(tables) or len(rows) != len(tables):
+            raise ProtocolError(f"{len(tables)} tables but {len(ids)} id and {len(rows)} row "
+                                "arrays; expected one of each per table")
+        check_grads(tables, ids, rows)
+        for table, table_ids, table_rows in zip(tables, ids, rows, strict=True):
+            table.assign(table_ids, table_rows)
+
     def stats(self) -> dict[str, dict[str, Any]]:
         return {name: t.stats() for name, t in self.tables.items()}
 

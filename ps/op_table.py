@@ -52,7 +52,8 @@ DENSE_FIELDS: dict[str, tuple[Field, ...]] = {
 _ROLES: dict[str, frozenset[Role]] = {
     "init": WORKERS, "push": WORKERS, "pull": WORKERS, "leave": WORKERS, "doorbell": WORKERS,
     "stats": ANYONE, "ping": ANYONE,
-    "emb_create": WORKERS, "emb_pull": WORKERS, "emb_push": WORKERS, "emb_stats": ANYONE,
+    "emb_create": WORKERS, "emb_pull": WORKERS, "emb_push": WORKERS, "emb_assign": WORKERS,
+    "emb_stats": ANYONE,
     "emb_save": WORKERS | ADMINS, "emb_load": WORKERS | ADMINS,
     **{op: SERVERS for op in REPLICA_FIELDS}, **{op: SERVERS for op in MOVE_FIELDS},
 }

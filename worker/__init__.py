@@ -24,6 +24,11 @@ overlap.py                    GradientBuckets: pushes while backward still runs
 device.py, cuda.py            HostMirror, CudaMirror: weights on the model's device
 embedding.py                  RemoteEmbeddingBag: a torch embedding bag on the servers
 row_fetch.py                  FetchedRows, pull_fetched: a bag's rows for one batch, pulled, landed
+row_push.py                   RowPushes: row gradients pushed as backward ends, waited for
+row_optim.py                  row_rule_of: the row rule a torch.optim optimizer means
+row_args.py                   torch_sizes, padding_index: nn.EmbeddingBag's arguments checked
+row_state.py                  save_rows, load_rows: a remote table's rows in state_dict()
+remote_modules.py             RemoteEmbedding, remote_embeddings: a model's tables made remote
 row_cache.py                  RowCache: hot embedding rows with bounded staleness
 compression.py                Compressor, ErrorFeedback, DGC: compressed pushes
 compression_policy.py         CompressionPolicy, TableRule: which codec each table uses

@@ -87,6 +87,8 @@ class PSClient:
         self.optimizers: list[Pullable] = []
         #: The signal that stopped this worker (worker/stop_signal.py), or None.
         self.stopped_by: str | None = None
+        #: The row gradients its embedding bags push in backward (worker/row_push.py).
+        self.row_pushes: Any = None
         shm = shm or ShmSettings.from_env()
         #: Shared memory with the servers on this host (worker/shm.py).
         self.shm = ShmLink(shm, host_identity(shm.host_id))
@@ -206,7 +208,8 @@ class PSClient:
         storage: str = "fp32", policy: str = "async",
     ) -> sparse.EmbeddingHandle:
         """Create (idempotently, on every server) or join an embedding table; rows are routed
-        by a stable hash of their id. ``rule``: ``sgd``, ``rowwise_adagrad`` (default), ``adam``.
+        by a stable hash of their id. ``rule``: a row rule spec (``sgd``, ``rowwise_adagrad``,
+        the default, ``adagrad``, ``adam``, ``adamw``, ``sparse_adam``; PROTOCOL.md 13.2).
         ``max_rows``, ``admit_after`` and ``ttl`` bound each shard's rows; ``storage`` (``fp32``,
         ``fp16``, ``bf16``) is how the shards hold them; ``policy`` (``async`` or ``ssp:S``)
         whether a pull waits for slower workers' row pushes (EmbeddingSpec)."""
@@ -320,6 +323,13 @@ class PSClient:
         self._closed = True
         stopped = self.stopped_by is not None
         leave = leave or stopped
+        if self.row_pushes is not None and not self.failure:
+            try:  # the last backward's row push, applied before the worker leaves
+                self.row_pushes.wait(pipelined=True)
+            except Exception as err:  # noqa: BLE001 - closing goes on; the push is lost
+                log.error("the last row push failed; its rows were not updated: %s", err)
+        if self.row_pushes is not None:
+            self.row_pushes.close()
         if self.heartbeat is not None:
             self.heartbeat.stopped.set()
             self.heartbeat.join(timeout=10.0)  # no heartbeat may arrive after the leave

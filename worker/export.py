@@ -14,7 +14,7 @@ first touch, so the model's outputs equal the cluster's for the same weights.
 Example::
 
     exported = load_exported("export/")              # or load_exported(full, incremental)
-    bags = [exported.bag(f"cat{f}") for f in range(26)]
+    bags = [exported.bag(f"cat{f}", mode="sum") for f in range(26)]
     model = exported.load_dense(DLRM(13, bags, 16), table="dlrm-dense").eval()
     probs = torch.sigmoid(model(dense, sparse))
 """
@@ -82,14 +82,14 @@ class ExportedTable:
 
 
 class ServingEmbeddingBag(nn.Module):
-    """``nn.EmbeddingBag``-shaped (``sum`` or ``mean``) lookup of an exported table; like
-    ``RemoteEmbeddingBag`` it holds no ``nn.Parameter``, and pools the unique ids' rows the
-    same way (so the outputs match it bit for bit)."""
+    """``nn.EmbeddingBag``-shaped lookup of an exported table (``mode`` as torch's: ``mean``
+    by default, ``sum``, ``max``); like ``RemoteEmbeddingBag`` it holds no ``nn.Parameter``,
+    and pools the unique ids' rows the same way (so the outputs match it bit for bit)."""
 
-    def __init__(self, table: ExportedTable, mode: str = "sum") -> None:
+    def __init__(self, table: ExportedTable, mode: str = "mean") -> None:
         super().__init__()
-        if mode not in ("sum", "mean"):
-            raise ConfigError(f"mode must be 'sum' or 'mean'; got {mode!r}")
+        if mode not in ("sum", "mean", "max"):
+            raise ConfigError(f"mode must be 'sum', 'mean' or 'max'; got {mode!r}")
         self.table, self.mode = table, mode
         self.embedding_dim = table.spec.dim
 
@@ -117,7 +117,7 @@ class ExportedModel:
     #: before exports recorded it.
     layouts: dict[str, list[list[Any]] | None] = field(default_factory=dict)
 
-    def bag(self, name: str, mode: str = "sum") -> ServingEmbeddingBag:
+    def bag(self, name: str, mode: str = "mean") -> ServingEmbeddingBag:
         """A module serving embedding table ``name``."""
         if name not in self.tables:
             raise ConfigError(f"the export holds no embedding table {name!r}; it holds "

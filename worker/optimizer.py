@@ -82,7 +82,8 @@ class PSOptimizer(torch.optim.Optimizer):
     (chosen from the measured link, :mod:`hogshard.worker.auto_codec`); by default it comes
     from ``HOGSHARD_CODEC``. A codec and ``rule`` pairing known to fail is refused or warned
     about (:mod:`hogshard.worker.recipes`). ``embeddings`` lists ``RemoteEmbeddingBag``s whose
-    row gradients are pushed with every step (their tables' own row rules apply them). The
+    row pushes ``step`` waits for (rows are pushed as backward ends, with their tables' own
+    row rules, whatever optimizer steps; :mod:`hogshard.worker.row_push`). The
     worker that the scheduler ranks 0 initialises the table with its model's weights; the
     others start from those weights. ``overlap=True`` pushes buckets of about ``bucket_bytes``
     (whole chunks, last layers first) from gradient hooks while backward still runs; the
@@ -177,7 +178,7 @@ class PSOptimizer(torch.optim.Optimizer):
         self.steps = 0
         self.total_steps = total_steps
         self._told_changed = False
-        self.embeddings = list(embeddings)  # RemoteEmbeddingBags pushed with every step
+        self.embeddings = list(embeddings)  # RemoteEmbeddingBags whose row pushes step awaits
         self._buckets = None
         if early_pushes(overlap, self.table, self.compressor, bucket_bytes):
             self._buckets = GradientBuckets(self.params, self.table.chunks, self._mirror,
@@ -259,7 +260,7 @@ class PSOptimizer(torch.optim.Optimizer):
                 self.compressor.total_steps = self.total_steps or client.progress.get("total")
             push = client.push(self.table, self._grads, clock=client.clock,
                                compressor=self.compressor, hyper=hyper)
-        rows = push_gradients(client, self.embeddings, clock=client.clock)
+        push_gradients(client, self.embeddings)  # rows left in backward: wait for them
         # the pull for the next step leaves now; the clock moves once this step's push is
         # acknowledged, so a heartbeat never reports a step whose push has not reached the
         # servers (they gate the others' pulls on it: docs/POLICIES.md, "Staleness bounds")
@@ -278,8 +279,6 @@ class PSOptimizer(torch.optim.Optimizer):
         if not self.prefetch:
             pull.result(timeout)
             self._mirror.upload(self._mirror.weights)
-        if rows is not None:
-            rows.result(timeout)
         self.steps += 1
         client.set_progress(done=self.steps)  # what `hogshard launch` shows
         return loss

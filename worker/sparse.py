@@ -303,6 +303,38 @@ def push_rows(
     return client.channel.gather(futures)
 
 
+def assign_rows(
+    client: PSClient,
+    tables: Sequence[EmbeddingHandle],
+    ids: Sequence[np.ndarray],
+    rows: Sequence[np.ndarray],
+) -> Future:
+    """Set the rows ``rows[t]`` (float32, len x dim) of ``ids[t]`` for every table, creating
+    missing ones (``emb_assign``; a row that exists keeps its optimizer state). One request
+    per server. Only where rows are hashed over the servers: ConfigError in a job with
+    replication or embedding slots."""
+    if client.embedding_map is not None or client.job_places_embeddings:
+        raise ConfigError("rows can be assigned only in jobs without --replication and "
+                          "--embedding-slots")
+    checked = _plan(client, tables, ids, rows, "assign_rows", "rows", "row array")
+    dims = [h.dim for h in tables]
+    futures = []
+    for where in _destinations(client, checked):
+        def build(positions: list[np.ndarray], shard: int = where[1]
+                  ) -> tuple[dict[str, Any], list[np.ndarray], Any]:
+            counts = [p.size for p in positions]
+            flat = np.empty(sum(n * dim for n, dim in zip(counts, dims, strict=True)), FLOAT32)
+            for table_rows, mine, part in zip(rows, positions,
+                                              split_rows(flat, counts, dims, "rows"),
+                                              strict=True):
+                np.take(table_rows, mine, axis=0, out=part)
+            return ({"tables": [h.name for h in tables], "counts": counts},
+                    [pack([t[p] for t, p in zip(checked, positions, strict=True)]), flat], None)
+
+        futures.append(_send(client, "emb_assign", where, build))
+    return client.channel.gather(futures)
+
+
 def _row_codec(codec: str) -> Codec | None:
     if codec not in PULL_CODECS:
         raise ConfigError(f"row codec must be one of {', '.join(PULL_CODECS)}; got {codec!r}")

@@ -39,8 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     client = PSClient.from_env()
     workers, rank = client.settings.num_workers, client.rank
-    bag = RemoteEmbeddingBag(client, "counts", workers, 1, rule={"rule": "sgd", "lr": 1.0},
-                             init_scale=0.0, policy=args.policy)
+    bag = RemoteEmbeddingBag(client, "counts", workers, 1, mode="sum",
+                             rule={"rule": "sgd", "lr": 1.0}, init_scale=0.0, policy=args.policy)
     every = torch.arange(workers).reshape(-1, 1)
     deadline = time.monotonic() + 60.0
     while sum(m["role"] == "worker" and m["state"] == "alive"
@@ -65,10 +65,13 @@ def main(argv: list[str] | None = None) -> int:
         lag = step - min(others) if others else 0
         worst = max(worst, lag)
         print(f"step {step} lag {lag} applied {applied}", flush=True)
-        rows[rank].sum().backward()
         if args.delay:
             time.sleep(args.delay)
-        push_gradients(client, [bag], clock=step).result(client.settings.request_timeout)
+        # the push carries this step's clock: the pull may have admitted this worker at the
+        # others' (a joiner's first pull), which the loop does not follow
+        client.clock = step
+        rows[rank].sum().backward()  # pushes the row at the end of backward
+        push_gradients(client, [bag])  # waits until the servers applied it
     client.clock = args.steps
     print(f"max lag {worst}", flush=True)
     if args.done is not None:

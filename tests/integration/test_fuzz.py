@@ -25,7 +25,8 @@ BURSTS = 50
 PER_BURST = 1000  # per target: 50 * 1000 * 2 = 100,000 messages
 RSS_GROWTH_LIMIT_MB = 64
 DTYPES = ["<f4", "<f8", "<i8", "|u1", "|b1", "<c16", "O", ">f4", "V8", 7, None]
-SERVER_OPS = ["push", "pull", "stats", "ping", "emb_pull", "emb_push", "emb_stats", "nope"]
+SERVER_OPS = ["push", "pull", "stats", "ping", "emb_pull", "emb_push", "emb_assign", "emb_stats",
+              "nope"]
 SCHEDULER_OPS = ["heartbeat", "wait_servers", "declare_table", "table_ready", "get_table",
                  "barrier", "status", "nope"]
 JUNK = [None, True, -1, 2**63 - 1, -2**63, 1.5, float("nan"), "", "x" * 300, b"\x00\xff",

@@ -41,11 +41,8 @@ def train(client: PSClient, bag: RemoteEmbeddingBag, loss_of) -> tuple[list[np.n
         if bag.pipeline is not None and k + 1 < STEPS:
             bag.prefetch(batches[k + 1])
         seen.append(pooled.detach().numpy().copy())
-        loss_of(pooled).backward()
-        pushed = push_gradients(client, [bag], clock=client.clock)
-        assert (pushed is None) == (bag.pipeline is not None)  # pipelined: not waited for
-        if pushed is not None:
-            pushed.result(30.0)
+        loss_of(pooled).backward()  # pushes the rows' gradients as it ends
+        push_gradients(client, [bag])  # waits for that push (pipelined: not waited for)
         client.clock += 1
     flush(client, [bag])
     everything = np.arange(30, dtype=np.int64)
@@ -76,7 +73,7 @@ def test_each_step_sees_the_rows_its_pipeline_promises(cluster_factory, pipeline
     address = cluster_factory(servers=2, policy="async").address
     client = PSClient(ClientSettings(scheduler=address, request_timeout=30.0))
     try:
-        bag = RemoteEmbeddingBag(client, "linear", 30, DIM, rule={"rule": "sgd", "lr": LR},
+        bag = RemoteEmbeddingBag(client, "linear", 30, DIM, mode="sum", rule={"rule": "sgd", "lr": LR},
                                  seed=SEED, init_scale=SCALE, pipeline=pipeline)
         seen, final = train(client, bag, lambda pooled: pooled.sum())
         want_seen, want_final = expected_rows(lag)
@@ -108,7 +105,7 @@ def test_exact_pipeline_trains_bit_for_bit_as_without_it(cluster_factory,
         runs = []
         for name, pipeline in (("plain", None), ("piped", "exact")):
             # init_scale 0: both tables start from the same (zero) rows
-            bag = RemoteEmbeddingBag(client, name, 30, DIM, rule={"rule": "sgd", "lr": 0.1},
+            bag = RemoteEmbeddingBag(client, name, 30, DIM, mode="sum", rule={"rule": "sgd", "lr": 0.1},
                                      init_scale=0.0, cache_staleness=cache, pipeline=pipeline)
             runs.append((train(client, bag, loss_of), bag.cache.stats() if cache else None))
         (seen_a, final_a), stats_a = runs[0]
@@ -131,11 +128,11 @@ def test_stale_rows_are_refused_under_ssp0(cluster_factory) -> None:
     try:
         with pytest.raises(ConfigError, match="ssp:0"):
             RemoteEmbeddingBag(client, "t", 30, DIM, pipeline="stale")
-        bag = RemoteEmbeddingBag(client, "t", 30, DIM, pipeline="exact")  # exact is allowed
+        bag = RemoteEmbeddingBag(client, "t", 30, DIM, mode="sum", pipeline="exact")  # exact is allowed
         ids = torch.tensor([[1], [2]])
         bag.prefetch(ids)
         assert bag(ids).shape == (2, DIM)
-        plain = RemoteEmbeddingBag(client, "u", 30, DIM)
+        plain = RemoteEmbeddingBag(client, "u", 30, DIM, mode="sum")
         with pytest.raises(ConfigError, match="pipeline"):
             plain.prefetch(ids)
     finally:

@@ -82,7 +82,7 @@ def test_what_ssp0_rows_refuse_and_what_a_server_reports(cluster_factory) -> Non
             RemoteEmbeddingBag(client, "t", 30, 4, policy="ssp:0", cache=RowCache(4, 1))
         with pytest.raises(ProtocolError, match="'async' or 'ssp:S'"):
             RemoteEmbeddingBag(client, "t", 30, 4, policy="hardsync")
-        bag = RemoteEmbeddingBag(client, "t", 30, 4, policy="ssp:0", pipeline="exact",
+        bag = RemoteEmbeddingBag(client, "t", 30, 4, mode="sum", policy="ssp:0", pipeline="exact",
                                  cache_staleness=0)
         assert bag(torch.tensor([[1], [2]])).shape == (2, 4)  # alone: never held
         (stats,) = embedding_stats(client).values()

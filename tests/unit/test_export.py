@@ -103,7 +103,7 @@ def test_full_export_serves_the_same_rows_and_dense_weights(tmp_path: Path) -> N
     np.testing.assert_array_equal(served, shards.rows(ids))
     np.testing.assert_array_equal(served[5:], init_rows(3, "user", ids[5:], 4, SPEC.scale))
 
-    model = exported.load_dense(Tiny(exported.bag("user")), "model")
+    model = exported.load_dense(Tiny(exported.bag("user", mode="sum")), "model")
     batch = torch.tensor([[1, 2], [77, 5], [6, 6]])
     flat = torch.from_numpy(shards.dense_flat())
     expected = F.linear(torch.from_numpy(shards.rows(batch.reshape(-1).numpy()))
