@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import threading
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -61,37 +61,21 @@ OPTIMIZERS: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 
 
-class TorchImport:
-    """torch imported on a thread of its own from a server's start, so that the server's loop
-    is not held for the import (about 2 s) when the first dense table arrives.
+def load_torch() -> None:
+    """Import torch and the parts its first optimizer loads (seconds on a busy host), so that
+    no later request waits on them. A server calls it before it registers: the import holds
+    the interpreter for long stretches, and a member whose heartbeats stall would be taken
+    for dead. Without torch it does nothing (:class:`UpdateRule` then says what is missing).
 
     Example::
 
-        loading = TorchImport()            # at start, beside registration
-        loading.wait(send_due_heartbeats)  # in the loop, before the first request
+        load_torch()   # then register, serve
     """
-
-    def __init__(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="torch-import", daemon=True)
-        self._thread.start()
-
-    @staticmethod
-    def _run() -> None:
-        try:
-            import torch
-        except ImportError:  # said when a dense rule is built (UpdateRule)
-            return
-        torch.optim.SGD([torch.zeros(1)])  # its first optimizer imports more of torch
-
-    @property
-    def done(self) -> bool:
-        return not self._thread.is_alive()
-
-    def wait(self, keep_alive: Callable[[], None]) -> None:
-        """Return once torch is imported, calling ``keep_alive`` every 50 ms meanwhile."""
-        while self._thread.is_alive():
-            self._thread.join(0.05)
-            keep_alive()
+    try:
+        import torch
+    except ImportError:
+        return
+    torch.optim.SGD([torch.zeros(1)])  # its first optimizer imports more of torch
 
 
 def _check(weights: np.ndarray, grad: np.ndarray) -> None:

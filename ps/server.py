@@ -61,7 +61,7 @@ from hogshard.ps.peer_gate import PeerGate
 from hogshard.ps.primary import Primary
 from hogshard.ps.replica_ops import BackupOps
 from hogshard.ps.replication import Replicator
-from hogshard.ps.rules import TorchImport
+from hogshard.ps.rules import load_torch
 from hogshard.ps.scheduler_link import Registration, SchedulerLink
 from hogshard.ps.server_requests import ServerRequests
 from hogshard.ps.shard_report import heartbeat_fields, learn_sizes, register_fields, table_report
@@ -97,7 +97,7 @@ class ShardServer:
     ) -> None:
         if update_threads < 0:
             raise ValueError(f"update_threads must be 0 (inline) or more; got {update_threads}")
-        self._torch = TorchImport()  # the dense rules are torch's optimizers
+        load_torch()  # the dense rules are torch's optimizers: loaded before registering
         self._own_context = context is None
         self._context = context or zmq.Context()
         self._security = security
@@ -202,8 +202,6 @@ class ShardServer:
                 self.chunk_moves.watch(poller)
                 self.bells.watch(poller)
                 events = dict(poller.poll(self.link.timeout_ms(now)))
-                if events and not self._torch.done:
-                    self._torch.wait(self._keep_heartbeats)
                 if updates is not None and updates in events:
                     self.updates.collect()
                 if scheduler in events:
