@@ -152,5 +152,9 @@ def test_replicated_job_survives_a_killed_server(cluster: SlurmCluster) -> None:
     state = job.wait(JOB_TIMEOUT_S)
     output = job.output()
     assert "server 1 exited with code 137; its backups take over" in output, output[-6000:]
-    assert "a new process" in output and "registered" in output, output[-6000:]
+    # the replacement serves under rank 1: taken over at once (the old process fenced off),
+    # or once the scheduler declared the killed one gone (a claim of a live rank waits up to
+    # the probe window for the holder's heartbeat, and a dead holder sends none)
+    assert output.count("server-1 serving on") >= 2 or \
+        ("a new process" in output and "registered" in output), output[-6000:]
     _check_finished(job, report_path, state)
