@@ -85,7 +85,7 @@ def _check(weights: np.ndarray, grad: np.ndarray) -> None:
         raise ShapeError(f"expected 1-D weights and grad of equal length, got {weights.shape} and {grad.shape}")
 
 
-def _to_numpy(state: Mapping[str, Any], size: int) -> State:
+def _to_numpy(state: Mapping[str, Any]) -> State:
     """torch's state for one parameter as a chunk keeps it: per-element tensors as float32
     arrays (views of the tensors), scalar tensors as numbers."""
     import torch
@@ -168,7 +168,7 @@ class UpdateRule:
         import torch
 
         param = torch.zeros(size)
-        return _to_numpy(self._cls([param], **self._kwargs).state.get(param, {}), size)
+        return _to_numpy(self._cls([param], **self._kwargs).state.get(param, {}))
 
     def apply(self, weights: np.ndarray, grad: np.ndarray, state: State, lr_scale: float = 1.0) -> None:
         """Update ``weights`` in place from ``grad`` (never written) with step size ``lr *
@@ -198,7 +198,7 @@ class UpdateRule:
                         raise
                     held[err.args[0]] = torch.zeros(size)
             state.clear()
-            state.update(_to_numpy(opt.state[param], size))
+            state.update(_to_numpy(opt.state[param]))
         finally:
             opt.state.clear()
             group["params"] = []
