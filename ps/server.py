@@ -97,7 +97,9 @@ class ShardServer:
     ) -> None:
         if update_threads < 0:
             raise ValueError(f"update_threads must be 0 (inline) or more; got {update_threads}")
-        load_torch()  # the dense rules are torch's optimizers: loaded before registering
+        log.info("loading torch (the dense update rules are torch.optim's optimizers) before "
+                 "registering")
+        load_torch()
         self._own_context = context is None
         self._context = context or zmq.Context()
         self._security = security
