@@ -1,5 +1,5 @@
 """A shortened fault storm (``benchmarks/chaos.py``) under ``hogshard launch --replication 2
---respawn`` with checkpoints every 5 s: two minutes of seeded ``kill -9`` and
+--respawn`` with checkpoints every 5 s: a minute of seeded ``kill -9`` and
 SIGSTOP/SIGCONT of servers, workers and the scheduler. The job finishes, every fault is
 recovered from, acknowledged == applied for every chunk (within what killed workers sent
 unacknowledged), every checkpoint ``LATEST`` named is complete and loads, the accuracy holds,
@@ -28,7 +28,7 @@ CHAOS = str(Path(__file__).resolve().parents[2] / "benchmarks" / "chaos.py")
 @pytest.mark.timeout(420, method="signal")
 def test_a_short_storm_loses_no_acknowledged_update(procs, tmp_path: Path) -> None:
     report = tmp_path / "storm.json"
-    driver = procs.spawn("chaos", [PYTHON, CHAOS, "--seeds", "2", "--duration", "120",
+    driver = procs.spawn("chaos", [PYTHON, CHAOS, "--seeds", "2", "--duration", "60",
                                    "--interval", "2", "--calm-runs", "0", "--min-steps", "400",
                                    "--workdir", str(tmp_path / "runs"), "--json", str(report)])
     code = driver.wait(400.0)

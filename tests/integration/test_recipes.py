@@ -30,20 +30,25 @@ RECIPES = ["groups-sgd", "groups-momentum", "groups-adagrad", "groups-adam", "gr
 TOLERANCE = 0.0
 
 
-def _run(tmp: Any, servers: int, recipes: list[str], wait: float) -> dict[str, dict[str, Any]]:
+def _run(tmp: Any, servers: int, recipes: list[str], wait: float,
+         jobs: int = 1) -> dict[str, dict[str, Any]]:
+    """Run ``recipes`` split over ``jobs`` jobs at once (each a worker and its servers: one
+    worker under ``ssp:0`` waits on its servers, so two jobs keep two cores busy)."""
     procs = ProcessManager(tmp)
     try:
-        job = procs.hogshard("launch", "launch", "--servers", str(servers), "--workers", "1",
-                             "--policy", "ssp:0", "--no-progress", "--", PYTHON, str(WORKER),
-                             *recipes)
-        code = job.wait(wait)
-        assert code == 0, f"hogshard launch exited with {code}\n{job.tail(60)}"
+        launched = [procs.hogshard(f"launch{i}", "launch", "--servers", str(servers),
+                                   "--workers", "1", "--policy", "ssp:0", "--no-progress", "--",
+                                   PYTHON, str(WORKER), *recipes[i::jobs])
+                    for i in range(jobs)]
         found = {}
-        for line in job.output().splitlines():
-            start = line.find('{"recipe"')
-            if start >= 0:
-                entry = json.loads(line[start:])
-                found[entry["recipe"]] = entry
+        for job in launched:
+            code = job.wait(wait)
+            assert code == 0, f"hogshard launch exited with {code}\n{job.tail(60)}"
+            for line in job.output().splitlines():
+                start = line.find('{"recipe"')
+                if start >= 0:
+                    entry = json.loads(line[start:])
+                    found[entry["recipe"]] = entry
         return found
     finally:
         procs.cleanup()
@@ -56,7 +61,8 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any
 
 @pytest.fixture(scope="module")
 def long_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
-    return _run(tmp_path_factory.mktemp("long-recipes"), 1, [f"long-{r}" for r in LONG], 420.0)
+    return _run(tmp_path_factory.mktemp("long-recipes"), 1, [f"long-{r}" for r in LONG], 420.0,
+                jobs=2)
 
 
 def _check(results: dict[str, dict[str, Any]], recipe: str) -> None:
