@@ -84,6 +84,7 @@ class BackupLink:
     acked: int = 0
     fenced: str | None = None  # why the backup refused us (it was promoted)
     fenced_epoch: int | None = None  # the map epoch this server knew when it was refused
+    epoch_start: int = 1  # the first sequence number sent under the map epoch known now
 
 
 class Replicator:
@@ -109,6 +110,12 @@ class Replicator:
         self.groups = GroupReplies()
         self.recent = RecentPushes()
         self._pending_snapshots: dict[str, set[int]] = {}  # waiting for the chunk's init
+        #: backup rank -> the sequence number of the last dense snapshot sent on its link
+        self._snapshot_seq: dict[int, int] = {}
+        #: The last heartbeat reply with assignments, taken again to open a link anew when a
+        #: backup refused a message sent under an older map (:meth:`relink`).
+        self._assigned: Message | None = None
+        self.relink_due = False
         self.embedding_shards = 0  # S: embedding rows are hashed over this many shards
         self.slots = SlotRoles()  # --embedding-slots: the slots served and handed off
 
@@ -173,6 +180,7 @@ class Replicator:
         if not isinstance(assignments, dict) or not isinstance(servers, dict):
             return
         self.map_epoch = reply.get("map_epoch")
+        self._assigned, self.relink_due = reply, False
         old_roles, self.roles = self.roles, {t: {} for t in self.roles}
         moving: dict[int, int] = {}  # replicated slots that move: their next owners
         for name, view in assignments.items():
@@ -198,6 +206,8 @@ class Replicator:
             in_use, {int(r): (a, incarnations.get(r) if isinstance(incarnations, dict) else None)
                      for r, a in servers.items()})
         self.slots.resend(replaced)
+        for link in self.links.values():
+            link.epoch_start = link.sent + 1
         snapshots: dict[int, int] = {}
         for name, roles in self.roles.items():
             for chunk_id, (primary, backup) in roles.items():
@@ -205,6 +215,10 @@ class Replicator:
                 if primary == rank and backup >= 0 and (
                         before is None or before[1] != backup or backup in replaced):
                     self._pending_snapshots.setdefault(name, set()).add(chunk_id)
+        for name, ids in self._pending_snapshots.items():  # chunks no longer ours to copy
+            if name != EMBEDDING_MAP:
+                roles = self.roles.get(name, {})
+                ids &= {c for c in ids if c in roles and roles[c][0] == rank and roles[c][1] >= 0}
         if self.slots.pending_next:
             self._pending_snapshots.setdefault(EMBEDDING_MAP, set())
         for name in list(self._pending_snapshots):
@@ -234,6 +248,7 @@ class Replicator:
                     or refused_before):
                 link.socket.close(0)
                 del self.links[rank]
+                self._snapshot_seq.pop(rank, None)
                 self.links_version += 1
         for rank in in_use:
             if rank not in self.links and rank in addresses:
@@ -281,6 +296,7 @@ class Replicator:
                 waiting.discard(chunk.chunk_id)
             sent[backup] = self.send(backup, "replica_snapshot", {
                 "table": name, "rule": table.rule_spec, "chunks": entries}, arrays)
+            self._snapshot_seq[backup] = sent[backup]
         if not waiting:
             self._pending_snapshots.pop(name, None)
         return sent
@@ -333,6 +349,18 @@ class Replicator:
                 each[index][backup] = seq
         return total, each
 
+    def syncing(self) -> bool:
+        """Whether a backup of a dense chunk this server is primary of does not hold it yet:
+        a snapshot waits to be sent (the chunk is not filled, the backup's address is not
+        known) or is not acknowledged. The scheduler rebalances only while no server is
+        syncing (scheduler/rebalance.py)."""
+        for rank, seq in list(self._snapshot_seq.items()):
+            link = self.links.get(rank)
+            if link is None or link.acked >= seq:
+                del self._snapshot_seq[rank]
+        return bool(self._snapshot_seq) or any(
+            ids for name, ids in self._pending_snapshots.items() if name != EMBEDDING_MAP)
+
     def forwarded_so_far(self) -> dict[int, int]:
         """{backup rank: sequence number of the last message sent to it}: what a reply must
         wait for to follow everything forwarded before it (a push sent again)."""
@@ -364,11 +392,25 @@ class Replicator:
         while sock.poll(0, zmq.POLLIN):
             message = decode(sock.recv_multipart(copy=False))
             if message.op == ERROR:
-                link.fenced, link.fenced_epoch = str(message.get("message")), self.map_epoch
-                log.warning("%s: backup %d refused a forwarded update: %s", self.sender,
-                            link.rank, link.fenced)
+                # a refusal of a message sent under an older map (the backup moved on, e.g. a
+                # rebalance took its role away) says nothing of this map: the link is opened
+                # anew at once, with snapshots, rather than left refused until the next map
+                stale = message.request_id < link.epoch_start
+                link.fenced = str(message.get("message"))
+                link.fenced_epoch = None if stale else self.map_epoch
+                self.relink_due = self.relink_due or stale
+                log.warning("%s: backup %d refused a forwarded update%s: %s", self.sender,
+                            link.rank, " sent under an older map" if stale else "", link.fenced)
             else:
                 link.acked = max(link.acked, message.request_id)
+
+    def relink(self, store: DenseStore, rank: int, embeddings: EmbeddingStore | None) -> None:
+        """Open anew the links whose backups refused a message sent under an older map (their
+        held replies fail with ``NOT_OWNER`` first, so workers send those pushes again), by
+        taking the last assignments again: each such backup gets fresh snapshots."""
+        if self._assigned is not None:
+            self.take_assignments(self._assigned, store, rank, embeddings)
+        self.relink_due = False
 
     def ready_replies(self, now: float) -> list[tuple[HeldReply, NotOwnerError | None]]:
         """Held replies whose backups have acknowledged them (with the error to send instead
