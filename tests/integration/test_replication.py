@@ -90,9 +90,11 @@ class Job:
 
         def backed_up() -> list[list[int]] | None:
             view = self.status()["tables"]["model"]["chunks"]
-            return view if all(len(c) == 5 and c[4] >= 0 and c[4] != 1 for c in view) else None
+            # both copies of every chunk again (rebalancing then hands the replacement
+            # primaries too: which of the two is primary varies)
+            return view if all(len(c) == 5 and {c[3], c[4]} == {0, 1} for c in view) else None
 
-        procs.wait_until(backed_up, 30.0, "the replacement to become every chunk's backup",
+        procs.wait_until(backed_up, 30.0, "the replacement to hold a copy of every chunk",
                          on_timeout=procs.report)
         return at_kill, replacement
 
