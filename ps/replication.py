@@ -21,9 +21,7 @@ Example::
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -35,6 +33,7 @@ from hogshard.proto.security import Security
 from hogshard.proto.tables import EMBEDDING_MAP
 from hogshard.proto.transport import ERROR, connect_dealer, request_header, send
 from hogshard.proto.wire import Message, decode
+from hogshard.ps.backup_links import BackupLink, RecentPushes
 from hogshard.ps.dense import DenseChunk, DenseStore, DenseTable
 from hogshard.ps.embedding_replica import snapshot_messages
 from hogshard.ps.embedding_slots import SlotRoles
@@ -47,46 +46,6 @@ log = logging.getLogger(__name__)
 #: The lease is this fraction of the scheduler's heartbeat timeout, so it always runs out
 #: before the scheduler declares the server dead and promotes its backups.
 LEASE_FRACTION = 0.6
-#: (push id, chunk id) pairs remembered for detecting a push sent again.
-RECENT_PUSHES = 1 << 17
-MAX_CHUNK_ID = 1 << 20
-
-
-class RecentPushes:
-    """A bounded memory of applied (push id, chunk id) pairs, oldest forgotten first."""
-
-    def __init__(self, capacity: int = RECENT_PUSHES) -> None:
-        self.capacity = capacity
-        self._seen: OrderedDict[int, None] = OrderedDict()
-
-    @staticmethod
-    def _key(push_id: int, chunk_id: int) -> int:
-        return push_id * MAX_CHUNK_ID + chunk_id
-
-    def __contains__(self, pair: tuple[int, int]) -> bool:
-        return self._key(*pair) in self._seen
-
-    def add(self, push_id: int, chunk_id: int) -> None:
-        self._seen[self._key(push_id, chunk_id)] = None
-        if len(self._seen) > self.capacity:
-            self._seen.popitem(last=False)
-
-
-@dataclass
-class BackupLink:
-    """A primary's connection to one backup server; ``sent``/``acked`` count messages."""
-
-    rank: int
-    address: str
-    socket: zmq.Socket
-    incarnation: int | None = None  # the backup's process: sent with every message
-    sent: int = 0
-    acked: int = 0
-    fenced: str | None = None  # why the backup refused us (it was promoted)
-    fenced_epoch: int | None = None  # the map epoch this server knew when it was refused
-    epoch_start: int = 1  # the first sequence number sent under the map epoch known now
-
-
 class Replicator:
     """The primary's half of chain replication, and the roles this server holds."""
 
