@@ -71,6 +71,9 @@ class Replicator:
         self._pending_snapshots: dict[str, set[int]] = {}  # waiting for the chunk's init
         #: backup rank -> the sequence number of the last dense snapshot sent on its link
         self._snapshot_seq: dict[int, int] = {}
+        #: backup rank -> what it had acknowledged, for the links last closed while their
+        #: backup lives on as the same process (no chunk of ours is backed there any more)
+        self._unused: dict[int, int] = {}
         #: The last heartbeat reply with assignments, taken again to open a link anew when a
         #: backup refused a message sent under an older map (:meth:`relink`).
         self._assigned: Message | None = None
@@ -197,6 +200,7 @@ class Replicator:
         """Keep one DEALER per backup rank in use, to its current process ({rank: (address,
         incarnation)}); returns ranks whose link is new (their backup needs snapshots)."""
         fresh = set()
+        self._unused = {}
         for rank in list(self.links):
             link = self.links[rank]
             # a backup that refused us under an older map is asked again, with a snapshot:
@@ -205,6 +209,9 @@ class Replicator:
             refused_before = link.fenced is not None and link.fenced_epoch != self.map_epoch
             if (rank not in in_use or addresses.get(rank) != (link.address, link.incarnation)
                     or refused_before):
+                if rank not in in_use and addresses.get(rank) == (link.address,
+                                                                  link.incarnation):
+                    self._unused[rank] = link.acked  # the same backup, no longer ours
                 link.socket.close(0)
                 del self.links[rank]
                 self._snapshot_seq.pop(rank, None)
@@ -220,7 +227,16 @@ class Replicator:
 
     def _rebase_held(self, snapshots: dict[int, int]) -> None:
         """Held replies that waited on a link now gone wait on the new snapshots instead
-        (which hold their updates), or on nothing if the chunk has no backup left."""
+        (which hold their updates), or on nothing if the chunk has no backup left. A reply
+        that waited on a backup still alive that this server no longer sends to (a rebalance
+        made it the primary, or moved the backup) is refused with ``NOT_OWNER`` unless that
+        backup had acknowledged it: the worker sends the push again (applied once)."""
+        for held in self.held:
+            if any(rank in self._unused and seq > self._unused[rank]
+                   for rank, seq in held.needs.items()):
+                held.refused = (f"{self.sender}: the roles moved before backup "
+                                f"{sorted(set(held.needs) & set(self._unused))} acknowledged; "
+                                "retry after a map refresh")
         for held in [*self.held, *self.groups.replies()]:
             gone = [r for r, seq in held.needs.items()
                     if r not in self.links or self.links[r].sent < seq]
@@ -381,6 +397,9 @@ class Replicator:
         ready: list[tuple[HeldReply, NotOwnerError | None]] = []
 
         def settle(held: HeldReply) -> bool:
+            if held.refused is not None:
+                ready.append((held, NotOwnerError(held.refused)))
+                return True
             links = [self.links.get(r) for r in held.needs]
             fenced = next((lk.fenced for lk in links if lk is not None and lk.fenced), None)
             if fenced:
