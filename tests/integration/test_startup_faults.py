@@ -1,8 +1,11 @@
 """A job starts through a server fault (real processes, ``--replication 2``): a server frozen
-while a worker declares the model's table and sends ``init`` to its chunks, then killed with
--9, has its chunks promoted on their backups; the worker sends ``init`` again to the new
-owners at once (never left to the request timeout), and the table holds the initial values
-everywhere, so a second worker's first pull and the first pushes go on."""
+while a worker declares the model's table, then killed with -9 while the worker's start waits
+on it, has its chunks promoted on their backups, and the start goes on at the promotion, never
+at the request timeout: the table holds its initial values on every chunk, so a second
+worker's first pull and the first push go on. (The scheduler answers a replicated
+``declare_table`` once every live server knows the map, or a heartbeat timeout at most, so the
+``init`` of such a start may already go to the promoted owners; an ``init`` already sent to the
+dead server is sent again to them: PROTOCOL.md section 16.)"""
 
 from __future__ import annotations
 
