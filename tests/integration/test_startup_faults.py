@@ -5,7 +5,7 @@ at the request timeout: the table holds its initial values on every chunk, so a 
 worker's first pull and the first push go on. (The scheduler answers a replicated
 ``declare_table`` once every live server knows the map, or a heartbeat timeout at most, so the
 ``init`` of such a start may already go to the promoted owners; an ``init`` already sent to the
-dead server is sent again to them: PROTOCOL.md section 16.)"""
+dead server is sent again to them: docs/RELIABILITY.md.)"""
 
 from __future__ import annotations
 
