@@ -7,7 +7,8 @@ named after the module's path (``emb_l.0``), on the device of the module's weigh
 ``upload`` (the default) the worker ranked 0 writes each module's weights to its table where
 the table fits (``num_embeddings x dim`` of at most ``STATE_DICT_MAX_ELEMS``, no ``max_rows``
 or ``admit_after``) and the job hashes rows over its servers (no ``--replication``, no
-``--embedding-slots``): several workers should meet at a barrier after the call, before the
+``--embedding-slots``), into a table that holds no rows yet (a restored or already trained
+table keeps its rows): several workers should meet at a barrier after the call, before the
 first step. Other tables' rows start from their own init, uniform with the variance of the
 module's weights (``init_scale = sqrt(3) * std``) unless ``init_scale`` is given.
 Every table takes the same ``rule`` (a row rule spec or the

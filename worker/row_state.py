@@ -20,6 +20,7 @@ Example::
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -29,6 +30,8 @@ from hogshard.proto.errors import ConfigError
 
 if TYPE_CHECKING:
     from hogshard.worker.embedding import RemoteEmbeddingBag
+
+log = logging.getLogger(__name__)
 
 #: The most elements (rows x dim) of a table that ``state_dict()`` pulls (1 GiB of float32).
 STATE_DICT_MAX_ELEMS = 1 << 28
@@ -96,10 +99,20 @@ def write_rows(bag: RemoteEmbeddingBag, rows: np.ndarray) -> None:
             client.settings.request_timeout)
 
 
+def rows_held(bag: RemoteEmbeddingBag) -> int:
+    """How many rows of the table the servers hold (0 for a table no request touched yet)."""
+    from hogshard.worker.sparse import embedding_stats
+
+    name = bag.handle.name
+    return sum(int(reply.get("tables", {}).get(name, {}).get("rows", 0))
+               for reply in embedding_stats(bag.client).values())
+
+
 def upload_weight(bag: RemoteEmbeddingBag, weight: torch.Tensor) -> None:
     """A module's initial rows (``_weight``, a converted module's weight) written by the worker
-    ranked 0 where the table is :func:`assignable`; ConfigError where it is not, or the shape
-    is not the table's."""
+    ranked 0 where the table is :func:`assignable` and holds no rows yet: a table restored
+    from a checkpoint, or trained before this worker (re)started, keeps its rows. ConfigError
+    where the table is not assignable, or the shape is not the table's."""
     shape = (bag.num_embeddings, bag.embedding_dim)
     if tuple(weight.shape) != shape:
         raise ConfigError(f"table {bag.handle.name!r}: initial rows of shape "
@@ -108,8 +121,15 @@ def upload_weight(bag: RemoteEmbeddingBag, weight: torch.Tensor) -> None:
         raise ConfigError(f"table {bag.handle.name!r}: initial rows cannot be written to it "
                           f"({_refusal(bag) or 'a job with --replication or --embedding-slots'}"
                           "); rows start from the table's init (seed=, init_scale=)")
-    if bag.client.rank <= 0:
-        write_rows(bag, weight.detach().to("cpu", torch.float32).numpy())
+    if bag.client.rank > 0:
+        return
+    held = rows_held(bag)
+    if held:
+        log.warning("table %r already holds %d rows (restored from a checkpoint, or trained "
+                    "before this worker started): its initial rows are not written",
+                    bag.handle.name, held)
+        return
+    write_rows(bag, weight.detach().to("cpu", torch.float32).numpy())
 
 
 def save_rows(bag: RemoteEmbeddingBag) -> torch.Tensor:

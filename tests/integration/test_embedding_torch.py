@@ -3,8 +3,9 @@ rows train in backward whatever optimizer the script steps (a plain ``torch.opti
 dense part moves every table's rows); rows under SGD, Adagrad and SparseAdam equal
 ``nn.EmbeddingBag(sparse=True)`` under the same torch optimizer; a table whose rule was not
 chosen is refused at the script's first step; a model of plain ``nn.EmbeddingBag`` and
-``nn.Embedding`` becomes remote in one call, its weights uploaded; ``state_dict()`` holds the
-rows or raises, and ``load_state_dict()`` writes them."""
+``nn.Embedding`` becomes remote in one call, its weights uploaded (not over rows a table
+already holds, as after a restore); ``state_dict()`` holds the rows or raises, and
+``load_state_dict()`` writes them."""
 
 from __future__ import annotations
 
@@ -92,6 +93,10 @@ def test_rows_train_under_the_scripts_own_optimizer(cluster_factory) -> None:
         model.load_state_dict(state)  # written to the servers
         np.testing.assert_array_equal(all_rows(client, tables["words"])[1:],
                                       state["words.weight"].numpy()[1:])
+        trained = {p: all_rows(client, t) for p, t in tables.items()}
+        remote_embeddings(client, Tiny(), rule=(torch.optim.SGD, {"lr": 0.5}))  # rank 0 again
+        for path, table in tables.items():  # a table holding rows keeps them: no upload
+            np.testing.assert_array_equal(all_rows(client, table), trained[path])
         unbounded = RemoteEmbeddingBag(client, "unbounded", None, DIM, rule="sgd")
         with pytest.raises(ConfigError, match="hogshard checkpoint"):
             unbounded.state_dict()
