@@ -144,6 +144,7 @@ def test_every_variable_the_documents_name_is_read() -> None:
     read |= {option.envvar for command in [main, *_commands().values()]
              for option in _options(command) if isinstance(option.envvar, str)}
     read |= {"HOGSHARD_DATA", "HOGSHARD_SYSTEM_TESTS"}  # docker compose, tests/system
+    read |= {"HOGSHARD_TEST_WORKERS"}  # scripts/test.sh
     read |= {"HOGSHARD_TORCH_THREADS"}  # examples/fashion_mnist.py, examples/dlrm.py
     named = set(re.findall(r"\bHOGSHARD_[A-Z_]*[A-Z]\b", DOCUMENTS))
     assert named - read == set(), "README or docs/ name variables nothing reads"
