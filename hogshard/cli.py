@@ -220,7 +220,8 @@ def server(scheduler: str, bind: str, advertise: str | None, rank: int | None,
 @main.command(context_settings={"ignore_unknown_options": True})
 @address_option("scheduler", default=DEFAULT_SCHEDULER, help="the scheduler's address")
 @option("rank", default=None, type=click.IntRange(min=0),
-        help="rank to ask for (unset: the lowest free one)")
+        help="rank to claim: refused (CONFLICT, exit status 1) while a live worker holds it, "
+        "taken over from one silent for a few seconds (a restart); unset: the lowest free one")
 @option("num-workers", default=None, type=click.IntRange(min=1),
         help="workers in the job, for sharding data (unset: the client takes 1)")
 @codec_option()

@@ -95,7 +95,8 @@ def _convert(name: str, raw: str, kind: Any) -> Any:
 class ClientSettings:
     """What a worker process needs to join a job.
 
-    ``scheduler``: the scheduler's address; ``rank``: the rank to ask for (the launcher sets it);
+    ``scheduler``: the scheduler's address; ``rank``: the rank to claim (the launcher sets it;
+    refused with ``CONFLICT`` while a live worker holds it; None: the lowest free rank);
     ``request_timeout``: seconds to wait for any data-plane reply (a pull may wait under SSP);
     ``connect_timeout``: seconds to wait for the scheduler and for every server to register;
     ``num_workers``: how many workers the job was started with (for sharding the data);

@@ -9,6 +9,9 @@ whenever a clock may have moved. ``async`` tables, and pulls without a clock, ar
 A worker the server has no clock for at all (no dense request, no row push) is admitted at the
 slowest other live worker's clock, the joiner rule of :class:`ClockGate`, and told so in the
 reply's ``clock``.
+A worker that drops out of the view's live set (left, declared dead, at a barrier) loses its
+row clock with its dense one, so a process that comes back under its node id is a joiner, never
+counted at its predecessor's row clock.
 
 Example::
 
@@ -48,6 +51,7 @@ class RowGate:
     def __init__(self, view: WorkerView) -> None:
         self._view = view
         self._pushed = ClockGate(MAX_LEFT)  # 1 + the clock of each worker's latest row push
+        view.on_forget(self._pushed.forget)
         self.held = HeldRequests[HeldPull](MAX_HELD_PER_PEER, MAX_HELD)
 
     def pushed(self, sender: str, clock: int) -> None:

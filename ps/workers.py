@@ -25,7 +25,7 @@ Example::
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from hogshard.proto.clock_gate import ClockGate
 from hogshard.proto.errors import ConfigError, HogshardError
@@ -50,6 +50,8 @@ class WorkerView:
         self._live: set[str] | None = None  # cache of listed | newcomers
         self._live_listed: dict[str, int] | None = None  # cache: each live one's listed clock
         self._live_at_pull: dict[str, int] = {}  # live workers when each last pulled
+        #: Called with each worker that drops out of the live set (the row gate's clocks).
+        self._forgetters: list[Callable[[str], None]] = []
 
     def note(self, sender: str, now: float) -> bool:
         """Whether the scheduler has listed ``sender`` as live; if not, it becomes a newcomer
@@ -125,9 +127,16 @@ class WorkerView:
         self._forget(sender)
         self._live = None
 
+    def on_forget(self, forget: Callable[[str], None]) -> None:
+        """Call ``forget(worker)`` whenever a worker drops out of the live set (left, declared
+        dead, at a barrier), as this view forgets its own clock of it."""
+        self._forgetters.append(forget)
+
     def _forget(self, sender: str) -> None:
         self._observed.forget(sender)
         self._live_at_pull.pop(sender, None)
+        for forget in self._forgetters:
+            forget(sender)
 
     def listed(self, workers: Mapping[str, int], asked_at: float) -> None:
         """The scheduler's reply to a heartbeat sent at ``asked_at`` lists ``workers`` (name

@@ -187,6 +187,13 @@ class MembershipTable:
         self.epoch += 1
         return holder
 
+    def declare_dead(self, member: Member) -> None:
+        """``member`` is gone before its heartbeat timeout (a worker silent while a new
+        process claimed its rank): its rank is free."""
+        if member.alive:
+            member.state = MemberState.DEAD
+            self.epoch += 1
+
     def holder(self, node_id: str) -> Member | None:
         """The live member ``node_id``, or None."""
         member = self._members.get(node_id)

@@ -47,12 +47,14 @@ def server_key_rank_hint(rank_hint: Any, key_rank: int | None) -> Any:
 
 
 class RankClaim:
-    """A server's registration under a rank that a live member holds under another
-    incarnation: a restart after a death not yet noticed, or a second process started with a
-    rank in use. The holder is given ``window`` seconds to show it is alive: a heartbeat from
-    it read more than ``quiet`` seconds after the claim (not one that waited in the socket
-    while the holder died) refuses the claim (``CONFLICT``) and it keeps serving; silence, or
-    its death declared meanwhile, lets the claim through (the holder is fenced off).
+    """A registration under a rank that a live member holds: a server's under another
+    incarnation, or a worker's first registration asking for that rank (``--rank``,
+    ``HOGSHARD_RANK``). It is either a restart after a death not yet noticed, or a second
+    process started with a rank in use. The holder is given ``window`` seconds to show it is
+    alive: a heartbeat from it read more than ``quiet`` seconds after the claim (not one that
+    waited in the socket while the holder died) refuses the claim (``CONFLICT``) and it keeps
+    its rank; silence, or its death declared meanwhile, lets the claim through (the holder is
+    declared dead, a server's incarnation fenced off).
 
     >>> holder = Member("server", 1, "tcp://10.0.0.5:7001", 0.0, last_seen=0.0, incarnation=7)
     >>> claim = RankClaim(holder, incarnation=8, address="tcp://10.0.0.6:7001", at=1.0,
@@ -66,22 +68,50 @@ class RankClaim:
         self.holder, self.incarnation, self.address = holder, incarnation, address
         self.at, self.window, self.quiet = at, window, quiet
 
+    def renew(self, holder: Member, at: float) -> None:
+        """Another process took the rank while this claim waited: probe that one from ``at``."""
+        self.holder, self.at = holder, at
+
+    def waiting(self) -> str:
+        """What the claim waits for, for the log."""
+        holder = self.holder
+        who = "a new worker" if holder.role == "worker" else \
+            f"a server ({_claimant(holder.role, self.address, self.incarnation)})"
+        return (f"{who} claims rank {holder.rank}, held by {_describe(holder)}: waiting up to "
+                f"{self.window:.1f} s for a heartbeat of {holder.node_id} (then the claim is "
+                f"refused, CONFLICT) or its silence (then it is declared dead and the new "
+                f"process takes rank {holder.rank})")
+
     def settled(self, now: float) -> bool:
         """True once the claim may go on; raises ``ConflictError`` when the holder is alive."""
         holder = self.holder
         if not holder.alive:
             return True
         if holder.last_seen > self.at + self.quiet:
-            log.error("refused a server registering under rank %d from %s (incarnation %s): "
-                      "%s (incarnation %s, at %s) holds it and is alive", holder.rank,
-                      self.address or "?", self.incarnation, holder.node_id,
-                      holder.incarnation, holder.address)
+            role = holder.role
+            log.error("refused a %s registering under rank %d (%s): %s holds it and is alive",
+                      role, holder.rank, _claimant(role, self.address, self.incarnation),
+                      _describe(holder))
+            flag = "--rank" if role == "server" else "--rank (HOGSHARD_RANK)"
             raise ConflictError(
-                f"server rank {holder.rank} is held by a live server: {holder.node_id} at "
-                f"{holder.address} (incarnation {holder.incarnation}) sent a heartbeat "
-                f"{now - holder.last_seen:.1f} s ago; start this server with another --rank, "
-                "or none (the lowest free rank), or stop that one first")
+                f"{role} rank {holder.rank} is held by a live {role}: {_describe(holder)} "
+                f"sent a heartbeat {now - holder.last_seen:.1f} s ago; start this {role} with "
+                f"another {flag}, or none (the lowest free rank), or stop that one first")
         return now - self.at >= self.window
+
+
+def _describe(member: Member) -> str:
+    """``server-1 at ADDR (incarnation I)``; a worker: ``worker-0 (clock C)``."""
+    if member.role == "server":
+        return f"{member.node_id} at {member.address} (incarnation {member.incarnation})"
+    return f"{member.node_id} (clock {member.clock})"
+
+
+def _claimant(role: str, address: str, incarnation: Any) -> str:
+    """The process that claims a rank: a server's address and incarnation."""
+    if role == "server":
+        return f"from {address or '?'}, incarnation {incarnation}"
+    return "a new process"
 
 
 class Rejoin:
@@ -93,24 +123,40 @@ class Rejoin:
         self._shard_map = shard_map
         self._recovery = recovery
 
-    def rival(self, role: str, rank_hint: Any, incarnation: Any) -> Member | None:
-        """The live server holding ``rank_hint`` under another incarnation than the
-        registering server's, if any (see :class:`RankClaim`)."""
-        if role != "server" or type(rank_hint) is not int or type(incarnation) is not int:
+    def rival(self, role: str, rank_hint: Any, incarnation: Any,
+              again: bool = False) -> Member | None:
+        """The live member a registration under ``rank_hint`` must not simply pass by (see
+        :class:`RankClaim`): the server holding it under another incarnation than the
+        registering server's; the worker holding it, for a worker's first registration (not
+        ``again``: a worker registering again, its clock sent, asks for its old rank as a
+        preference and takes another when that one is held)."""
+        if type(rank_hint) is not int or rank_hint < 0:
             return None
-        holder = self._members.holder(f"server-{rank_hint}")
-        if holder is None or holder.incarnation in (None, incarnation):
+        holder = self._members.holder(f"{role}-{rank_hint}")
+        if holder is None:
             return None
-        return holder
+        if role == "server":
+            return holder if type(incarnation) is int \
+                and holder.incarnation not in (None, incarnation) else None
+        return holder if role == "worker" and not again else None
 
     def join(self, role: str, address: str, rank_hint: Any, clock: int, incarnation: Any,
-             exact_rank: bool = False) -> tuple[Member, dict[str, Any] | None]:
+             exact_rank: bool = False,
+             replacing: Member | None = None) -> tuple[Member, dict[str, Any] | None]:
         """Register a member; a server asking for its rank under a new incarnation fences
-        off the old one first. Returns the member and, for a server whose rank lost its
-        chunks, the checkpoint to restore them from. ``exact_rank``: the member takes
-        ``rank_hint`` or none (a server with its own key)."""
+        off the old one first, and a worker whose claim of a rank went through
+        (:class:`RankClaim`) has ``replacing``, the silent holder, declared dead first.
+        Returns the member and, for a server whose rank lost its chunks, the checkpoint to
+        restore them from. ``exact_rank``: the member takes ``rank_hint`` or none (a server
+        with its own key)."""
         if role != "server":
             incarnation = None
+        if role == "worker" and replacing is not None and replacing.alive:
+            self._members.declare_dead(replacing)
+            log.warning("%s was silent for %.1f s while a new worker claimed rank %d: it is "
+                        "declared dead and the new worker takes the rank", replacing.node_id,
+                        time.monotonic() - replacing.last_seen, replacing.rank)
+            self.members_gone([replacing])
         replaced = self._members.fence(role, rank_hint, incarnation)
         if replaced is not None:  # it died and came back before its silence was noticed
             log.warning("%s: a new process (incarnation %s) registered; the old one (%s) is "

@@ -44,7 +44,7 @@ from hogshard.scheduler.heartbeats import Heartbeats
 from hogshard.scheduler.job_phase import PhaseWatch
 from hogshard.scheduler.lifecycle import JobLifecycle
 from hogshard.scheduler.lost import LostShards
-from hogshard.scheduler.membership import MembershipTable, MemberState, server_list
+from hogshard.scheduler.membership import Member, MembershipTable, MemberState, server_list
 from hogshard.scheduler.op_table import scheduler_ops
 from hogshard.scheduler.policy_control import PolicyControl
 from hogshard.scheduler.recovery import parse_table_report
@@ -244,23 +244,37 @@ class Scheduler:
     # ---- handlers (proto/requests.py: a request in, a reply, HELD or an error out) ----------
 
     def _register(self, request: Request) -> Result:
-        """A member joins; a server claiming a rank that a live server holds waits for that
-        server's next heartbeat (``CONFLICT``) or its silence (it is replaced): RankClaim."""
+        """A member joins; a server claiming a rank that a live server holds, or a worker
+        asking for a live worker's rank on its first registration, waits for the holder's
+        next heartbeat (``CONFLICT``) or its silence (it is replaced): RankClaim."""
         msg = request.message
         role = msg.header["role"]
         check_claimed_role(role, request.roles, "register")
         rank_hint = server_key_rank_hint(msg.get("rank_hint"), request.rank)
-        holder = self.rejoin.rival(role, rank_hint, msg.get("incarnation"))
+        again = msg.get("clock") is not None  # a worker registering again: a preference
+        incarnation = msg.get("incarnation")
+        holder = self.rejoin.rival(role, rank_hint, incarnation, again)
         if holder is None:
             return Reply(self._admit(request, rank_hint))
         interval = self.heartbeat_interval
         window = min(self.members.heartbeat_timeout / 2, max(4 * interval, 1.0))
-        claim = RankClaim(holder, msg.get("incarnation"), str(msg.get("address", "")),
-                          time.monotonic(), window, quiet=min(interval, window / 3))
-        return self._waiters.wait(request, lambda: self._admit(request, rank_hint)
-                                  if claim.settled(time.monotonic()) else None)
+        claim = RankClaim(holder, incarnation, str(msg.get("address", "")), time.monotonic(), window,
+                          quiet=min(interval, window / 3))
+        log.warning("%s", claim.waiting())
 
-    def _admit(self, request: Request, rank_hint: Any) -> Fields:
+        def ready() -> Fields | None:
+            now = time.monotonic()
+            if not claim.settled(now):
+                return None
+            current = self.rejoin.rival(role, rank_hint, incarnation, again)
+            if current is not None and current is not claim.holder:
+                claim.renew(current, now)  # another process took the rank meanwhile
+                return None
+            return self._admit(request, rank_hint, replacing=current)
+
+        return self._waiters.wait(request, ready)
+
+    def _admit(self, request: Request, rank_hint: Any, replacing: Member | None = None) -> Fields:
         msg = request.message
         role = msg.header["role"]
         start_clock = max(self.members.min_live_clock(), self.restored_clock) \
@@ -274,7 +288,8 @@ class Scheduler:
             if role == "server" and msg.get("embedding_slots") is not None else None
         member, restore = self.rejoin.join(role, str(msg.get("address", "")), rank_hint,
                                            start_clock, msg.get("incarnation"),
-                                           exact_rank=request.rank is not None)
+                                           exact_rank=request.rank is not None,
+                                           replacing=replacing)
         member.host = msg.get("host")
         self.shard_map.adopt(member.rank, reported)
         if owned_slots is not None:

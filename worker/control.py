@@ -76,8 +76,10 @@ def join(client: PSClient, at_exit: Callable[[Any], None]) -> Message:
     waits for, and at a timeout what may be wrong (:func:`connect_error`)."""
     settings = client.settings
     timeout = settings.connect_timeout
-    log.info("registering with the scheduler at %s (waiting up to %.0f s)", settings.scheduler,
-             timeout)
+    claim = "" if settings.rank is None else (
+        f" for rank {settings.rank} (refused if a live worker holds it)")
+    log.info("registering with the scheduler at %s%s (waiting up to %.0f s)",
+             settings.scheduler, claim, timeout)
     try:
         reply = client.channel.control.call(
             "register", {"role": "worker", "rank_hint": settings.rank, "host": client.shm.host},

@@ -106,3 +106,45 @@ def test_a_rank_held_by_a_live_server_is_refused(procs, cluster_factory) -> None
     procs.wait_until(lambda: "fenced off" in cluster.scheduler.output(), 30.0,
                      "the dead server-1 to be replaced", on_timeout=procs.report)
     assert again.alive() and live_ranks(cluster) == [0, 1], again.tail()
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120, method="signal")
+def test_a_rank_held_by_a_live_worker_is_refused(procs, cluster_factory,
+                                                 zmq_ctx: zmq.Context) -> None:
+    # heartbeats every 0.5 s: a claim probes the holder for 2 s
+    cluster = cluster_factory(servers=1, heartbeat_interval=0.5, heartbeat_timeout=SLOW_TIMEOUT)
+    holder = PSClient(ClientSettings(scheduler=cluster.address, rank=0, connect_timeout=30.0),
+                      zmq_ctx)
+    try:
+        second = procs.hogshard("second", "worker", "--scheduler", cluster.address, "--rank",
+                                "0", "--", PYTHON, "-c", WAITING_WORKER)
+        assert second.wait(30.0) == 1, second.tail()
+        assert "worker rank 0 is held by a live worker: worker-0 (" in second.output(), \
+            second.tail()
+        assert "joined" not in second.output()
+        assert "refused a worker registering under rank 0" in cluster.scheduler.output()
+        # the holder trains on, as the same member, and finishes
+        table = holder.dense_table("model", 8, {"rule": "sgd", "lr": 1.0},
+                                   init=np.zeros(8, np.float32))
+        holder.push(table, -np.ones(8, np.float32)).result(30.0)
+        out = np.zeros(8, np.float32)
+        holder.pull(table, out).result(30.0)
+        np.testing.assert_array_equal(out, np.ones(8, np.float32))
+    finally:
+        holder.close()
+    assert {m["node_id"]: m["state"] for m in cluster.members("worker")} == {"worker-0": "done"}
+
+    # a worker killed and started again under its rank at once waits for the old one's
+    # silence and takes the rank over (not CONFLICT, no wait for the 60 s timeout)
+    victim = procs.hogshard("victim", "worker", "--scheduler", cluster.address, "--rank", "1",
+                            "--", PYTHON, "-c", WAITING_WORKER)
+    victim.wait_for_output(r"joined worker-1", 60.0)
+    victim.signal_group(signal.SIGKILL)
+    assert victim.wait(10.0) == -signal.SIGKILL
+    again = procs.hogshard("again", "worker", "--scheduler", cluster.address, "--rank", "1",
+                           "--", PYTHON, "-c", WAITING_WORKER)
+    again.wait_for_output(r"joined worker-1", 30.0)
+    assert "worker-1 was silent for" in cluster.scheduler.output(), cluster.scheduler.tail()
+    again.signal_group(signal.SIGTERM)
+    assert again.wait(15.0) == 143, again.tail()

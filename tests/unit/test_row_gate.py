@@ -76,3 +76,16 @@ def test_held_pulls_are_released_in_order_once_allowed_and_capped_per_peer() -> 
     with pytest.raises(TooLargeError, match="per peer"):
         gate.hold(b"a", pull(99, "worker-0", 9), bound=0)
     gate.hold(b"b", pull(100, "worker-1", 9), bound=0)  # another connection still may
+
+
+def test_a_dead_workers_row_clock_is_forgotten_so_its_successor_is_a_joiner() -> None:
+    view = WorkerView()
+    view.listed({"worker-0": 0, "worker-1": 0}, asked_at=0.0)
+    gate = RowGate(view)
+    gate.pushed("worker-0", 2)  # row clock 3
+    gate.pushed("worker-1", 9)  # row clock 10, then it dies
+    view.listed({"worker-0": 0}, asked_at=1.0)  # declared dead
+    view.listed({"worker-0": 0, "worker-1": 0}, asked_at=2.0)  # a new process under its name
+    # the new worker-1 is at clock 0, not its predecessor's 10: worker-0 at 5 waits for it
+    assert not gate.may_pull(1, "worker-0", 5)
+    assert gate.admit("worker-1", 0) == 3  # a joiner: admitted at the slowest live clock

@@ -150,3 +150,15 @@ def test_a_worker_joins_without_an_incarnation_or_a_restore() -> None:
     member, restore = job.rejoin.join("worker", "", None, 7, incarnation=99)
     assert (member.node_id, member.clock, member.incarnation, restore) == \
         ("worker-0", 7, None, None)
+
+
+def test_a_workers_first_registration_claims_its_rank_and_a_registration_again_does_not() -> None:
+    job = Job()
+    holder = job.members.register("worker", "", now=0.0, rank_hint=0)
+    assert job.rejoin.rival("worker", 0, None) is holder  # a claim: probed (RankClaim)
+    assert job.rejoin.rival("worker", 0, None, again=True) is None  # a preference
+    assert job.rejoin.rival("worker", 1, None) is None  # a free rank
+    # the claim went through (the holder stayed silent): it is declared dead, its rank taken
+    member, _ = job.rejoin.join("worker", "", 0, 0, None, replacing=holder)
+    assert member.node_id == "worker-0" and member is not holder and not holder.alive
+    assert job.members.live("worker") == [member]
