@@ -3,13 +3,27 @@ parameters, as the scheduler cuts them and the servers step them: equal to torch
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from hogshard.proto.errors import ConfigError, ShapeError
+from hogshard.proto.manifest import (
+    load_manifest,
+    new_checkpoint_dir,
+    next_sequence,
+    resolve_checkpoint,
+    write_manifest,
+)
+from hogshard.proto.policy import parse_policy
 from hogshard.proto.rule_groups import check_table_rule, chunk_bounds, param_sizes
+from hogshard.ps.applier import UpdateApplier
+from hogshard.ps.checkpoint import restore_shard, save_shard
 from hogshard.ps.dense import DenseStore
+from hogshard.ps.embedding_store import EmbeddingStore
 from hogshard.ps.rules import make_rule
+from hogshard.ps.stats import ServerStats
 from hogshard.ps.table_rules import TableRules
 
 torch = pytest.importorskip("torch")
@@ -139,3 +153,36 @@ def test_init_refuses_a_chunk_that_cuts_a_parameter() -> None:
     store.init("t", spec, [(0, 0, 6), (1, 6, 4)], [np.zeros(6, np.float32),
                                                  np.zeros(4, np.float32)])
     assert sorted(store.tables["t"].chunks) == [0, 1]
+
+
+def _push(store: DenseStore, grads: list[np.ndarray]) -> None:
+    """A push applied as a server applies it (validated, then an async applier)."""
+    table, chunks = store.validate_push("t", [0, 1], grads, [0, 0])
+    UpdateApplier(parse_policy("async"), ServerStats()).push(table, chunks, grads, [0, 0],
+                                                             "worker-0", ["worker-0"])
+
+
+def test_a_checkpoint_of_factored_state_restores_and_trains_on_the_same(tmp_path: Path) -> None:
+    """Adafactor's row and column variances are not as long as the chunk: a checkpoint keeps
+    them, and the restored server steps on with the same bits."""
+    rng = np.random.default_rng(0)
+    spec = {"rule": "adafactor", "lr": 0.01, "shapes": [[3, 4], [4], [2, 5]]}
+    store = DenseStore()
+    store.init("t", spec, [(0, 0, 16), (1, 16, 10)],
+               [rng.standard_normal(16).astype("<f4"), rng.standard_normal(10).astype("<f4")])
+    for _ in range(3):
+        _push(store, [rng.standard_normal(16).astype("<f4"),
+                      rng.standard_normal(10).astype("<f4")])
+    assert store.tables["t"].chunks[0].state["row_var"].size == 3
+    ckpt = new_checkpoint_dir(tmp_path, next_sequence(tmp_path))
+    files = save_shard(store, EmbeddingStore(), 0, {"worker-0": 3}, ckpt)
+    write_manifest(ckpt, {"servers": 1, "policy": "async", "tables": {}, "files": files})
+    again = DenseStore()
+    restore_shard(again, EmbeddingStore(), load_manifest(resolve_checkpoint(tmp_path)), 0, ckpt)
+    grads = [np.full(16, 0.5, "<f4"), np.full(10, -0.25, "<f4")]
+    _push(store, grads)
+    _push(again, grads)
+    for cid in (0, 1):
+        a, b = store.tables["t"].chunks[cid], again.tables["t"].chunks[cid]
+        assert a.weights.tobytes() == b.weights.tobytes()
+        assert a.state.keys() == b.state.keys()
