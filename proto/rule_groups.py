@@ -25,11 +25,18 @@ Example::
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hogshard.proto.errors import ConfigError
-from hogshard.proto.rule_specs import DENSE_RULES, check_params, check_rule_spec, rule_name
+from hogshard.proto.rule_specs import (
+    DENSE_RULES,
+    SHAPE_AWARE,
+    check_params,
+    check_rule_spec,
+    rule_name,
+)
 
 #: At most this many parameter groups in one table.
 MAX_GROUPS = 1024
@@ -38,7 +45,50 @@ MAX_GROUPS = 1024
 def check_table_rule(spec: Any, size: int | None = None) -> dict[str, Any]:
     """A dense table's rule spec validated, with defaults filled in (each group's too);
     ConfigError naming the group at fault otherwise. ``size``: the table's, when known (every
-    group must start inside it)."""
+    group must start inside it, and a shape-aware rule's ``shapes`` must cover it)."""
+    shapes = spec.get("shapes") if isinstance(spec, Mapping) else None
+    if shapes is not None:
+        spec = {k: v for k, v in spec.items() if k != "shapes"}
+    checked = _check_groups(spec, size)
+    name = checked["rule"]
+    if name in SHAPE_AWARE:
+        checked["shapes"] = check_shapes(name, shapes, size)
+    elif shapes is not None:
+        raise ConfigError(f"'shapes' is for the shape-aware rules {sorted(SHAPE_AWARE)}; "
+                          f"rule {name!r} takes none")
+    return checked
+
+
+def check_shapes(rule: str, shapes: Any, size: int | None = None) -> list[list[int]]:
+    """A shape-aware rule's ``shapes``: one list of ints per parameter, in table order,
+    together covering the table (``size`` elements, when known); ConfigError otherwise."""
+    if not isinstance(shapes, list) or not shapes:
+        raise ConfigError(f"rule {rule!r} steps each parameter with its shape: the table's rule "
+                          "spec must carry 'shapes', one list of ints per parameter in table "
+                          f"order; got {shapes!r}")
+    out: list[list[int]] = []
+    for index, shape in enumerate(shapes):
+        if not isinstance(shape, (list, tuple)) or not all(
+                type(d) is int and d >= 0 for d in shape):
+            raise ConfigError(f"'shapes'[{index}] must be a list of ints >= 0; got {shape!r}")
+        if rule == "muon" and len(shape) != 2:
+            raise ConfigError(f"torch.optim.Muon takes 2-D parameters only; parameter {index} "
+                              f"has shape {list(shape)}: give it to another optimizer")
+        out.append([int(d) for d in shape])
+    covered = sum(math.prod(shape) for shape in out)
+    if size is not None and covered != size:
+        raise ConfigError(f"'shapes' cover {covered} elements; the table has {size}")
+    return out
+
+
+def param_sizes(spec: Mapping[str, Any]) -> list[int] | None:
+    """The element count of each parameter of a checked spec that carries ``shapes``, else
+    None."""
+    shapes = spec.get("shapes")
+    return [math.prod(shape) for shape in shapes] if shapes else None
+
+
+def _check_groups(spec: Any, size: int | None) -> dict[str, Any]:
     if not isinstance(spec, Mapping) or "groups" not in spec:
         return check_rule_spec(spec)
     name = rule_name(spec, DENSE_RULES, "update rule")
@@ -68,8 +118,8 @@ def check_table_rule(spec: Any, size: int | None = None) -> dict[str, Any]:
 
 
 def first_group_rule(spec: Mapping[str, Any]) -> dict[str, Any]:
-    """A checked spec without its ``groups``: the first group's rule spec."""
-    return {k: v for k, v in spec.items() if k != "groups"}
+    """A checked spec without its ``groups`` and ``shapes``: the first group's rule spec."""
+    return {k: v for k, v in spec.items() if k not in ("groups", "shapes")}
 
 
 def group_starts(spec: Mapping[str, Any]) -> list[int]:
@@ -82,7 +132,7 @@ def group_params(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Each group's parameters (without ``rule`` and ``start``) of a checked spec."""
     groups = spec.get("groups")
     if not groups:
-        return [{k: v for k, v in spec.items() if k != "rule"}]
+        return [{k: v for k, v in spec.items() if k not in ("rule", "shapes")}]
     return [{k: v for k, v in g.items() if k != "start"} for g in groups]
 
 
@@ -101,16 +151,36 @@ def check_hyper(rule: str, hyper: Any, groups: int) -> list[dict[str, Any]]:
     return checked
 
 
-def chunk_bounds(size: int, chunk_elems: int, starts: Sequence[int] = (0,)) -> list[
-        tuple[int, int]]:
+def chunk_bounds(size: int, chunk_elems: int, starts: Sequence[int] = (0,),
+                 sizes: Sequence[int] | None = None) -> list[tuple[int, int]]:
     """``(offset, length)`` of a table's chunks: each group's elements cut in chunks of at most
-    ``chunk_elems``, so that no chunk straddles a group's start.
+    ``chunk_elems``, so that no chunk straddles a group's start. With ``sizes`` (a shape-aware
+    rule's parameters, in table order) chunks hold whole parameters: as many as fit in
+    ``chunk_elems``, and one larger than that alone.
 
     >>> chunk_bounds(10, 4, [0, 6])
     [(0, 4), (4, 2), (6, 4)]
+    >>> chunk_bounds(10, 4, [0], sizes=[2, 1, 6, 1])
+    [(0, 3), (3, 6), (9, 1)]
     """
+    if sizes is not None:
+        return _whole_params(chunk_elems, set(starts), sizes)
     edges = [s for s in starts if 0 < s < size]
     bounds: list[tuple[int, int]] = []
     for lo, hi in zip([0, *edges], [*edges, size], strict=True):
         bounds.extend((off, min(chunk_elems, hi - off)) for off in range(lo, hi, chunk_elems))
+    return bounds
+
+
+def _whole_params(chunk_elems: int, starts: set[int], sizes: Sequence[int]
+                  ) -> list[tuple[int, int]]:
+    bounds: list[tuple[int, int]] = []
+    lo = offset = 0
+    for n in sizes:
+        if offset > lo and (offset in starts or offset - lo + n > chunk_elems):
+            bounds.append((lo, offset - lo))
+            lo = offset
+        offset += n
+    if offset > lo:
+        bounds.append((lo, offset - lo))
     return bounds

@@ -91,6 +91,39 @@ def pair(lo: float, hi: float, what: str) -> Check:
     return check
 
 
+def count(lo: int) -> Check:
+    """A check for an int of at least ``lo``."""
+    def check(name: str, value: Any) -> int:
+        if not isinstance(value, numbers.Integral) or isinstance(value, (bool, np.bool_)) \
+                or value < lo:
+            raise ConfigError(f"{name} must be an int >= {lo}, got {value!r}")
+        return int(value)
+
+    return check
+
+
+def adafactor_eps(name: str, value: Any) -> list[float | None]:
+    """A check for Adafactor's ``eps``: ``(eps1 or None, eps2)``, each >= 0."""
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or len(value) != 2:
+        raise ConfigError(f"{name} must be a list [eps1 or null, eps2], got {value!r}")
+    first = None if value[0] is None else NONNEGATIVE(f"{name}[0]", value[0])
+    return [first, NONNEGATIVE(f"{name}[1]", value[1])]
+
+
+def ns_coefficients(name: str, value: Any) -> list[float]:
+    """A check for Muon's three Newton-Schulz coefficients."""
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or len(value) != 3:
+        raise ConfigError(f"{name} must be a list of three numbers, got {value!r}")
+    return [REAL(f"{name}[{i}]", v) for i, v in enumerate(value)]
+
+
+def adjust_lr_fn(name: str, value: Any) -> str | None:
+    """A check for Muon's ``adjust_lr_fn``: None, ``"original"`` or ``"match_rms_adamw"``."""
+    if value is not None and value not in ("original", "match_rms_adamw"):
+        raise ConfigError(f"{name} must be null, 'original' or 'match_rms_adamw', got {value!r}")
+    return value
+
+
 def etas(name: str, value: Any) -> list[float]:
     """A check for Rprop's ``etas``: ``0 < etaminus < 1 < etaplus``."""
     minus, plus = pair(0.0, math.inf, "0 < etaminus < 1 < etaplus")(name, value)
@@ -147,13 +180,29 @@ DENSE_RULES: Schema = {
     "asgd": {"lr": (1e-2, NONNEGATIVE), "lambd": (1e-4, NONNEGATIVE), "alpha": (0.75, REAL),
              "t0": (1e6, NONNEGATIVE), "weight_decay": (0.0, NONNEGATIVE), **_IMPL,
              **_CAPTURABLE},
+    "adafactor": {"lr": (1e-2, NONNEGATIVE),
+                  "beta2_decay": (-0.8, real(-math.inf, 0.0, hi_open=False)),
+                  "eps": ((None, 1e-3), adafactor_eps), "d": (1.0, real(1.0, math.inf)),
+                  "weight_decay": (0.0, NONNEGATIVE), "maximize": (False, flag),
+                  "foreach": (None, maybe_flag)},
+    "muon": {"lr": (1e-3, NONNEGATIVE), "weight_decay": (0.1, NONNEGATIVE),
+             "momentum": (0.95, NONNEGATIVE), "nesterov": (True, flag),
+             "ns_coefficients": ((3.4445, -4.775, 2.0315), ns_coefficients),
+             "eps": (1e-7, NONNEGATIVE), "ns_steps": (5, count(0)),
+             "adjust_lr_fn": (None, adjust_lr_fn)},
 }
+
+#: Rules that step each parameter with its shape (Adafactor factors a matrix's second moments,
+#: Muon orthogonalises a matrix): a table of one carries its parameters' shapes, and its chunks
+#: hold whole parameters (proto/rule_groups.py).
+SHAPE_AWARE: frozenset[str] = frozenset({"adafactor", "muon"})
 
 #: ``torch.optim`` class name -> rule name, for a torch optimizer handed to ``PSOptimizer``.
 TORCH_OPTIMIZERS: dict[str, str] = {
     "SGD": "sgd", "Adam": "adam", "AdamW": "adamw", "Adagrad": "adagrad",
     "Adadelta": "adadelta", "Adamax": "adamax", "NAdam": "nadam", "RAdam": "radam",
-    "RMSprop": "rmsprop", "Rprop": "rprop", "ASGD": "asgd"}
+    "RMSprop": "rmsprop", "Rprop": "rprop", "ASGD": "asgd", "Adafactor": "adafactor",
+    "Muon": "muon"}
 
 #: torch optimizers the servers cannot run, and why (what a user is told).
 REFUSED_OPTIMIZERS: dict[str, str] = {
@@ -161,9 +210,6 @@ REFUSED_OPTIMIZERS: dict[str, str] = {
              "gradients only",
     "SparseAdam": "it takes sparse gradients: use it for embedding rows (a remote embedding "
                   "table's row rule), not for a dense table",
-    "Adafactor": "its factored second moments need whole matrices, and a dense table is cut "
-                 "in flat chunks",
-    "Muon": "it orthogonalises whole matrices, and a dense table is cut in flat chunks",
 }
 
 
@@ -205,7 +251,7 @@ def check_params(name: str, params: Mapping[str, Any], schema: Mapping[str, tupl
         raise ConfigError(f"unknown parameter(s) {unknown} for {kind} {name!r}; "
                           f"accepted: {['rule', *schema]}")
     values = {key: check(key, params.get(key, default)) for key, (default, check) in schema.items()}
-    if values.get("nesterov") and (values["momentum"] <= 0 or values["dampening"] != 0):
+    if values.get("nesterov") and "dampening" in values and (values["momentum"] <= 0 or values["dampening"] != 0):
         raise ConfigError("nesterov requires momentum > 0 and dampening == 0, "
                           f"got momentum={values['momentum']}, dampening={values['dampening']}")
     return values

@@ -183,6 +183,7 @@ class DenseStore:
                         f"length {existing.weights.size}; got offset {offset} length {length}"
                     )
                 continue
+            table.rules.shapes_at(offset, length)  # a shape-aware rule's chunk: whole parameters
             probe = DenseChunk(chunk_id, offset, np.empty(length, FLOAT32), {})
             check_arrays(name, [probe], [array])
             fresh.append((probe, array))

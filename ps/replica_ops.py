@@ -77,7 +77,8 @@ class BackupOps:
                  for chunk, r in zip(chunks, records, strict=True)]
         for chunk, grad, rule, (chunk_id, scale, version, push_id, *_) in zip(
                 chunks, msg.arrays, rules, records, strict=True):
-            rule.apply(chunk.writable(), grad, chunk.state, float(scale))
+            rule.apply(chunk.writable(), grad, chunk.state, float(scale),
+                       **table.rules.shaped(chunk.offset, chunk.weights.size))
             chunk.version = int(version)
             push_ids = push_id if isinstance(push_id, list) else [push_id]
             chunk.gradients += len(push_ids)

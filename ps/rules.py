@@ -1,11 +1,13 @@
 """Server-side update rules: ``torch.optim``'s own optimizers, run on the servers' chunks.
 
 A dense table's rule is a torch optimizer (``sgd``, ``adam``, ``adamw``, ``adagrad``,
-``adadelta``, ``adamax``, ``nadam``, ``radam``, ``rmsprop``, ``rprop``, ``asgd``;
-proto/rule_specs.py holds their hyperparameters). Each step of a chunk runs that optimizer's
-``step`` over the chunk as one flat parameter, so the arithmetic is torch's, with the kernel
-the worker's optimizer names (``foreach``, ``fused``): one worker's run equals
-``torch.optim`` bit for bit.
+``adadelta``, ``adamax``, ``nadam``, ``radam``, ``rmsprop``, ``rprop``, ``asgd``,
+``adafactor``, ``muon``; proto/rule_specs.py holds their hyperparameters). Each step of a chunk
+runs that optimizer's ``step`` over the chunk as one flat parameter, so the arithmetic is
+torch's, with the kernel the worker's optimizer names (``foreach``, ``fused``): one worker's
+run equals ``torch.optim`` bit for bit. The shape-aware ones (``SHAPED_STATE``: Adafactor,
+Muon) step instead each parameter of the chunk (chunks hold whole parameters) as a view with
+its shape, and keep each state key's arrays of the chunk's parameters end to end, flat.
 
 A chunk's optimizer state is a plain dict of numpy arrays (torch's per-element state:
 ``exp_avg``, ``sum``, ...) and numbers (torch's scalar state: ``step``, ``mu_product``, ...),
@@ -26,6 +28,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 import threading
 import warnings
 from collections.abc import Mapping
@@ -58,7 +61,20 @@ OPTIMIZERS: dict[str, tuple[str, tuple[str, ...]]] = {
     "rmsprop": ("RMSprop", ("square_avg", "momentum_buffer", "grad_avg")),
     "rprop": ("Rprop", ("prev", "step_size")),
     "asgd": ("ASGD", ("ax",)),
+    "adafactor": ("Adafactor", ("row_var", "col_var", "variance")),
+    "muon": ("Muon", ("momentum_buffer",)),
 }
+
+
+def _adafactor_state(shape: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
+    if len(shape) < 2:
+        return {"variance": shape}
+    return {"row_var": (*shape[:-1], 1), "col_var": (*shape[:-2], 1, shape[-1])}
+
+
+#: shape-aware rule -> a parameter's shape -> the shape of each state array torch keeps for it.
+#: A chunk keeps each key's arrays of its parameters end to end, flat, in parameter order.
+SHAPED_STATE = {"adafactor": _adafactor_state, "muon": lambda shape: {"momentum_buffer": shape}}
 
 
 def load_torch() -> None:
@@ -76,6 +92,53 @@ def load_torch() -> None:
     except ImportError:
         return
     torch.optim.SGD([torch.zeros(1)])  # its first optimizer imports more of torch
+
+
+def _shaped_to_torch(state: State, shapes: list[tuple[int, ...]], layout: Any
+                     ) -> list[dict[str, Any]]:
+    """A shape-aware chunk's state as torch holds it, one dict per parameter: views of the
+    chunk's flat arrays with each parameter's state shapes (none at all before a first step,
+    for torch to create); numbers as scalar tensors, the same for every parameter."""
+    import torch
+
+    per_param = [layout(shape) for shape in shapes]
+    totals: dict[str, int] = {}
+    for keys in per_param:
+        for key, shape in keys.items():
+            totals[key] = totals.get(key, 0) + math.prod(shape)
+    lent = {key: value for key, value in state.items() if isinstance(value, np.ndarray)}
+    if any(key not in lent or lent[key].size != n for key, n in totals.items()):
+        lent = {}  # no state yet (or an older layout): torch starts it afresh
+    scalars = {key: torch.tensor(float(value), dtype=torch.float32)
+               for key, value in state.items() if isinstance(value, (int, float))}
+    out: list[dict[str, Any]] = []
+    at: dict[str, int] = dict.fromkeys(totals, 0)
+    for keys in per_param:
+        held: dict[str, Any] = {}
+        if lent:
+            held.update((k, v.clone()) for k, v in scalars.items())
+            for key, shape in keys.items():
+                n = math.prod(shape)
+                held[key] = torch.from_numpy(lent[key][at[key]:at[key] + n]).view(shape)
+                at[key] += n
+        out.append(held)
+    return out
+
+
+def _shaped_to_numpy(states: list[Mapping[str, Any]], keys: tuple[str, ...]) -> State:
+    """Each parameter's torch state as one chunk keeps it: each key's arrays end to end, flat;
+    scalars (equal for every parameter, as they stepped together) as numbers."""
+    import torch
+
+    out: State = {}
+    for key in keys:
+        parts = [s[key].reshape(-1).numpy() for s in states if s.get(key) is not None]
+        if parts:
+            out[key] = np.concatenate(parts).astype(np.float32, copy=False)
+    for state in states[:1]:
+        out.update((k, v.item()) for k, v in state.items()
+                   if isinstance(v, torch.Tensor) and v.dim() == 0)
+    return out
 
 
 def _check(weights: np.ndarray, grad: np.ndarray) -> None:
@@ -158,7 +221,8 @@ class UpdateRule:
         if opt is None:
             import torch
 
-            opt = self._local.opt = self._cls([torch.zeros(1)], **self._kwargs)
+            placeholder = torch.zeros(1, 1) if self.name in SHAPED_STATE else torch.zeros(1)
+            opt = self._local.opt = self._cls([placeholder], **self._kwargs)
             opt.state.clear()
         return opt
 
@@ -167,17 +231,25 @@ class UpdateRule:
         constructor makes; most optimizers make their state at the first step)."""
         import torch
 
+        if self.name in SHAPED_STATE:
+            return {}  # torch makes it at the first step, per parameter
         param = torch.zeros(size)
         return _to_numpy(self._cls([param], **self._kwargs).state.get(param, {}))
 
-    def apply(self, weights: np.ndarray, grad: np.ndarray, state: State, lr_scale: float = 1.0) -> None:
+    def apply(self, weights: np.ndarray, grad: np.ndarray, state: State, lr_scale: float = 1.0,
+              shapes: list[tuple[int, ...]] | None = None) -> None:
         """Update ``weights`` in place from ``grad`` (never written) with step size ``lr *
-        lr_scale``: one ``step`` of the optimizer, ``state`` updated in place."""
+        lr_scale``: one ``step`` of the optimizer, ``state`` updated in place. A shape-aware
+        rule (``SHAPED_STATE``) needs ``shapes``: the chunk's parameters, which tile it; the
+        step then sees each parameter with its shape."""
         import torch
 
         _check(weights, grad)
         size = weights.size
         if size == 0:
+            return
+        if self.name in SHAPED_STATE:
+            self._apply_shaped(weights, grad, state, lr_scale, shapes)
             return
         opt = self._optimizer()
         param = torch.from_numpy(weights)
@@ -203,6 +275,39 @@ class UpdateRule:
             opt.state.clear()
             group["params"] = []
             param.grad = None
+
+    def _apply_shaped(self, weights: np.ndarray, grad: np.ndarray, state: State,
+                      lr_scale: float, shapes: list[tuple[int, ...]] | None) -> None:
+        import torch
+
+        if shapes is None or sum(math.prod(s) for s in shapes) != weights.size:
+            raise ShapeError(f"rule {self.name!r} steps whole parameters: a chunk of "
+                             f"{weights.size} elements needs its parameters' shapes, got "
+                             f"{shapes!r}")
+        opt = self._optimizer()
+        params, offset = [], 0
+        for shape in shapes:
+            n = math.prod(shape)
+            param = torch.from_numpy(weights[offset:offset + n]).view(shape)
+            param.grad = torch.from_numpy(grad[offset:offset + n]).view(shape)
+            params.append(param)
+            offset += n
+        group = opt.param_groups[0]
+        group["params"] = params
+        group["lr"] = self.lr * lr_scale if lr_scale != 1.0 else self.lr
+        for param, held in zip(params, _shaped_to_torch(state, list(shapes),
+                                                         SHAPED_STATE[self.name]), strict=True):
+            opt.state[param] = held
+        try:
+            opt.step()
+            fresh = _shaped_to_numpy([opt.state[p] for p in params], self.STATE_ARRAYS)
+            state.clear()
+            state.update(fresh)
+        finally:
+            opt.state.clear()
+            group["params"] = []
+            for param in params:
+                param.grad = None
 
     def spec(self) -> dict[str, Any]:
         """The rule's parameters as a msgpack-able dict that :func:`make_rule` accepts."""

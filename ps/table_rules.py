@@ -18,9 +18,12 @@ Example::
 from __future__ import annotations
 
 import bisect
+import itertools
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from hogshard.proto.errors import ShapeError
 from hogshard.proto.rule_groups import check_hyper, check_table_rule, group_params, group_starts
 from hogshard.ps.rules import UpdateRule, make_rule
 
@@ -41,6 +44,33 @@ class TableRules:
             self.registered = [make_rule({"rule": self.name, **p})
                                for p in group_params(checked)]
         self._live: dict[tuple[Any, ...], UpdateRule] = {}
+        shapes = spec.get("shapes") or []
+        self.shapes = [tuple(int(d) for d in shape) for shape in shapes]
+        self._param_starts = list(itertools.accumulate(
+            (math.prod(shape) for shape in self.shapes), initial=0))
+
+    def shaped(self, offset: int, length: int) -> dict[str, Any]:
+        """The keywords a rule's ``apply`` takes for the chunk at ``offset`` (``length``
+        elements): a shape-aware rule's ``shapes``, nothing for others."""
+        shapes = self.shapes_at(offset, length)
+        return {} if shapes is None else {"shapes": shapes}
+
+    def shapes_at(self, offset: int, length: int) -> list[tuple[int, ...]] | None:
+        """The shapes of the parameters the chunk at ``offset`` (``length`` elements) holds,
+        for a shape-aware rule's table (whose chunks hold whole parameters); None for others.
+
+        >>> TableRules({"rule": "muon", "shapes": [[2, 3], [4, 1]]}).shapes_at(6, 4)
+        [(4, 1)]
+        """
+        if not self.shapes:
+            return None
+        starts = self._param_starts
+        lo = bisect.bisect_left(starts, offset)
+        hi = bisect.bisect_left(starts, offset + length)
+        if hi >= len(starts) or starts[lo] != offset or starts[hi] != offset + length:
+            raise ShapeError(f"a chunk at {offset} of {length} elements cuts a parameter; "
+                             "a shape-aware rule's chunks hold whole parameters")
+        return [shape for shape in self.shapes[lo:hi] if math.prod(shape)]
 
     def group_of(self, offset: int) -> int:
         """The parameter group of the chunk at ``offset``."""

@@ -117,7 +117,8 @@ class UpdateJob:
         """Apply the update (``grad`` must be set)."""
         assert self.grad is not None
         rule = self.rule or self.table.rules.registered_for(self.chunk.offset)
-        rule.apply(self.chunk.writable(), self.grad, self.chunk.state, self.scale)
+        rule.apply(self.chunk.writable(), self.grad, self.chunk.state, self.scale,
+                   **self.table.rules.shaped(self.chunk.offset, self.chunk.weights.size))
 
 
 class UpdatePool:

@@ -35,9 +35,11 @@ class PlacedTable:
 
 
 def plan_dense_table(size: int, chunk_elems: int, num_servers: int,
-                     group_starts: Sequence[int] = (0,)) -> list[Chunk]:
+                     group_starts: Sequence[int] = (0,),
+                     param_sizes: Sequence[int] | None = None) -> list[Chunk]:
     """Cut ``size`` elements into chunks of ``chunk_elems`` (none straddling the start of a
-    parameter group) and place them largest first, each on the server holding the fewest bytes
+    parameter group; with ``param_sizes``, a shape-aware rule's, none cutting a parameter) and
+    place them largest first, each on the server holding the fewest bytes
     so far (ties go to the lowest rank)."""
     if size <= 0:
         raise ConfigError(f"a dense table needs at least one element; got size={size}")
@@ -45,7 +47,7 @@ def plan_dense_table(size: int, chunk_elems: int, num_servers: int,
         raise ConfigError(f"chunk_elems must be positive; got {chunk_elems}")
     if num_servers <= 0:
         raise ConfigError("no server has registered yet; expected at least one")
-    bounds = chunk_bounds(size, chunk_elems, group_starts)
+    bounds = chunk_bounds(size, chunk_elems, group_starts, param_sizes)
     load = [(0, rank) for rank in range(num_servers)]
     heapq.heapify(load)
     owner: dict[int, int] = {}

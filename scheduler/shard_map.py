@@ -26,7 +26,7 @@ from typing import Any
 
 from hogshard.proto.errors import ConflictError, HogshardError, ProtocolError, UnknownTableError
 from hogshard.proto.param_layout import check_param_layout
-from hogshard.proto.rule_groups import check_table_rule, group_starts
+from hogshard.proto.rule_groups import check_table_rule, group_starts, param_sizes
 from hogshard.proto.tables import DEFAULT_CHUNK_ELEMS, EMBEDDING_MAP, Chunk, DenseTableSpec
 from hogshard.scheduler import chunk_moves, rebalance
 from hogshard.scheduler.membership import Member, Roster, server_list
@@ -97,7 +97,7 @@ class ShardMap:
         ranks = [m.rank for m in servers]
         chunks = [Chunk(c.chunk_id, c.offset, c.length, ranks[c.server])
                   for c in plan_dense_table(spec.size, spec.chunk_elems, len(servers),
-                                            _group_starts(spec))]
+                                            *_group_starts(spec))]
         table = self.tables[spec.name] = PlacedTable(spec, chunks)
         self._replicate_new_table(table)
         self._roster.bump()
@@ -295,9 +295,10 @@ class ShardMap:
                 self._replicate_new_table(table)
 
 
-def _group_starts(spec: DenseTableSpec) -> list[int]:
-    """Where the table's parameter groups start (proto/rule_groups.py); the servers check the
-    rest of the rule."""
-    if not isinstance(spec.rule, dict) or "groups" not in spec.rule:
-        return [0]
-    return group_starts(check_table_rule(spec.rule, spec.size))
+def _group_starts(spec: DenseTableSpec) -> tuple[list[int], list[int] | None]:
+    """Where the table's parameter groups start, and a shape-aware rule's parameter sizes
+    (proto/rule_groups.py); the servers check the rest of the rule."""
+    if not isinstance(spec.rule, dict) or not ("groups" in spec.rule or "shapes" in spec.rule):
+        return [0], None
+    checked = check_table_rule(spec.rule, spec.size)
+    return group_starts(checked), param_sizes(checked)

@@ -43,6 +43,7 @@ from hogshard.worker.overlap import DEFAULT_BUCKET_BYTES, GradientBuckets, make_
 from hogshard.worker.param_groups import (
     GroupHyper,
     check_group_keys,
+    check_param_shapes,
     momentum_kind,
     rule_defaults,
     torch_rule,
@@ -63,7 +64,8 @@ class PSOptimizer(torch.optim.Optimizer):
     whose groups and hyperparameters the servers take over. ``rule`` is the server-side
     update rule: a ``torch.optim`` class (``torch.optim.Adam``) or its name (``sgd``,
     ``adam``, ``adamw``, ``adagrad``, ``adadelta``, ``adamax``, ``nadam``, ``radam``,
-    ``rmsprop``, ``rprop``, ``asgd``), and ``**hyper`` its defaults (``lr``, ``momentum``,
+    ``rmsprop``, ``rprop``, ``asgd``, ``adafactor``, ``muon``: 2-D parameters only, as
+    torch's), and ``**hyper`` its defaults (``lr``, ``momentum``,
     ``betas``, ``weight_decay``, ``foreach``, ...). The servers run torch's own optimizer on
     their chunks, so one worker under ``ssp:0`` ends with the weights ``torch.optim`` gives,
     bit for bit (``fused=True`` runs torch's fused kernel, equal to the last bits). LBFGS,
@@ -145,6 +147,7 @@ class PSOptimizer(torch.optim.Optimizer):
         bad = [n for n, p in named if p.dtype != torch.float32]
         if bad:
             raise ConfigError(f"parameters must be float32; these are not: {bad}")
+        check_param_shapes(rule, named)
         self.client = client
         spec = codec if codec is not None else client.settings.codec
         self.compressor = Compressor(CompressionPolicy.parse(spec)) if spec else None
@@ -158,7 +161,7 @@ class PSOptimizer(torch.optim.Optimizer):
         self._weights = self._mirror.weights.array
         self._grads = self._mirror.grads.array
         self.table: DenseHandle = client.dense_table(
-            table, self._weights.size, self._hyper.table_rule(),
+            table, self._weights.size, self._hyper.table_rule([p.shape for p in self.params]),
             init=self._weights if client.rank == 0 else None, chunk_elems=chunk_elems,
             params=param_layout(self.param_groups),  # so that exports load by parameter
         )

@@ -30,6 +30,7 @@ from hogshard.proto.rule_groups import check_table_rule
 from hogshard.proto.rule_specs import (
     DENSE_RULES,
     REFUSED_OPTIMIZERS,
+    SHAPE_AWARE,
     TORCH_OPTIMIZERS,
     check_params,
     rule_name,
@@ -96,6 +97,20 @@ def rule_defaults(rule: str, hyper: Mapping[str, Any]) -> dict[str, Any]:
     return {k: tuple(v) if isinstance(v, list) else v for k, v in checked.items()}
 
 
+def check_param_shapes(rule: str, named: Sequence[tuple[str, Any]]) -> None:
+    """ConfigError naming a parameter that ``rule`` cannot step: torch.optim.Muon takes 2-D
+    parameters only (as torch's own refuses them), so a bias or a norm's weight goes to
+    another optimizer, in its own ``PSOptimizer`` and table."""
+    if rule != "muon":
+        return
+    bad = [(name, list(p.shape)) for name, p in named if p.dim() != 2]
+    if bad:
+        raise ConfigError(
+            f"torch.optim.Muon takes 2-D parameters only; these are not: {bad}. As with "
+            "torch, give Muon the matrices and another optimizer the rest: a second "
+            "PSOptimizer (e.g. torch.optim.AdamW) with its own table= name")
+
+
 def momentum_kind(rule: str, defaults: Mapping[str, Any]) -> str:
     """The rule as a codec pairing sees it: ``sgd`` and ``momentum`` are one rule (torch's
     SGD), ``momentum`` where its momentum is above 0, else ``sgd``.
@@ -150,10 +165,14 @@ class GroupHyper:
         return [{k: wire_value(groups[i][k]) for k in self.keys if k in groups[i]}
                 for i in self.used]
 
-    def table_rule(self) -> dict[str, Any]:
+    def table_rule(self, shapes: Sequence[Sequence[int]] = ()) -> dict[str, Any]:
         """The rule spec the table is created with (``groups`` where there are several), each
-        value that is the rule's default left out (as a user would write the spec)."""
+        value that is the rule's default left out (as a user would write the spec); a
+        shape-aware rule's with ``shapes``, the table's parameters' shapes."""
         first = {"rule": self.rule, **self._short(self.created[0])}
+        if self.rule in SHAPE_AWARE:
+            first["shapes"] = [[int(d) for d in shape] for shape in shapes]
+            check_table_rule(first)  # ConfigError here, not on the servers
         if len(self.used) == 1:
             return first
         spec = {**first, "groups": [{"start": start, **self._short(values)} for start, values

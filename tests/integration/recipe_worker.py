@@ -42,15 +42,21 @@ TORCH = {
     "radam": (torch.optim.RAdam, {}),
     "rprop": (torch.optim.Rprop, {}),
     "asgd": (torch.optim.ASGD, {"t0": 200.0}),
+    "adafactor": (torch.optim.Adafactor, {"weight_decay": 0.01}),
+    "muon": (torch.optim.Muon, {"adjust_lr_fn": "match_rms_adamw"}),
 }
 #: Every torch optimizer the servers run, 1,000 steps each (handed over as a torch optimizer).
 LONG = ["sgd", "momentum", "adagrad", "adam", "adamw", "rmsprop", "adadelta", "adamax", "nadam",
-        "radam", "rprop", "asgd"]
+        "radam", "rprop", "asgd", "adafactor", "muon"]
 LONG_STEPS = 1000
 
 
-def model() -> nn.Module:
+def model(rule: str = "") -> nn.Module:
+    """The recipes' model; for Muon, which takes matrices only, without biases and norms."""
     torch.manual_seed(0)
+    if rule == "muon":
+        return nn.Sequential(nn.Linear(64, 128, bias=False), nn.ReLU(),
+                             nn.Linear(128, 10, bias=False))
     return nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.LayerNorm(128), nn.Linear(128, 10))
 
 
@@ -60,14 +66,14 @@ def groups(net: nn.Module, rule: str) -> list[dict[str, Any]]:
     rest = [p for p in net.parameters() if all(p is not q for q in first)]
     decay = [p for p in rest if p.ndim > 1]
     no_decay = [p for p in rest if p.ndim <= 1]
-    return [{"params": first, "lr": 0.5 * LR[rule]},
-            {"params": decay, "weight_decay": 0.01},
-            {"params": no_decay, "weight_decay": 0.0}]
+    return [group for group in ({"params": first, "lr": 0.5 * LR[rule]},
+                                {"params": decay, "weight_decay": 0.01},
+                                {"params": no_decay, "weight_decay": 0.0}) if group["params"]]
 
 
 LR = {"sgd": 0.1, "momentum": 0.05, "adagrad": 0.05, "adam": 3e-3, "adamw": 3e-3,
       "rmsprop": 1e-3, "adadelta": 1.0, "adamax": 2e-3, "nadam": 2e-3, "radam": 1e-3,
-      "rprop": 1e-3, "asgd": 0.05}
+      "rprop": 1e-3, "asgd": 0.05, "adafactor": 1e-2, "muon": 2e-2}
 
 
 class Recipe:
@@ -116,7 +122,7 @@ class Recipe:
         """A new model, optimizer and scheduler that load the old ones' state dicts (with
         PSOptimizer the weights come from the servers, as a restarted worker's would)."""
         saved, saved_sched = opt.state_dict(), sched.state_dict()
-        fresh = model()
+        fresh = model(self.rule)
         if client is None:
             fresh.load_state_dict(net.state_dict())
         new_opt = self.optimizer(fresh, client, table)
@@ -126,7 +132,7 @@ class Recipe:
         return fresh, new_opt, new_sched
 
     def train(self, client: PSClient | None, table: str) -> torch.Tensor:
-        net = model()
+        net = model(self.rule)
         opt = self.optimizer(net, client, table)
         sched = self.scheduler(opt)
         scaler = torch.amp.GradScaler("cpu", init_scale=2.0**127, backoff_factor=2.0**-40,
@@ -202,7 +208,8 @@ def contract(client: PSClient) -> float:
     except ConfigError:
         pass
     for cls, words in [(torch.optim.LBFGS, "cannot run torch.optim.LBFGS"),
-                       (torch.optim.SparseAdam, "sparse gradients")]:
+                       (torch.optim.SparseAdam, "sparse gradients"),
+                       (torch.optim.Muon, "2-D parameters only")]:
         try:
             PSOptimizer(client, model().parameters(), cls, table="contract-refused")
             raise AssertionError(f"{cls.__name__} was accepted")

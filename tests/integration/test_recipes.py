@@ -20,7 +20,7 @@ from tests.conftest import PYTHON, REPO, ProcessManager
 
 WORKER = REPO / "tests" / "integration" / "recipe_worker.py"
 LONG = ["sgd", "momentum", "adagrad", "adam", "adamw", "rmsprop", "adadelta", "adamax", "nadam",
-        "radam", "rprop", "asgd"]
+        "radam", "rprop", "asgd", "adafactor", "muon"]
 RECIPES = ["groups-sgd", "groups-momentum", "groups-adagrad", "groups-adam", "groups-adamw",
            "groups-rmsprop", "groups-adadelta", "steplr", "warmup-cosine", "onecycle-momentum", "onecycle-sgd",
            "onecycle-adam",
