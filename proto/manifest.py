@@ -226,26 +226,3 @@ def manifest_ranks(manifest: dict[str, Any]) -> list[int]:
         return sorted(ranks)
     servers = manifest.get("servers")
     return list(range(servers)) if type(servers) is int and servers > 0 else []
-
-
-def held_by_ranks(manifest: dict[str, Any], servers: int) -> bool:
-    """Whether a checkpoint written while some of ``servers`` ranks were missing restores
-    onto that many servers: every table replicated, and every chunk (primary and backup) on a
-    rank whose files it holds, all below ``servers``. The missing ranks start empty.
-
-    >>> held_by_ranks({"server_ranks": [0, 1], "tables": {"m": {"replication": 2,
-    ...     "chunks": [[0, 0, 4, 0, 1], [1, 4, 4, 1, 0]]}}}, servers=3)
-    True
-    """
-    ranks = set(manifest_ranks(manifest))
-    tables = manifest.get("tables")
-    if not ranks or max(ranks) >= servers or not isinstance(tables, dict) or not tables:
-        return False
-    for view in tables.values():
-        if not isinstance(view, dict) or (view.get("replication") or 1) < 2:
-            return False
-        for chunk in view.get("chunks", []):
-            if not (isinstance(chunk, list) and len(chunk) >= 4 and chunk[3] in ranks
-                    and (len(chunk) < 5 or chunk[4] in ranks | {-1})):
-                return False
-    return True

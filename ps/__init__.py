@@ -32,7 +32,6 @@ update_pool.py                UpdatePool, UpdateJob, Ticket: the update threads
 workers.py                    WorkerView (live workers, clocks, pull gate), PolicySchedule
 decoding.py                   PayloadDecoder: compressed pushes to dense gradients (sparse: checked by values)
 replication.py                Replicator: roles, links to backups, leases, recent push ids
-backup_links.py               BackupLink, RecentPushes: a primary's link to a backup; push ids
 primary.py                    Primary: replicated pushes, held replies
 group_replies.py              GroupReplies, HeldReply: replies waiting for their groups, backups
 peer_gate.py                  PeerGate: who may send the server-to-server ops

@@ -27,7 +27,6 @@ from hogshard.proto.manifest import (
     atomic_write,
     disk_error,
     file_entry,
-    held_by_ranks,
     load_manifest,
     manifest_ranks,
     resolve_checkpoint,
@@ -99,12 +98,6 @@ def restore_shard(store: DenseStore, embeddings: EmbeddingStore, manifest: dict[
     """Replace the shard's tables with rank ``rank``'s files of a verified checkpoint;
     returns the worker clocks it had seen. The manifest must list this rank."""
     ranks = manifest_ranks(manifest)
-    if rank not in ranks and held_by_ranks(manifest, max([rank, *ranks]) + 1):
-        log.warning("checkpoint %s was written while rank %d was missing (its replicas held "
-                    "every chunk): this server starts empty and is given chunks once it "
-                    "serves", ckpt, rank)
-        store.tables.clear()
-        return {}
     if rank not in ranks:
         raise CheckpointError(
             f"this server has rank {rank} but the checkpoint {ckpt} holds ranks {ranks}; "

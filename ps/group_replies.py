@@ -39,7 +39,6 @@ class HeldReply:
     request_id: int
     fields: dict[str, Any]
     needs: dict[int, int] = field(default_factory=dict)  # backup rank -> sequence number
-    refused: str | None = None  # why it must be refused (NOT_OWNER) instead
 
 
 @dataclass(eq=False)

@@ -84,15 +84,15 @@ class PeerGate:
                     table == EMBEDDING_MAP and role[0] == primary
                     and replicas.slots.receives(chunk_id, rank))):
                 continue  # its backup, or the next owner of a replicated slot
-            epoch = msg.get("map_epoch")
-            if not self._deciding and type(epoch) is int and (
-                    replicas.map_epoch is None or epoch > replicas.map_epoch):
-                return self._hold(request)  # (a swap of roles this server has not learnt)
             if role is not None and role[1] != rank:
                 raise NotOwnerError(
                     f"server {rank} is no longer the backup of table {table!r} chunk "
                     f"{chunk_id} (primary {role[0]}, backup {role[1]}, map epoch "
                     f"{replicas.map_epoch})")
+            epoch = msg.get("map_epoch")
+            if not self._deciding and type(epoch) is int and (
+                    replicas.map_epoch is None or epoch > replicas.map_epoch):
+                return self._hold(request)
             raise ForbiddenError(
                 f"{msg.op!r} from server {primary} refused: the shard map (epoch "
                 f"{replicas.map_epoch}) does not name it the primary of table {table!r} "

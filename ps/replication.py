@@ -21,7 +21,9 @@ Example::
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -33,7 +35,6 @@ from hogshard.proto.security import Security
 from hogshard.proto.tables import EMBEDDING_MAP
 from hogshard.proto.transport import ERROR, connect_dealer, request_header, send
 from hogshard.proto.wire import Message, decode
-from hogshard.ps.backup_links import BackupLink, RecentPushes
 from hogshard.ps.dense import DenseChunk, DenseStore, DenseTable
 from hogshard.ps.embedding_replica import snapshot_messages
 from hogshard.ps.embedding_slots import SlotRoles
@@ -46,6 +47,45 @@ log = logging.getLogger(__name__)
 #: The lease is this fraction of the scheduler's heartbeat timeout, so it always runs out
 #: before the scheduler declares the server dead and promotes its backups.
 LEASE_FRACTION = 0.6
+#: (push id, chunk id) pairs remembered for detecting a push sent again.
+RECENT_PUSHES = 1 << 17
+MAX_CHUNK_ID = 1 << 20
+
+
+class RecentPushes:
+    """A bounded memory of applied (push id, chunk id) pairs, oldest forgotten first."""
+
+    def __init__(self, capacity: int = RECENT_PUSHES) -> None:
+        self.capacity = capacity
+        self._seen: OrderedDict[int, None] = OrderedDict()
+
+    @staticmethod
+    def _key(push_id: int, chunk_id: int) -> int:
+        return push_id * MAX_CHUNK_ID + chunk_id
+
+    def __contains__(self, pair: tuple[int, int]) -> bool:
+        return self._key(*pair) in self._seen
+
+    def add(self, push_id: int, chunk_id: int) -> None:
+        self._seen[self._key(push_id, chunk_id)] = None
+        if len(self._seen) > self.capacity:
+            self._seen.popitem(last=False)
+
+
+@dataclass
+class BackupLink:
+    """A primary's connection to one backup server; ``sent``/``acked`` count messages."""
+
+    rank: int
+    address: str
+    socket: zmq.Socket
+    incarnation: int | None = None  # the backup's process: sent with every message
+    sent: int = 0
+    acked: int = 0
+    fenced: str | None = None  # why the backup refused us (it was promoted)
+    fenced_epoch: int | None = None  # the map epoch this server knew when it was refused
+
+
 class Replicator:
     """The primary's half of chain replication, and the roles this server holds."""
 
@@ -69,15 +109,6 @@ class Replicator:
         self.groups = GroupReplies()
         self.recent = RecentPushes()
         self._pending_snapshots: dict[str, set[int]] = {}  # waiting for the chunk's init
-        #: backup rank -> the sequence number of the last dense snapshot sent on its link
-        self._snapshot_seq: dict[int, int] = {}
-        #: backup rank -> what it had acknowledged, for the links last closed while their
-        #: backup lives on as the same process (no chunk of ours is backed there any more)
-        self._unused: dict[int, int] = {}
-        #: The last heartbeat reply with assignments, taken again to open a link anew when a
-        #: backup refused a message sent under an older map (:meth:`relink`).
-        self._assigned: Message | None = None
-        self.relink_due = False
         self.embedding_shards = 0  # S: embedding rows are hashed over this many shards
         self.slots = SlotRoles()  # --embedding-slots: the slots served and handed off
 
@@ -142,7 +173,6 @@ class Replicator:
         if not isinstance(assignments, dict) or not isinstance(servers, dict):
             return
         self.map_epoch = reply.get("map_epoch")
-        self._assigned, self.relink_due = reply, False
         old_roles, self.roles = self.roles, {t: {} for t in self.roles}
         moving: dict[int, int] = {}  # replicated slots that move: their next owners
         for name, view in assignments.items():
@@ -168,8 +198,6 @@ class Replicator:
             in_use, {int(r): (a, incarnations.get(r) if isinstance(incarnations, dict) else None)
                      for r, a in servers.items()})
         self.slots.resend(replaced)
-        for link in self.links.values():
-            link.epoch_start = link.sent + 1
         snapshots: dict[int, int] = {}
         for name, roles in self.roles.items():
             for chunk_id, (primary, backup) in roles.items():
@@ -177,10 +205,6 @@ class Replicator:
                 if primary == rank and backup >= 0 and (
                         before is None or before[1] != backup or backup in replaced):
                     self._pending_snapshots.setdefault(name, set()).add(chunk_id)
-        for name, ids in self._pending_snapshots.items():  # chunks no longer ours to copy
-            if name != EMBEDDING_MAP:
-                roles = self.roles.get(name, {})
-                ids &= {c for c in ids if c in roles and roles[c][0] == rank and roles[c][1] >= 0}
         if self.slots.pending_next:
             self._pending_snapshots.setdefault(EMBEDDING_MAP, set())
         for name in list(self._pending_snapshots):
@@ -200,7 +224,6 @@ class Replicator:
         """Keep one DEALER per backup rank in use, to its current process ({rank: (address,
         incarnation)}); returns ranks whose link is new (their backup needs snapshots)."""
         fresh = set()
-        self._unused = {}
         for rank in list(self.links):
             link = self.links[rank]
             # a backup that refused us under an older map is asked again, with a snapshot:
@@ -209,12 +232,8 @@ class Replicator:
             refused_before = link.fenced is not None and link.fenced_epoch != self.map_epoch
             if (rank not in in_use or addresses.get(rank) != (link.address, link.incarnation)
                     or refused_before):
-                if rank not in in_use and addresses.get(rank) == (link.address,
-                                                                  link.incarnation):
-                    self._unused[rank] = link.acked  # the same backup, no longer ours
                 link.socket.close(0)
                 del self.links[rank]
-                self._snapshot_seq.pop(rank, None)
                 self.links_version += 1
         for rank in in_use:
             if rank not in self.links and rank in addresses:
@@ -227,16 +246,7 @@ class Replicator:
 
     def _rebase_held(self, snapshots: dict[int, int]) -> None:
         """Held replies that waited on a link now gone wait on the new snapshots instead
-        (which hold their updates), or on nothing if the chunk has no backup left. A reply
-        that waited on a backup still alive that this server no longer sends to (a rebalance
-        made it the primary, or moved the backup) is refused with ``NOT_OWNER`` unless that
-        backup had acknowledged it: the worker sends the push again (applied once)."""
-        for held in self.held:
-            if any(rank in self._unused and seq > self._unused[rank]
-                   for rank, seq in held.needs.items()):
-                held.refused = (f"{self.sender}: the roles moved before backup "
-                                f"{sorted(set(held.needs) & set(self._unused))} acknowledged; "
-                                "retry after a map refresh")
+        (which hold their updates), or on nothing if the chunk has no backup left."""
         for held in [*self.held, *self.groups.replies()]:
             gone = [r for r, seq in held.needs.items()
                     if r not in self.links or self.links[r].sent < seq]
@@ -271,7 +281,6 @@ class Replicator:
                 waiting.discard(chunk.chunk_id)
             sent[backup] = self.send(backup, "replica_snapshot", {
                 "table": name, "rule": table.rule_spec, "chunks": entries}, arrays)
-            self._snapshot_seq[backup] = sent[backup]
         if not waiting:
             self._pending_snapshots.pop(name, None)
         return sent
@@ -324,18 +333,6 @@ class Replicator:
                 each[index][backup] = seq
         return total, each
 
-    def syncing(self) -> bool:
-        """Whether a backup of a dense chunk this server is primary of does not hold it yet:
-        a snapshot waits to be sent (the chunk is not filled, the backup's address is not
-        known) or is not acknowledged. The scheduler rebalances only while no server is
-        syncing (scheduler/rebalance.py)."""
-        for rank, seq in list(self._snapshot_seq.items()):
-            link = self.links.get(rank)
-            if link is None or link.acked >= seq:
-                del self._snapshot_seq[rank]
-        return bool(self._snapshot_seq) or any(
-            ids for name, ids in self._pending_snapshots.items() if name != EMBEDDING_MAP)
-
     def forwarded_so_far(self) -> dict[int, int]:
         """{backup rank: sequence number of the last message sent to it}: what a reply must
         wait for to follow everything forwarded before it (a push sent again)."""
@@ -367,25 +364,11 @@ class Replicator:
         while sock.poll(0, zmq.POLLIN):
             message = decode(sock.recv_multipart(copy=False))
             if message.op == ERROR:
-                # a refusal of a message sent under an older map (the backup moved on, e.g. a
-                # rebalance took its role away) says nothing of this map: the link is opened
-                # anew at once, with snapshots, rather than left refused until the next map
-                stale = message.request_id < link.epoch_start
-                link.fenced = str(message.get("message"))
-                link.fenced_epoch = None if stale else self.map_epoch
-                self.relink_due = self.relink_due or stale
-                log.warning("%s: backup %d refused a forwarded update%s: %s", self.sender,
-                            link.rank, " sent under an older map" if stale else "", link.fenced)
+                link.fenced, link.fenced_epoch = str(message.get("message")), self.map_epoch
+                log.warning("%s: backup %d refused a forwarded update: %s", self.sender,
+                            link.rank, link.fenced)
             else:
                 link.acked = max(link.acked, message.request_id)
-
-    def relink(self, store: DenseStore, rank: int, embeddings: EmbeddingStore | None) -> None:
-        """Open anew the links whose backups refused a message sent under an older map (their
-        held replies fail with ``NOT_OWNER`` first, so workers send those pushes again), by
-        taking the last assignments again: each such backup gets fresh snapshots."""
-        if self._assigned is not None:
-            self.take_assignments(self._assigned, store, rank, embeddings)
-        self.relink_due = False
 
     def ready_replies(self, now: float) -> list[tuple[HeldReply, NotOwnerError | None]]:
         """Held replies whose backups have acknowledged them (with the error to send instead
@@ -397,9 +380,6 @@ class Replicator:
         ready: list[tuple[HeldReply, NotOwnerError | None]] = []
 
         def settle(held: HeldReply) -> bool:
-            if held.refused is not None:
-                ready.append((held, NotOwnerError(held.refused)))
-                return True
             links = [self.links.get(r) for r in held.needs]
             fenced = next((lk.fenced for lk in links if lk is not None and lk.fenced), None)
             if fenced:

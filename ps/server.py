@@ -209,9 +209,6 @@ class ShardServer:
                 if scheduler in events:
                     self._read_scheduler()
                 self.primary.read(events)
-                if self.replicas.relink_due:  # a backup refused a message of an older map
-                    self.updates.settle()
-                    self.replicas.relink(self.store, self.rank, self.embeddings)
                 if self.replicas.groups:
                     self.primary.flush_stalled(now, self.applier)
                 self.chunk_moves.read(events)

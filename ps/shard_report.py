@@ -89,8 +89,7 @@ def heartbeat_fields(stats: ServerStats, embeddings: EmbeddingStore, replicas: R
                      incarnation: int, workers_epoch: int | None) -> dict[str, Any]:
     """A server's heartbeat: its stats (with the embedding tables' summary and the chunks
     moved), the map epoch it knows, the worker list it applied last, the checkpoint it wrote
-    last, the embedding slots and dense chunks it has handed off, and whether a backup of its
-    chunks still waits for a snapshot (``syncing``)."""
+    last, and the embedding slots and dense chunks it has handed off."""
     moved = chunk_moves.moved
     fields: dict[str, Any] = {"stats": {**stats.to_wire(), "embeddings": embeddings.summary(),
                                         **({"chunks_moved": dict(moved)}
@@ -106,6 +105,4 @@ def heartbeat_fields(stats: ServerStats, embeddings: EmbeddingStore, replicas: R
     handed_chunks = chunk_moves.report()
     if handed_chunks:
         fields["handed_chunks"] = handed_chunks
-    if replicas.syncing():
-        fields["syncing"] = True
     return fields

@@ -17,8 +17,6 @@
                               by rendezvous hashing, moved as servers are added or drained
 ``chunk_moves.py``            ``plan_moves``, ``hand_over``, ``moves_of``: a drained server's
                               dense chunks moved to the others (pure)
-``rebalance.py``              ``step``: swaps of roles and backup moves that even the
-                              replicated dense tables out over the live servers (pure)
 ``recovery.py``               ``parse_table_report``, ``merge_chunks``: servers' reports (pure)
 ``policy_control.py``         :class:`PolicyControl`: the policy in force and its changes
                               (the policies themselves are ``proto/policy.py``)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from hogshard.proto.errors import CheckpointError, ConfigError, ConflictError, HogshardError
-from hogshard.proto.manifest import held_by_ranks, load_manifest, manifest_ranks, resolve_checkpoint
+from hogshard.proto.manifest import load_manifest, manifest_ranks, resolve_checkpoint
 from hogshard.proto.policy import ConsistencyPolicy, parse_policy
 from hogshard.proto.tables import Chunk, DenseTableSpec
 from hogshard.scheduler.checkpointing import CheckpointRounds, Round, checkpoint_folder
@@ -73,31 +73,14 @@ class CheckpointCoordinator:
                 raise ConflictError(f"live server ranks {ranks}; a checkpoint needs every "
                                     f"server that holds chunks or embedding slots "
                                     f"{sorted(holders)}")
-        elif ranks != list(range(self._expected_servers)) and not self._replicas_hold(ranks):
+        elif ranks != list(range(self._expected_servers)):
             raise ConflictError(f"live server ranks {ranks}; a checkpoint needs every rank "
-                                f"0..{self._expected_servers - 1} (or, with every table "
-                                "replicated, a live primary for every chunk)")
+                                f"0..{self._expected_servers - 1}")
         missing = self._completeness.missing()
         if missing is not None:
             raise ConflictError(f"a checkpoint needs every chunk; lost: {missing}")
-        # the manifest names the map of the round's start, which each server's file is
-        # checked against (a rebalance may move primaries while the servers write)
-        tables = self._describe().get("tables")
-        describe = self._describe if tables is None else (
-            lambda: {**self._describe(), "tables": tables})
-        return self.rounds.start(parent, ranks, describe, time.monotonic(),
+        return self.rounds.start(parent, ranks, self._describe, time.monotonic(),
                                  self._chunks.primaries())
-
-    def _replicas_hold(self, ranks: list[int]) -> bool:
-        """Whether, with ranks missing, every chunk still has a live primary: every table is
-        replicated (``--replication 2``; the backups of a missing rank were promoted) and the
-        map names no chunk or embedding shard on a rank that is not live. The checkpoint then
-        holds the files of the live ranks only; a restore starts the others empty."""
-        tables = self._chunks.tables
-        live = set(ranks)
-        return bool(tables) and all(t.replication > 1 for t in tables.values()) and all(
-            c.server in live and c.backup in live | {-1}
-            for t in tables.values() for c in t.chunks)
 
     def tables_placed(self) -> bool:
         """Whether there is anything to save (a table exists)."""
@@ -160,7 +143,7 @@ def restore_job(path: Path, expected_servers: int) -> RestoredJob:
     ckpt = resolve_checkpoint(path)
     manifest = load_manifest(ckpt)
     ranks = manifest_ranks(manifest)
-    if len(ranks) != expected_servers and not held_by_ranks(manifest, expected_servers):
+    if len(ranks) != expected_servers:
         raise ConfigError(f"checkpoint {ckpt} was written by {len(ranks)} servers (ranks "
                           f"{ranks}); this job expects {expected_servers} (--servers must "
                           "match: the shard map names server ranks)")

@@ -64,8 +64,6 @@ class Heartbeats:
         observe(member, msg.get("clock"), msg.get("stats"), msg.get("progress"), now)
         if member.role == "server" and type(msg.get("map_epoch")) is int:
             member.map_epoch = msg.get("map_epoch")
-        if member.role == "server":
-            member.syncing = msg.get("syncing") is True
         if member.role == "server" and type(msg.get("workers_epoch")) is int:
             member.workers_epoch = msg.get("workers_epoch")
         if member.role == "server" and msg.get("handed_off") is not None:

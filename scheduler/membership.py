@@ -53,9 +53,6 @@ class Member:
     host: str | None = None
     #: Servers: the shard-map epoch their last heartbeat said they know (None: none yet).
     map_epoch: int | None = None
-    #: Servers: whether their last heartbeat said a backup of their chunks still waits for
-    #: its snapshot (``syncing``).
-    syncing: bool = False
     #: Servers: the membership epoch of the last ``workers`` list their heartbeat said they
     #: applied (None: not reported).
     workers_epoch: int | None = None

@@ -212,19 +212,10 @@ class Scheduler:
         self.recovery.tick(now)
         self.shard_map.place_reported_slots()
         self.checkpoints.tick(now)
-        self._rebalance()
         self._waiters.release()
         self.phase.log_change()
         if self.lifecycle.tick(now):
             self.stop()
-
-    def _rebalance(self) -> None:
-        """Even out the primaries and backups of replicated tables over the live servers
-        (a server back after a failover, or a new one), while the job runs, under a policy
-        that gathers no groups (a group open on a primary that hands its role over would
-        never fill)."""
-        if self.lifecycle.phase == "running" and self.policy.policy.group_size(1 << 16) == 1:
-            self.shard_map.rebalance(self.members.live("server"))
 
     def _log_membership(self) -> None:
         log.info(

@@ -28,7 +28,7 @@ from hogshard.proto.errors import ConflictError, HogshardError, ProtocolError, U
 from hogshard.proto.param_layout import check_param_layout
 from hogshard.proto.rule_groups import check_table_rule, group_starts, param_sizes
 from hogshard.proto.tables import DEFAULT_CHUNK_ELEMS, EMBEDDING_MAP, Chunk, DenseTableSpec
-from hogshard.scheduler import chunk_moves, rebalance
+from hogshard.scheduler import chunk_moves
 from hogshard.scheduler.membership import Member, Roster, server_list
 from hogshard.scheduler.placement import PlacedTable, plan_dense_table
 from hogshard.scheduler.recovery import MAX_CHUNKS, MAX_TABLE_ELEMS, TableReport, merge_chunks
@@ -237,23 +237,6 @@ class ShardMap:
                 table.chunks = chunks
                 self.changed(f"table {name}: new backups")
                 log.info("table %s: new backups placed (map epoch %d)", name, self.map_epoch)
-
-    def rebalance(self, servers: list[Member]) -> bool:
-        """One rebalance round of the replicated dense tables over the live ``servers``
-        (scheduler/rebalance.py), once the map is quiet: every one of them knows this map
-        epoch and holds every snapshot it sent, and no chunk or slot is moving. Returns
-        whether the map changed."""
-        if self.replication < 2 or len(servers) < 2 or self.resharding.moving() or any(
-                m.map_epoch != self.map_epoch or m.syncing for m in servers):
-            return False
-        what = rebalance.step(self.tables, [m.rank for m in servers])
-        if what is None:
-            return False
-        self.changed(f"rebalanced over servers {[m.rank for m in servers]}: {what}")
-        primaries, backups = rebalance.held(self.tables, [m.rank for m in servers])
-        log.info("rebalance: %s; primary elements %s, backup elements %s (map epoch %d)",
-                 what, primaries, backups, self.map_epoch)
-        return True
 
     def replica_fields(self, member: Member, known_epoch: Any) -> dict[str, Any]:
         """Heartbeat reply fields about the shard map: its epoch, and for a server that

@@ -220,8 +220,6 @@ def test_partitioned_primary_never_acknowledges_after_promotion(procs, network: 
     assert applied == acked, (applied, acked)
     assert 0 < old_primary["last_ack_at"] < promoted["at"], (old_primary, promoted)
     assert old_primary["errors"].get("NOT_OWNER", 0) > 0, old_primary  # it refused, alive
-    # every chunk on both again (the rejoined server may have been handed primaries back)
-    assert all({c[3], c[4]} == {0, 1} for c in final["tables"]["model"]["chunks"]), \
-        final["tables"]
+    assert all(c[3] == 1 for c in final["tables"]["model"]["chunks"]), final["tables"]
     assert rejoined_as["state"] == "alive"
     assert all(a > 0.85 for _, a in results), results

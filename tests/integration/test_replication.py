@@ -90,22 +90,9 @@ class Job:
 
         def backed_up() -> list[list[int]] | None:
             view = self.status()["tables"]["model"]["chunks"]
-            # both copies of every chunk again (rebalancing then hands the replacement
-            # primaries too: which of the two is primary varies)
-            return view if all(len(c) == 5 and {c[3], c[4]} == {0, 1} for c in view) else None
+            return view if all(len(c) == 5 and c[4] >= 0 and c[4] != 1 for c in view) else None
 
-        procs.wait_until(backed_up, 30.0, "the replacement to hold a copy of every chunk",
-                         on_timeout=procs.report)
-
-        def copied() -> bool:
-            """The snapshots have landed: the replacement holds every chunk (it may register
-            after the workers finished, a replacement loads torch first)."""
-            try:
-                return len(self.chunk_versions().get("server-0", {})) == len(chunks)
-            except KeyError:  # no table 'model' there yet
-                return False
-
-        procs.wait_until(copied, 30.0, "the replacement to receive every chunk's snapshot",
+        procs.wait_until(backed_up, 30.0, "the replacement to become every chunk's backup",
                          on_timeout=procs.report)
         return at_kill, replacement
 

@@ -152,31 +152,3 @@ def test_worker_clocks_outlive_the_workers_leave(tmp_path: Path) -> None:
     job.members.leave(job.worker.node_id)
     assert job.members.live_clocks() == {}
     assert job.members.worker_clocks() == {job.worker.node_id: 7}
-
-
-def test_replicas_holding_a_missing_ranks_chunks_let_a_checkpoint_go_on(tmp_path: Path) -> None:
-    """Replicated, with server 2 gone and its chunks promoted: ranks 0 and 1 write the
-    checkpoint, and it restores onto three servers; unreplicated, it is refused."""
-    job = Job(tmp_path, servers=3, live=3)
-    job.shard_map.replication = 2
-    job.shard_map.declare("model", 60, 10, RULE)
-    job.shard_map.tables["model"].ready = True
-    gone = job.members.get("server-2")
-    gone.state = gone.state.__class__.DEAD
-    job.shard_map.servers_lost([gone])
-    assert all(2 not in (c.server, c.backup) for c in job.shard_map.tables["model"].chunks)
-    ready = job.coordinator.request(str(tmp_path))
-    path = job.coordinator.heartbeat(0, None)["path"]
-    for rank in (0, 1):
-        job.coordinator.heartbeat(rank, job.write_shard(path, rank))
-    assert ready()["path"] == path
-    restored = restore_job(tmp_path, expected_servers=3)
-    assert restored.manifest["server_ranks"] == [0, 1]
-    with pytest.raises(ConfigError, match="expects 1"):
-        restore_job(tmp_path, expected_servers=1)  # rank 1 wrote a file
-
-    plain = Job(tmp_path / "plain", servers=3, live=3)
-    plain.shard_map.declare("model", 60, 10, RULE)
-    plain.members.get("server-2").state = gone.state
-    with pytest.raises(ConflictError, match="every rank 0..2"):
-        plain.coordinator.request(str(tmp_path / "plain"))

@@ -121,18 +121,3 @@ def test_held_messages_are_bounded_in_number_and_time(replicas: Replicator,
     late: list[Exception | None] = []
     g.release(map_heard_at=0.0, redo=lambda request, error: late.append(error))
     assert len(late) == 2 and all(isinstance(e, NotReadyError) for e in late)
-
-
-def test_a_swap_of_roles_not_yet_learnt_is_awaited(replicas: Replicator) -> None:
-    """This server is chunk 1's primary in its map; a rebalance made it the backup (map 11)
-    and the new primary forwards already: held until the map is learnt, then admitted."""
-    g, woken = gate()
-    swapped = message(epoch=11)
-    assert not g.admit(Request(b"p0", swapped), replicas, RANK, "model", [1])
-    assert woken
-    decided: list[Any] = []
-    replicas.map_epoch, replicas.roles["model"][1] = 11, (0, RANK)
-    g.release(map_heard_at=list(g.held)[0].arrived_at,
-              redo=lambda request, late: decided.append(
-                  (g.admit(request, replicas, RANK, "model", [1]), late)))
-    assert decided == [(True, None)] and not g.held

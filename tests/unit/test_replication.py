@@ -13,8 +13,7 @@ import zmq
 from hogshard.proto.errors import ConfigError, NotOwnerError, ProtocolError
 from hogshard.proto.requests import Request
 from hogshard.proto.tables import Chunk, DenseTableSpec
-from hogshard.proto.transport import ERROR, OK, bind_router, send
-from hogshard.proto.wire import PROTOCOL_VERSION, Message, decode
+from hogshard.proto.wire import PROTOCOL_VERSION, Message
 from hogshard.ps.dense import DenseStore
 from hogshard.ps.embedding_store import EmbeddingStore
 from hogshard.ps.peer_gate import PeerGate
@@ -267,51 +266,3 @@ def test_snapshot_installs_state_a_later_step_created(replicas: Replicator) -> N
         server.ops.replica_snapshot(Request(b"p", message(
             "replica_snapshot", [weights, weights], table="m", rule=spec,
             chunks=[[0, 0, 4, 2, ["grad_avg"], {"step": 1}]], seq=2)))
-
-
-def test_a_primary_syncs_until_its_snapshot_is_acked_and_relinks_on_a_stale_refusal() -> None:
-    """Over inproc sockets: a new backup's snapshot keeps ``syncing()`` true until the backup
-    acknowledges it; a refusal of a message sent under an older map opens the link anew."""
-    context = zmq.Context()
-    backup, _ = bind_router(context, "inproc://backup-1")
-    replicas = Replicator(context, None, heartbeat_timeout=5.0, sender="server-0")
-    store = DenseStore()
-    store.init("m", {"rule": "sgd", "lr": 0.1}, [(0, 0, 4)], [np.zeros(4, np.float32)])
-
-    def assign(epoch: int) -> Message:
-        return Message({"v": PROTOCOL_VERSION, "op": OK, "id": 1, "map_epoch": epoch,
-                        "servers": {"1": "inproc://backup-1"},
-                        "assignments": {"m": {"table": {}, "chunks": [[0, 0, 4, 0, 1]]}}})
-
-    def receive() -> tuple[bytes, Message]:
-        assert backup.poll(5000), "nothing came to the backup"
-        identity, *frames = backup.recv_multipart(copy=False)
-        return identity.bytes, decode(frames)
-
-    def answer(identity: bytes, request_id: int, op: str = OK) -> None:
-        send(backup, {"v": PROTOCOL_VERSION, "op": op, "id": request_id, "code": "NOT_OWNER",
-                      "message": "no longer the backup"}, identity=identity)
-        sock = replicas.links[1].socket
-        assert sock.poll(5000)
-        replicas.read_acks(sock)
-
-    try:
-        replicas.take_assignments(assign(10), store, rank=0)
-        identity, snapshot = receive()
-        assert snapshot.op == "replica_snapshot" and replicas.syncing()
-        answer(identity, snapshot.request_id)
-        assert not replicas.syncing()
-
-        replicas.send(1, "replicate", {"table": "m", "records": []}, [])  # under map 10
-        identity, old = receive()
-        replicas.take_assignments(assign(11), store, rank=0)  # the same roles, a new map
-        answer(identity, old.request_id, ERROR)  # refused under the map it was sent with
-        assert replicas.relink_due and replicas.links[1].fenced_epoch is None
-        version = replicas.links_version
-        replicas.relink(store, rank=0, embeddings=None)
-        assert replicas.links_version > version and replicas.links[1].fenced is None
-        assert receive()[1].op == "replica_snapshot" and replicas.syncing()
-    finally:
-        replicas.close()
-        backup.close(0)
-        context.term()
