@@ -19,7 +19,9 @@ from tests.integration.test_resharding import TIMING
 
 REPO = Path(__file__).resolve().parents[2]
 DLRM = str(REPO / "examples" / "dlrm.py")
-DATA = ["--data", "synthetic", "--samples", "60000", "--vocab", "5000", "--epochs", "1",
+#: two epochs (750 steps a worker): the add, the drain, server 0's stop and the checkpoint take
+#: 10-20 s on a loaded 2-core host (a server's start loads torch); one epoch could end first
+DATA = ["--data", "synthetic", "--samples", "60000", "--vocab", "5000", "--epochs", "2",
         "--batch", "64", "--no-baseline"]
 SLOTS = "256"
 

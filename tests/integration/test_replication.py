@@ -94,6 +94,17 @@ class Job:
 
         procs.wait_until(backed_up, 30.0, "the replacement to become every chunk's backup",
                          on_timeout=procs.report)
+
+        def copied() -> bool:
+            """The snapshots have landed: the replacement holds every chunk (it may register
+            after the workers finished, a replacement loads torch first)."""
+            try:
+                return len(self.chunk_versions().get("server-0", {})) == len(chunks)
+            except KeyError:  # no table 'model' there yet
+                return False
+
+        procs.wait_until(copied, 30.0, "the replacement to receive every chunk's snapshot",
+                         on_timeout=procs.report)
         return at_kill, replacement
 
     def finish(self, timeout: float = 120.0) -> list[tuple[int, float]]:
